@@ -1,0 +1,85 @@
+# Inference Lab: `make lab` opens the curriculum, `make test` runs every test.
+# Both set up .venv first (a Python >= 3.12 is found for you; PYTHON=... chooses one).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+ACCEL  ?= $(shell scripts/detect_accel.sh)
+comma  := ,
+EXTRAS := dev$(if $(filter cuda12 cuda13,$(ACCEL)),$(comma)$(ACCEL))
+STAMP  := $(VENV)/.installed-$(ACCEL)
+export PYTHON
+
+# nbval runs in lax mode: every cell must run, cells marked NBVAL_CHECK_OUTPUT are compared,
+# and the notebooks' own asserts test the lessons. Flags live here, not in pytest's addopts,
+# because the GPU image has pytest but no nbval.
+NBVAL_FLAGS := --nbval-lax --nbval-current-env -p no:cacheprovider
+
+.PHONY: help setup lab test unit-test notebook-test browser-test notebooks gpu-check bench probe clean check-python
+
+help:
+	@echo "make lab        set up, then open the curriculum in JupyterLab"
+	@echo "make test       set up, then run every test (unit, notebooks under nbval, browser)"
+	@echo "make notebooks  re-execute the notebooks in place so they are stored with outputs"
+	@echo "make gpu-check  on a GPU machine: GPU tests, kernel benchmarks and the probe"
+	@echo "options: PYTHON=/path/to/python3.12  ACCEL=cpu|cuda12|cuda13"
+
+check-python:
+	@scripts/find_python.sh >/dev/null
+
+setup: check-python $(STAMP)
+
+ifneq ($(filter-out cpu cuda12 cuda13,$(ACCEL)),)
+$(error ACCEL=$(ACCEL) is not one of cpu, cuda12, cuda13)
+endif
+
+# Re-running when pyproject.toml and constraints.txt are unchanged does nothing.
+$(STAMP): pyproject.toml constraints.txt
+	@py=$$(scripts/find_python.sh); \
+	if ! $(PY) -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then \
+	  echo "creating $(VENV) with $$py"; rm -rf $(VENV); "$$py" -m venv $(VENV); \
+	fi
+	@echo "installing inference-lab[$(EXTRAS)] with the pinned stack (constraints.txt)..."
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[$(EXTRAS)]"
+	@$(PY) -c "import jax, flax, inference_lab; print('jax', jax.__version__, 'flax', flax.__version__, 'ready in $(VENV)')"
+	@rm -f $(VENV)/.installed-*; touch $@
+
+lab: setup
+	scripts/lab.sh
+
+test: setup unit-test notebook-test browser-test
+	@echo "make test: all passed"
+
+unit-test: setup
+	$(PY) -m pytest tests -q --ignore=tests/browser
+
+notebook-test: setup
+	$(PY) -m pytest notebooks $(NBVAL_FLAGS) -q
+
+# In CI, Debian's Chromium is installed when missing; on a learner's machine system
+# packages are never installed: the browser tests skip and say what to install.
+browser-test: setup
+	@if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null 2>&1; then \
+	  echo "CI: installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+	$(PY) -m pytest tests/browser -q -rs
+
+notebooks: setup
+	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.timeout=1200 notebooks/*.ipynb
+
+# The GPU image's own python3 (jax + flax, nothing installable): no venv, PYTHONPATH=.
+gpu-check:
+	PYTHONPATH=. bash scripts/gpu_check.sh
+
+bench: setup
+	$(PY) -m pallas_kernels.bench
+
+probe: setup
+	$(PY) -m inference_lab probe
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache test-artifacts

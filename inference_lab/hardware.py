@@ -1,0 +1,139 @@
+"""What a chip can do: peak FLOP/s per dtype, memory bandwidth, memory, interconnect.
+
+``PRESETS`` holds datasheet figures (dense, i.e. without 2:4 sparsity), each with its source.
+``measure_ceilings()`` measures the same two ceilings on this machine, because a datasheet
+peak is a promise and the lessons compare against what this machine really reaches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Both vocabularies are accepted: jnp dtype names and the short datasheet keys.
+_DTYPE_KEYS = {
+    "bfloat16": "bf16", "bf16": "bf16",
+    "float16": "fp16", "fp16": "fp16", "half": "fp16",
+    "float32": "fp32", "fp32": "fp32",
+    "tf32": "tf32",
+    "float8": "fp8", "fp8": "fp8", "float8_e4m3fn": "fp8",
+    "int8": "int8",
+}
+FLOP_KEYS = ("bf16", "fp16", "fp32", "tf32", "fp8", "int8")
+
+TB = 1e12
+GB = 1e9
+
+
+def dtype_key(dtype) -> str:
+    """``"bfloat16"``/``"bf16"``/``jnp.bfloat16`` -> ``"bf16"`` (the datasheet vocabulary)."""
+    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
+    key = _DTYPE_KEYS.get(str(name).lower())
+    if key is None:
+        raise ValueError(f"dtype={dtype!r} is not known; use one of {', '.join(sorted(_DTYPE_KEYS))}")
+    return key
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareSpec:
+    """One accelerator (or this CPU): its ceilings and where each figure comes from."""
+
+    name: str
+    flops: dict  # dense FLOP/s keyed by FLOP_KEYS (a part may lack some keys)
+    bandwidth: float  # memory bandwidth, bytes/s
+    memory_bytes: float | None = None
+    interconnect_bandwidth: float | None = None  # bytes/s between chips, None if none
+    sources: dict = dataclasses.field(default_factory=dict)  # figure -> where it comes from
+
+    def __post_init__(self):
+        if not isinstance(self.flops, dict) or not self.flops:
+            raise ValueError(f"HardwareSpec.flops for {self.name!r} must be a non-empty dict of FLOP/s by dtype")
+        for key, value in self.flops.items():
+            if key not in FLOP_KEYS:
+                raise ValueError(f"HardwareSpec.flops key {key!r} for {self.name!r}: use one of {FLOP_KEYS}")
+            if not value or value <= 0:
+                raise ValueError(f"HardwareSpec.flops[{key!r}]={value!r} for {self.name!r} must be positive")
+        if not self.bandwidth or self.bandwidth <= 0:
+            raise ValueError(f"HardwareSpec.bandwidth={self.bandwidth!r} for {self.name!r} must be positive bytes/s")
+        for field in ("memory_bytes", "interconnect_bandwidth"):
+            value = getattr(self, field)
+            if value is not None and value <= 0:
+                raise ValueError(f"HardwareSpec.{field}={value!r} for {self.name!r} must be positive or None")
+
+    def peak_flops(self, dtype="bf16") -> float:
+        """Dense peak FLOP/s for a dtype (``"bfloat16"`` or ``"bf16"``; ``"float32"`` is fp32)."""
+        key = dtype_key(dtype)
+        if key not in self.flops:
+            raise ValueError(
+                f"{self.name} has no {key} figure; it has {', '.join(self.flops)}"
+            )
+        return self.flops[key]
+
+    def ridge_point(self, dtype="bf16") -> float:
+        """FLOP per byte at which compute time equals memory time."""
+        return self.peak_flops(dtype) / self.bandwidth
+
+
+_NVIDIA_H100_DS = "NVIDIA H100 Tensor Core GPU datasheet (SXM column, dense = half the sparsity figure)"
+_NVIDIA_H200_DS = "NVIDIA H200 Tensor Core GPU datasheet (SXM column, dense = half the sparsity figure)"
+_NVIDIA_A100_DS = "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column, dense)"
+_NVIDIA_L4_DS = "NVIDIA L4 Tensor Core GPU datasheet (dense = half the sparsity figure)"
+_NVIDIA_ADA_WP = "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090 (FP32 accumulate, dense)"
+_GOOGLE_V5E = "Google Cloud TPU v5e documentation, system architecture (per chip)"
+
+PRESETS: dict[str, HardwareSpec] = {
+    "H100_SXM": HardwareSpec(
+        name="H100 SXM",
+        flops={"bf16": 989.4 * TB, "fp16": 989.4 * TB, "tf32": 494.7 * TB, "fp32": 66.9 * TB,
+               "fp8": 1978.9 * TB, "int8": 1978.9 * TB},
+        bandwidth=3.35 * TB, memory_bytes=80 * GB, interconnect_bandwidth=900 * GB,
+        sources={"flops": _NVIDIA_H100_DS, "bandwidth": _NVIDIA_H100_DS + ": 3.35 TB/s HBM3",
+                 "memory_bytes": _NVIDIA_H100_DS + ": 80 GB",
+                 "interconnect_bandwidth": _NVIDIA_H100_DS + ": NVLink 900 GB/s (total, both directions)"},
+    ),
+    "H200": HardwareSpec(
+        name="H200 SXM",
+        flops={"bf16": 989.4 * TB, "fp16": 989.4 * TB, "tf32": 494.7 * TB, "fp32": 66.9 * TB,
+               "fp8": 1978.9 * TB, "int8": 1978.9 * TB},
+        bandwidth=4.8 * TB, memory_bytes=141 * GB, interconnect_bandwidth=900 * GB,
+        sources={"flops": _NVIDIA_H200_DS, "bandwidth": _NVIDIA_H200_DS + ": 4.8 TB/s HBM3e",
+                 "memory_bytes": _NVIDIA_H200_DS + ": 141 GB",
+                 "interconnect_bandwidth": _NVIDIA_H200_DS + ": NVLink 900 GB/s (total, both directions)"},
+    ),
+    "A100_80GB": HardwareSpec(
+        name="A100 80GB SXM",
+        flops={"bf16": 312 * TB, "fp16": 312 * TB, "tf32": 156 * TB, "fp32": 19.5 * TB,
+               "int8": 624 * TB},
+        bandwidth=2.039 * TB, memory_bytes=80 * GB, interconnect_bandwidth=600 * GB,
+        sources={"flops": _NVIDIA_A100_DS + " (no FP8 tensor cores)",
+                 "bandwidth": _NVIDIA_A100_DS + ": 2,039 GB/s HBM2e",
+                 "memory_bytes": _NVIDIA_A100_DS + ": 80 GB",
+                 "interconnect_bandwidth": _NVIDIA_A100_DS + ": NVLink 600 GB/s (total)"},
+    ),
+    "L4": HardwareSpec(
+        name="L4",
+        flops={"bf16": 121 * TB, "fp16": 121 * TB, "tf32": 60 * TB, "fp32": 30.3 * TB,
+               "fp8": 242.5 * TB, "int8": 242.5 * TB},
+        bandwidth=300 * GB, memory_bytes=24 * GB, interconnect_bandwidth=64 * GB,
+        sources={"flops": _NVIDIA_L4_DS, "bandwidth": _NVIDIA_L4_DS + ": 300 GB/s GDDR6",
+                 "memory_bytes": _NVIDIA_L4_DS + ": 24 GB",
+                 "interconnect_bandwidth": _NVIDIA_L4_DS + ": PCIe Gen4 x16, 64 GB/s (no NVLink)"},
+    ),
+    "RTX_4090": HardwareSpec(
+        name="GeForce RTX 4090",
+        flops={"bf16": 165.2 * TB, "fp16": 165.2 * TB, "tf32": 82.6 * TB, "fp32": 82.6 * TB,
+               "fp8": 330.3 * TB, "int8": 660.6 * TB},
+        bandwidth=1.008 * TB, memory_bytes=24 * GB, interconnect_bandwidth=64 * GB,
+        sources={"flops": _NVIDIA_ADA_WP, "bandwidth": _NVIDIA_ADA_WP + ": 1,008 GB/s GDDR6X",
+                 "memory_bytes": _NVIDIA_ADA_WP + ": 24 GB",
+                 "interconnect_bandwidth": "PCIe Gen4 x16, 64 GB/s (the 4090 has no NVLink)"},
+    ),
+    "TPU_v5e": HardwareSpec(
+        name="TPU v5e",
+        flops={"bf16": 197 * TB, "int8": 394 * TB},
+        bandwidth=819 * GB, memory_bytes=16 * GB, interconnect_bandwidth=200 * GB,
+        sources={"flops": _GOOGLE_V5E + ": 197 TFLOP/s bf16, 394 TOP/s int8",
+                 "bandwidth": _GOOGLE_V5E + ": 819 GB/s HBM2",
+                 "memory_bytes": _GOOGLE_V5E + ": 16 GB",
+                 "interconnect_bandwidth": _GOOGLE_V5E + ": ICI 1,600 Gbps = 200 GB/s"},
+    ),
+}

@@ -1,0 +1,157 @@
+"""The foundation: packaging stays in sync, the kernel mode is decided in one place, and
+the two README commands behave on a fresh machine."""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s\[<>=!~;]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _pins(lines) -> dict[str, str]:
+    pins = {}
+    for line in lines:
+        line = line.strip()
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==", 1)
+            pins[_name(name)] = version.strip()
+    return pins
+
+
+def test_environment_yml_matches_pyproject_and_constraints():
+    yaml = pytest.importorskip("yaml")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {_name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    python = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python")]
+    assert python == ["python=3.12"], "environment.yml must pin python=3.12"
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    env_pins = _pins(pip_section)
+    assert "-e ." in pip_section, "environment.yml must install this project (-e .)"
+    missing = wanted - set(env_pins)
+    extra = set(env_pins) - wanted
+    assert not missing, f"in pyproject.toml but not in environment.yml: {sorted(missing)}"
+    assert not extra, f"in environment.yml but not in pyproject.toml: {sorted(extra)}"
+    constraints = _pins((ROOT / "constraints.txt").read_text().splitlines())
+    drift = {n: (v, constraints.get(n)) for n, v in env_pins.items() if constraints.get(n) != v}
+    assert not drift, f"environment.yml and constraints.txt disagree (name: (yml, constraints)): {drift}"
+    # The GPU machine's stack, exactly.
+    for name, version in {"jax": "0.11.2", "jaxlib": "0.11.2", "flax": "0.12.10"}.items():
+        assert constraints[name] == version == env_pins[name]
+
+
+def test_cuda_extras_match_pinned_jax():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert project["requires-python"] == ">=3.12"
+    for flavour in ("cuda12", "cuda13"):
+        (req,) = extras[flavour]
+        assert req.startswith(f"jax[{flavour}]") and "0.11.2" in req
+
+
+def test_auto_mode_on_this_machine(monkeypatch):
+    from pallas_kernels import mode
+
+    monkeypatch.delenv(mode.ENV_VAR, raising=False)
+    if mode.pallas_supported():
+        assert mode.resolve_mode("auto") == "pallas"
+    else:
+        assert mode.resolve_mode("auto") == "reference"
+        with pytest.raises(ValueError, match="mode='pallas' cannot run here.*interpret"):
+            mode.resolve_mode("pallas")
+    assert mode.resolve_mode("interpret") == "interpret"
+    assert mode.resolve_mode("REFERENCE") == "reference"
+    line = mode.describe()
+    assert "\n" not in line and '"auto" runs' in line
+
+
+def test_mode_override_and_bad_names(monkeypatch):
+    from pallas_kernels import mode
+
+    monkeypatch.setenv(mode.ENV_VAR, "interpret")
+    assert mode.resolve_mode("auto") == "interpret"
+    assert mode.ENV_VAR in mode.describe()
+    assert mode.resolve_mode("reference") == "reference"  # an explicit mode wins
+    monkeypatch.setenv(mode.ENV_VAR, "fast")
+    with pytest.raises(ValueError, match="PALLAS_KERNELS_MODE='fast'"):
+        mode.resolve_mode("auto")
+    monkeypatch.delenv(mode.ENV_VAR)
+    with pytest.raises(ValueError, match="mode='triton' is not a kernel mode"):
+        mode.resolve_mode("triton")
+
+
+def test_env_command():
+    out = subprocess.run([sys.executable, "-m", "inference_lab", "env"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    for key in ("python", "jax", "jaxlib", "flax", "devices", "kernels", "matplotlib", "ipywidgets"):
+        assert re.search(rf"^{key}\s", out.stdout, re.M), f"`env` lacks a {key} line:\n{out.stdout}"
+    assert '"auto" runs' in out.stdout
+
+
+def test_setup_rejects_an_old_python():
+    if shutil.which("python3.11") is None:
+        pytest.skip("no python3.11 on PATH to demonstrate the rejection with")
+    out = subprocess.run(["make", "setup", "PYTHON=python3.11"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode != 0
+    assert "needs Python >= 3.12" in out.stderr and "PYTHON=" in out.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_lab_command_serves_with_authentication(tmp_path):
+    pytest.importorskip("jupyterlab")
+    port = _free_port()
+    env = dict(os.environ)
+    for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
+                "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR", "IPYTHONDIR"):
+        env[var] = str(tmp_path / var.lower())
+    env.pop("JUPYTER_TOKEN", None)
+    server = subprocess.Popen(
+        [str(ROOT / "scripts" / "lab.sh"), "--no-browser", f"--port={port}", "--ServerApp.port_retries=0"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        status = None
+        deadline = time.time() + 60
+        while time.time() < deadline and server.poll() is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=2)
+                status = 200
+            except urllib.error.HTTPError as e:
+                status = e.code
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.3)
+                continue
+            break
+        assert status is not None, f"JupyterLab did not answer on port {port}"
+        assert status == 403, f"the API answered {status} without a token: the server is open"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            out, _ = server.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            out, _ = server.communicate()
+    assert "127.0.0.1" in out and "token=" in out, "the server should print its tokened localhost URL"
