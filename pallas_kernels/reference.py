@@ -1,0 +1,70 @@
+"""Plain-``jnp`` twins of the Pallas kernels: same signatures (minus ``mode``), same numerics.
+
+These are what ``mode="reference"`` runs (and what ``"auto"`` runs where Pallas cannot
+compile), so XLA compiles them into its own fused kernels. Numerics match the kernels:
+operands in the input dtype, products accumulated in f32 (f32 inputs at
+``precision=HIGHEST``: no TF32), softmax in f32, the probabilities cast to the value dtype
+before they multiply V (as the kernels feed the tensor cores), output in the input dtype.
+
+Grouped-query attention is computed by viewing the ``Hq`` query heads as ``[Hkv, G]``
+(G = Hq // Hkv, query head ``h`` uses KV head ``h // G``), never by repeating K and V.
+Shape and dtype checks live in the public kernel functions; these assume valid inputs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def matmul(a, b, *, out_dtype=None):
+    """``a [M, K] @ b [K, N]`` with f32 accumulation; result in ``out_dtype`` (default a's)."""
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    return jnp.dot(a, b, precision=_HIGHEST, preferred_element_type=jnp.float32).astype(out_dtype)
+
+
+def _attend(q, k, v, visible, sm_scale):
+    """q [B,T,Hkv,G,D], k/v [B,S,Hkv,D], visible broadcastable to [B,Hkv,G,T,S] -> [B,T,Hkv,G,D]."""
+    s = jnp.einsum("bthgd,bshd->bhgts", q, k, precision=_HIGHEST,
+                   preferred_element_type=jnp.float32) * sm_scale
+    s = jnp.where(visible, s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)                         # f32; every row sees key 0
+    return jnp.einsum("bhgts,bshd->bthgd", p.astype(v.dtype), v, precision=_HIGHEST,
+                      preferred_element_type=jnp.float32)
+
+
+def flash_attention(q, k, v, *, causal=True, sm_scale=None):
+    """Attention for q [B,T,Hq,D] over k, v [B,S,Hkv,D] -> [B,T,Hq,D] (q's dtype).
+
+    ``causal`` is aligned to the end: query ``i`` sees keys ``j <= i + (S - T)``.
+    ``sm_scale`` defaults to ``D ** -0.5``.
+    """
+    b, t, hq, d = q.shape
+    s_len, hkv = k.shape[1], k.shape[2]
+    sm_scale = d ** -0.5 if sm_scale is None else sm_scale
+    qg = q.reshape(b, t, hkv, hq // hkv, d)
+    if causal:
+        i = jnp.arange(t)[:, None]
+        j = jnp.arange(s_len)[None, :]
+        visible = j <= i + (s_len - t)                     # [T, S]
+    else:
+        visible = jnp.ones((t, s_len), bool)
+    out = _attend(qg, k, v, visible, sm_scale)
+    return out.reshape(b, t, hq, d).astype(q.dtype)
+
+
+def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None):
+    """One query token per row: q [B,Hq,D] over caches [B,S_max,Hkv,D] -> [B,Hq,D].
+
+    Key ``j`` of row ``b`` is visible iff ``j < lengths[b]`` (lengths in 1..S_max).
+    """
+    b, hq, d = q.shape
+    s_max, hkv = k_cache.shape[1], k_cache.shape[2]
+    sm_scale = d ** -0.5 if sm_scale is None else sm_scale
+    qg = q.reshape(b, 1, hkv, hq // hkv, d)
+    visible = (jnp.arange(s_max)[None, :] < lengths[:, None])[:, None, None, None, :]
+    out = _attend(qg, k_cache, v_cache, visible, sm_scale)
+    return out.reshape(b, hq, d).astype(q.dtype)

@@ -1,0 +1,403 @@
+"""Tests of the Pallas kernels: matmul, flash attention, decode attention.
+
+On CPU the kernels run under the Pallas interpreter (``mode="interpret"``); the same cases
+marked ``gpu`` run compiled (``mode="pallas"``) where an NVIDIA GPU is present. Each result
+is compared with float64 numpy on the same (dtype-rounded) inputs and with the plain-jnp
+reference. Outputs are poisoned with NaN before every kernel runs (``_validate._POISON``), so
+an element a kernel forgets to write fails the comparison. A last group lowers each kernel for
+CUDA on this CPU-only machine, which catches Triton-only errors (non-power-of-two blocks,
+unsupported ops) without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels as pk
+from pallas_kernels import _validate
+from pallas_kernels.mode import pallas_supported
+
+# The package exports the functions under the modules' names, so fetch the modules explicitly.
+mm_mod = importlib.import_module("pallas_kernels.matmul")
+fa_mod = importlib.import_module("pallas_kernels.flash_attention")
+da_mod = importlib.import_module("pallas_kernels.decode_attention")
+
+GPU = pytest.mark.skipif(not pallas_supported(), reason="needs an NVIDIA GPU (compute capability >= 8.0)")
+MODES = [
+    pytest.param("interpret", id="interpret"),
+    pytest.param("pallas", id="pallas", marks=[pytest.mark.gpu, GPU]),
+]
+F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every kernel output starts as NaN, so unwritten elements fail the comparisons."""
+    monkeypatch.setattr(_validate, "_POISON", True)
+
+
+def rand(rng, shape, dtype):
+    """Random normal values (never zeros), rounded to ``dtype``."""
+    return jnp.asarray(rng.standard_normal(shape), dtype=dtype)
+
+
+def f64(x):
+    return np.asarray(jnp.asarray(x, jnp.float32), dtype=np.float64)
+
+
+def tol(dtype, mode):
+    if dtype == F32:
+        return 1e-5 if mode == "interpret" else 1e-4
+    return 2e-2  # bf16 / f16: output rounding (2^-8) plus probabilities cast to the input dtype
+
+
+def assert_close(out, want, dtype, mode, what):
+    out = f64(out)
+    assert np.all(np.isfinite(out)), f"{what}: non-finite output (an element was not written?)"
+    t = tol(dtype, mode)
+    scale = max(1.0, float(np.max(np.abs(want))))
+    err = float(np.max(np.abs(out - want)))
+    assert err <= t * scale, f"{what}: max abs error {err:.3g} > {t * scale:.3g}"
+
+
+# ---------------------------------------------------------------- float64 numpy twins
+def np_attention(q, k, v, visible, sm_scale):
+    """q [B,T,Hq,D], k/v [B,S,Hkv,D], visible [B,T,S] -> [B,T,Hq,D] in float64."""
+    hq, hkv = q.shape[2], k.shape[2]
+    kr = np.repeat(k, hq // hkv, axis=2)
+    vr = np.repeat(v, hq // hkv, axis=2)
+    s = np.einsum("bthd,bshd->bhts", q, kr) * sm_scale
+    s = np.where(visible[:, None], s, -np.inf)
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhts,bshd->bthd", p, vr)
+
+
+def np_flash(q, k, v, causal, sm_scale=None):
+    q, k, v = f64(q), f64(k), f64(v)
+    b, t, _, d = q.shape
+    s = k.shape[1]
+    vis = np.ones((b, t, s), bool)
+    if causal:
+        vis &= (np.arange(s)[None, :] <= np.arange(t)[:, None] + (s - t))[None]
+    return np_attention(q, k, v, vis, d ** -0.5 if sm_scale is None else sm_scale)
+
+
+def np_decode(q, kc, vc, lengths, sm_scale=None):
+    q, kc, vc = f64(q), f64(kc), f64(vc)
+    vis = (np.arange(kc.shape[1])[None, :] < np.asarray(lengths)[:, None])[:, None, :]
+    d = q.shape[-1]
+    return np_attention(q[:, None], kc, vc, vis, d ** -0.5 if sm_scale is None else sm_scale)[:, 0]
+
+
+# ---------------------------------------------------------------- matmul
+MATMUL_CASES = [
+    # (M, K, N, dtype, out_dtype): awkward edges, M = 1, each shape class of the table
+    (1, 70, 45, F32, None),
+    (37, 70, 45, F32, None),
+    (16, 64, 32, F32, None),          # exact block multiples: the mask-free path
+    (130, 33, 300, F32, None),        # medium-batch tiles
+    (300, 20, 40, F32, None),         # prefill tiles
+    (5, 40, 100, BF16, None),
+    (70, 20, 17, F16, None),
+    (9, 48, 33, BF16, F32),           # out_dtype differs from the inputs
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("m,k,n,dtype,out_dtype", MATMUL_CASES)
+def test_matmul_matches_float64(mode, m, k, n, dtype, out_dtype):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype)
+    out = pk.matmul(a, b, out_dtype=out_dtype, mode=mode)
+    assert out.shape == (m, n)
+    assert out.dtype == (out_dtype or dtype)
+    want = f64(a) @ f64(b)
+    check_dtype = dtype if out_dtype is None else out_dtype
+    assert_close(out, want, check_dtype, mode, f"matmul {m}x{k}x{n} {jnp.dtype(dtype).name}")
+    assert_close(out, f64(pk.reference.matmul(a, b, out_dtype=out_dtype)), check_dtype, mode, "vs reference")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_matmul_small_blocks_many_programs(mode):
+    """Small forced blocks: 10 tile-rows (more than one L2 group), 4 tile-columns, 3 K steps."""
+    rng = np.random.default_rng(1)
+    a, b = rand(rng, (150, 40), F32), rand(rng, (40, 50), F32)
+    out = mm_mod._matmul_pallas(a, b, jnp.dtype(F32), interpret=(mode == "interpret"),
+                                blocks=(16, 16, 16, 4, 2))
+    assert_close(out, f64(a) @ f64(b), F32, mode, "matmul with 16^3 blocks")
+
+
+def test_matmul_block_choice_by_shape():
+    # Decode-shaped: one tile row of 16 (Triton's minimum), narrow N tiles, deep K.
+    bm, bn, bk, _, _ = mm_mod.choose_blocks(1, 8192, 8192, 2)
+    assert (bm, bn) == (16, 64) and bk >= 128
+    assert mm_mod.choose_blocks(64, 8192, 8192, 2)[0] == 64
+    # Prefill-shaped: the 128x256x64 tiles measured at 729 TFLOP/s on the H200.
+    assert mm_mod.choose_blocks(8192, 8192, 8192, 2)[:3] == (128, 256, 64)
+    for shape in [(1, 1, 1), (3, 5, 7), (100, 1000, 10), (8192, 8192, 8192)]:
+        for itemsize in (2, 4):
+            bm, bn, bk, warps, stages = mm_mod.choose_blocks(*shape, itemsize)
+            for blk in (bm, bn, bk):
+                assert blk >= 16 and blk & (blk - 1) == 0, (shape, blk)
+            assert (bm * bk + bk * bn) * itemsize * stages <= mm_mod.SMEM_BUDGET
+
+
+# ---------------------------------------------------------------- flash attention
+FLASH_CASES = [
+    # (B, T, S, Hq, Hkv, D, causal, dtype)
+    (2, 19, 40, 4, 2, 32, True, F32),     # S > T, ragged T and S, GQA 2
+    (2, 19, 40, 4, 2, 32, False, F32),
+    (1, 1, 37, 8, 1, 32, True, F32),      # T = 1, GQA 8
+    (1, 33, 33, 4, 4, 64, True, BF16),    # T = S, GQA 1
+    (1, 17, 50, 4, 1, 128, True, F16),    # D = 128, GQA 4
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("b,t,s,hq,hkv,d,causal,dtype", FLASH_CASES)
+def test_flash_attention_matches_float64(mode, b, t, s, hq, hkv, d, causal, dtype):
+    rng = np.random.default_rng(t * 100 + s + d)
+    q, k, v = rand(rng, (b, t, hq, d), dtype), rand(rng, (b, s, hkv, d), dtype), rand(rng, (b, s, hkv, d), dtype)
+    out = pk.flash_attention(q, k, v, causal=causal, mode=mode)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    what = f"flash B{b} T{t} S{s} H{hq}/{hkv} D{d} causal={causal}"
+    assert_close(out, np_flash(q, k, v, causal), dtype, mode, what)
+    ref = pk.reference.flash_attention(q, k, v, causal=causal)
+    assert_close(out, f64(ref), dtype, mode, what + " vs reference")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attention_small_blocks(mode, causal):
+    """16x16 blocks: several query blocks, unmasked full key blocks and masked diagonal ones."""
+    rng = np.random.default_rng(7)
+    q, k, v = rand(rng, (1, 50, 2, 32), F32), rand(rng, (1, 70, 1, 32), F32), rand(rng, (1, 70, 1, 32), F32)
+    out = fa_mod._flash_pallas(q, k, v, causal=causal, sm_scale=0.3, interpret=(mode == "interpret"),
+                               blocks=(16, 16, 4, 2))
+    assert_close(out, np_flash(q, k, v, causal, sm_scale=0.3), F32, mode, "flash 16x16 blocks")
+
+
+def test_flash_attention_sm_scale_and_reference_mode():
+    rng = np.random.default_rng(3)
+    q, k, v = rand(rng, (1, 5, 2, 16), F32), rand(rng, (1, 9, 2, 16), F32), rand(rng, (1, 9, 2, 16), F32)
+    want = np_flash(q, k, v, True, sm_scale=0.7)
+    assert_close(pk.flash_attention(q, k, v, sm_scale=0.7, mode="reference"), want, F32, "interpret", "reference")
+    assert_close(pk.flash_attention(q, k, v, sm_scale=0.7, mode="interpret"), want, F32, "interpret", "kernel")
+
+
+# ---------------------------------------------------------------- decode attention
+DECODE_CASES = [
+    # (B, Hq, Hkv, D, S_max, lengths, dtype): lengths 1 and S_max in the same batch
+    (3, 8, 2, 32, 50, [1, 50, 23], F32),   # GQA 4
+    (2, 2, 2, 32, 40, [40, 1], F32),       # GQA 1
+    (2, 8, 1, 64, 33, [17, 33], BF16),     # GQA 8
+    (2, 4, 2, 128, 20, [1, 20], F16),      # GQA 2, D = 128
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("b,hq,hkv,d,s_max,lengths,dtype", DECODE_CASES)
+def test_decode_attention_matches_float64(mode, b, hq, hkv, d, s_max, lengths, dtype):
+    rng = np.random.default_rng(s_max * 10 + d)
+    q = rand(rng, (b, hq, d), dtype)
+    kc, vc = rand(rng, (b, s_max, hkv, d), dtype), rand(rng, (b, s_max, hkv, d), dtype)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    out = pk.decode_attention(q, kc, vc, lengths, mode=mode)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    what = f"decode B{b} H{hq}/{hkv} D{d} S_max{s_max}"
+    assert_close(out, np_decode(q, kc, vc, lengths), dtype, mode, what)
+    assert_close(out, f64(pk.reference.decode_attention(q, kc, vc, lengths)), dtype, mode, what + " vs reference")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_decode_attention_splits(mode):
+    """Four splits of 16 keys: rows whose later splits start past their length (no work),
+    a row ending inside a split, a row using the whole cache; garbage past each length."""
+    rng = np.random.default_rng(11)
+    b, hq, hkv, d, s_max = 3, 4, 2, 32, 64
+    q = rand(rng, (b, hq, d), F32)
+    kc, vc = rand(rng, (b, s_max, hkv, d), F32), rand(rng, (b, s_max, hkv, d), F32)
+    lengths = jnp.asarray([1, 64, 21], jnp.int32)
+    want = np_decode(q, kc, vc, lengths)
+    # Keys past each row's length must not matter: fill them with huge values.
+    junk = jnp.arange(s_max)[None, :, None, None] >= lengths[:, None, None, None]
+    kc, vc = jnp.where(junk, 1e4, kc), jnp.where(junk, -1e4, vc)
+    out = da_mod._decode_pallas(q, kc, vc, lengths, sm_scale=d ** -0.5,
+                                interpret=(mode == "interpret"), blocks=(16, 4, 4, 2))
+    assert_close(out, want, F32, mode, "decode with 4 splits")
+
+
+def test_decode_attention_under_jit_skips_value_checks():
+    rng = np.random.default_rng(5)
+    q, kc, vc = rand(rng, (2, 2, 16), F32), rand(rng, (2, 8, 1, 16), F32), rand(rng, (2, 8, 1, 16), F32)
+    lengths = jnp.asarray([3, 8], jnp.int32)
+    f = jax.jit(lambda q, k, v, n: pk.decode_attention(q, k, v, n, mode="interpret"))
+    assert_close(f(q, kc, vc, lengths), np_decode(q, kc, vc, lengths), F32, "interpret", "jit")
+
+
+def test_decode_split_choice():
+    # B64 x 8 KV heads already gives 512 programs: a couple of splits at most.
+    bk, splits, _, _ = da_mod.choose_blocks(64, 4096, 8, 128)
+    assert 1 <= splits <= 4 and bk & (bk - 1) == 0
+    # One long sequence: split the cache so it still fills the GPU.
+    assert da_mod.choose_blocks(1, 32768, 8, 128)[1] >= 64
+    # Short caches are not split below MIN_SPLIT_KEYS keys.
+    assert da_mod.choose_blocks(1, 100, 1, 32)[1] == 1
+
+
+# ---------------------------------------------------------------- GPU only: realistic shapes
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("m", [1, 7, 64, 1000])
+def test_matmul_gpu_model_shapes(m):
+    """Compiled matmul at model-like sizes (decode batches and a prefill), bf16 and f32."""
+    rng = np.random.default_rng(m)
+    for dtype in (BF16, F32):
+        a, b = rand(rng, (m, 2048), dtype), rand(rng, (2048, 3000), dtype)
+        out = pk.matmul(a, b, mode="pallas")
+        assert_close(out, f64(a) @ f64(b), dtype, "pallas", f"gpu matmul M{m} {jnp.dtype(dtype).name}")
+
+
+@pytest.mark.gpu
+@GPU
+def test_attention_gpu_model_shapes():
+    """Compiled flash and decode attention at model-like sizes with ragged ends."""
+    rng = np.random.default_rng(0)
+    q, k, v = rand(rng, (2, 1000, 8, 128), BF16), rand(rng, (2, 1300, 2, 128), BF16), rand(rng, (2, 1300, 2, 128), BF16)
+    out = pk.flash_attention(q, k, v, mode="pallas")
+    assert_close(out, f64(pk.reference.flash_attention(q.astype(F32), k.astype(F32), v.astype(F32))),
+                 BF16, "pallas", "gpu flash")
+    q = rand(rng, (5, 32, 128), BF16)
+    kc, vc = rand(rng, (5, 3000, 8, 128), BF16), rand(rng, (5, 3000, 8, 128), BF16)
+    lengths = jnp.asarray([1, 3000, 1234, 2049, 64], jnp.int32)
+    out = pk.decode_attention(q, kc, vc, lengths, mode="pallas")
+    assert_close(out, np_decode(q, kc, vc, lengths), BF16, "pallas", "gpu decode")
+
+
+# ---------------------------------------------------------------- the poison hook itself
+def test_poison_hook_exposes_unwritten_outputs():
+    def writes_nothing(x_ref, o_ref):
+        pass
+
+    out = _validate.call_pallas(writes_nothing, out_shape=jax.ShapeDtypeStruct((16,), F32), grid=(1,),
+                                args=(jnp.ones(16, F32),), interpret=True, num_warps=4,
+                                num_stages=1, name="writes_nothing")
+    assert np.all(np.isnan(np.asarray(out)))
+
+
+# ---------------------------------------------------------------- errors
+def _err(fn, *words):
+    with pytest.raises(ValueError) as info:
+        fn()
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, f"{w!r} not in error message {msg!r}"
+    assert "\n" not in msg
+
+
+def test_matmul_errors():
+    a, b = jnp.ones((4, 8), F32), jnp.ones((8, 3), F32)
+    _err(lambda: pk.matmul(jnp.ones((2, 4, 8)), b), "a", "[M, K]")
+    _err(lambda: pk.matmul(a, jnp.ones(8)), "b", "[K, N]")
+    _err(lambda: pk.matmul(a, jnp.ones((7, 3))), "b", "K = a.shape[1]")
+    _err(lambda: pk.matmul(a.astype(jnp.int32), b.astype(jnp.int32)), "a", "int32")
+    _err(lambda: pk.matmul(a, b.astype(BF16)), "b", "bfloat16")
+    _err(lambda: pk.matmul(a, b, out_dtype=jnp.int8), "out_dtype")
+    _err(lambda: pk.matmul(jnp.ones((0, 8)), b), "a", "empty")
+    _err(lambda: pk.matmul(a, b, mode="fast"), "mode")
+    # Shape errors fire at trace time, inside jit.
+    _err(lambda: jax.jit(lambda x, y: pk.matmul(x, y, mode="interpret"))(a, jnp.ones((7, 3))), "b")
+
+
+def test_flash_attention_errors():
+    q, k = jnp.ones((1, 4, 4, 32), F32), jnp.ones((1, 6, 2, 32), F32)
+    fa_ = pk.flash_attention
+    _err(lambda: fa_(q[0], k, k), "q", "[B, T, Hq, D]")
+    _err(lambda: fa_(q, k[0], k), "k", "[B, S, Hkv, D]")
+    _err(lambda: fa_(q, k, jnp.ones((1, 6, 2, 16))), "v", "match")
+    _err(lambda: fa_(q, jnp.ones((2, 6, 2, 32)), jnp.ones((2, 6, 2, 32))), "batch")
+    _err(lambda: fa_(q, jnp.ones((1, 6, 2, 16)), jnp.ones((1, 6, 2, 16))), "head dim")
+    _err(lambda: fa_(jnp.ones((1, 4, 4, 48)), jnp.ones((1, 6, 2, 48)), jnp.ones((1, 6, 2, 48))), "q", "48")
+    _err(lambda: fa_(jnp.ones((1, 4, 4, 32)), jnp.ones((1, 6, 3, 32)), jnp.ones((1, 6, 3, 32))), "multiple")
+    _err(lambda: fa_(jnp.ones((1, 8, 4, 32)), k, k), "S >= T")
+    _err(lambda: fa_(q, k.astype(BF16), k.astype(BF16)), "k", "dtype")
+    _err(lambda: fa_(q.astype(jnp.int32), k.astype(jnp.int32), k.astype(jnp.int32)), "q", "int32")
+    _err(lambda: fa_(q, k, k, sm_scale=-1.0), "sm_scale")
+    _err(lambda: fa_(q, k, k, sm_scale="big"), "sm_scale")
+
+
+def test_decode_attention_errors():
+    q, kc = jnp.ones((2, 4, 32), F32), jnp.ones((2, 10, 2, 32), F32)
+    n = jnp.asarray([1, 10], jnp.int32)
+    da_ = pk.decode_attention
+    _err(lambda: da_(q[0], kc, kc, n), "q", "[B, Hq, D]")
+    _err(lambda: da_(q, kc[0], kc, n), "k_cache", "[B, S_max, Hkv, D]")
+    _err(lambda: da_(q, kc, jnp.ones((2, 11, 2, 32)), n), "v_cache")
+    _err(lambda: da_(jnp.ones((3, 4, 32)), kc, kc, n), "batch")
+    _err(lambda: da_(q, jnp.ones((2, 10, 3, 32)), jnp.ones((2, 10, 3, 32)), n), "multiple")
+    _err(lambda: da_(jnp.ones((2, 4, 20)), jnp.ones((2, 10, 2, 20)), jnp.ones((2, 10, 2, 20)), n), "head dim")
+    _err(lambda: da_(q, kc, kc, jnp.asarray([1, 2, 3])), "lengths", "[B]")
+    _err(lambda: da_(q, kc, kc, jnp.asarray([1.0, 2.0])), "lengths", "int32")
+    _err(lambda: da_(q, kc, kc, jnp.asarray([0, 5])), "lengths", "1..S_max")
+    _err(lambda: da_(q, kc, kc, jnp.asarray([3, 11])), "lengths", "1..S_max")
+    _err(lambda: da_(q.astype(F16), kc, kc, n), "k_cache", "dtype")
+
+
+# ---------------------------------------------------------------- lowering for CUDA on CPU
+def _lower_for_cuda(fn, *args):
+    """Lower ``fn`` to StableHLO for CUDA (Pallas -> Triton IR) on a machine without a GPU.
+
+    An abstract H200 stands in for the missing device; this runs the whole Pallas->Triton
+    lowering (which rejects non-power-of-two blocks and ops Triton lacks) but not Triton's
+    own compilation to PTX (shared-memory limits are only checked on a GPU)."""
+    from jax._src import mesh as mesh_lib  # private: AbstractDevice has no public export yet
+
+    device = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=None, platform="cuda")
+    mesh = mesh_lib.AbstractMesh((1,), ("x",), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the Triton backend's deprecation
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+S = jax.ShapeDtypeStruct
+
+
+@pytest.mark.parametrize("m,k,n,dtype", [(1, 8192, 8192, BF16), (64, 8192, 8192, BF16), (8192, 8192, 8192, BF16),
+                                         (37, 70, 45, F32), (300, 20, 40, F16)])
+def test_matmul_lowers_for_cuda(m, k, n, dtype):
+    text = _lower_for_cuda(lambda a, b: mm_mod._matmul_pallas(a, b, jnp.dtype(dtype), interpret=False),
+                           S((m, k), dtype), S((k, n), dtype))
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+@pytest.mark.parametrize("b,t,s,hq,hkv,d,causal", [(4, 4096, 4096, 16, 16, 128, True), (2, 19, 40, 4, 2, 32, True),
+                                                   (1, 1, 37, 8, 1, 64, False), (1, 17, 50, 4, 1, 256, True)])
+def test_flash_attention_lowers_for_cuda(b, t, s, hq, hkv, d, causal):
+    text = _lower_for_cuda(lambda q, k, v: fa_mod._flash_pallas(q, k, v, causal=causal, sm_scale=0.1, interpret=False),
+                           S((b, t, hq, d), BF16), S((b, s, hkv, d), BF16), S((b, s, hkv, d), BF16))
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+@pytest.mark.parametrize("b,hq,hkv,d,s_max,dtype", [(64, 32, 8, 128, 4096, BF16), (1, 32, 8, 128, 32768, BF16),
+                                                    (3, 8, 2, 32, 50, F32), (2, 8, 1, 64, 33, F16)])
+def test_decode_attention_lowers_for_cuda(b, hq, hkv, d, s_max, dtype):
+    text = _lower_for_cuda(lambda q, k, v, n: da_mod._decode_pallas(q, k, v, n, sm_scale=0.1, interpret=False),
+                           S((b, hq, d), dtype), S((b, s_max, hkv, d), dtype), S((b, s_max, hkv, d), dtype),
+                           S((b,), jnp.int32))
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+def test_cuda_lowering_rejects_non_power_of_two_blocks():
+    """The lowering check above is real: a 24-row block is refused."""
+    with pytest.raises(Exception, match="power of 2"):
+        _lower_for_cuda(lambda a, b: mm_mod._matmul_pallas(a, b, jnp.dtype(BF16), interpret=False,
+                                                           blocks=(24, 64, 64, 4, 3)),
+                        S((48, 64), BF16), S((64, 64), BF16))
