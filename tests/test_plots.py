@@ -1,0 +1,166 @@
+"""Figures build from synthetic records, use log axes where they should, carry units, save PNG."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from inference_lab import economics, hardware, plots, roofline  # noqa: E402
+from inference_lab.config import ModelConfig  # noqa: E402
+
+SPEC = hardware.PRESETS["H200"]
+CFG = ModelConfig.preset("base")
+
+
+# Mirrors of measure.PrefillRecord / DecodeRecord (INTERFACES.md): plots read attributes only.
+@dataclasses.dataclass
+class PrefillRecord:
+    device: str
+    backend: str
+    kernels: str
+    preset: str
+    dtype: str
+    batch: int
+    prompt_len: int
+    seconds: float
+    prefill_tokens_per_s: float
+    flops: float
+    bytes: float
+    mfu: float | None
+    phase: str = "prefill"
+
+
+@dataclasses.dataclass
+class DecodeRecord:
+    device: str
+    backend: str
+    kernels: str
+    preset: str
+    dtype: str
+    batch: int
+    context: int
+    step_seconds: float
+    decode_tokens_per_s: float
+    bytes_per_step: float
+    flops_per_step: float
+    mbu: float | None
+    mfu: float | None
+    phase: str = "decode"
+
+
+def _sweep(device="NVIDIA H200", efficiency=0.4, overhead=2e-4, context=512, seed=0):
+    """Records as a real sweep would make them: roofline time / efficiency + overhead + noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for T in (128, 512, 2048):
+        c = roofline.prefill_cost(CFG, 1, T)
+        t = roofline.predict_time(c, SPEC, "bf16") / efficiency + overhead
+        t *= rng.uniform(0.97, 1.03)
+        out.append(PrefillRecord(device, "gpu", "pallas", "base", "bfloat16", 1, T, t, T / t,
+                                 c.flops, c.bytes, None))
+    for B in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        c = roofline.decode_cost(CFG, B, context)
+        t = roofline.predict_time(c, SPEC, "bf16") / efficiency + overhead
+        t *= rng.uniform(0.97, 1.03)
+        out.append(DecodeRecord(device, "gpu", "pallas", "base", "bfloat16", B, context, t, B / t,
+                                c.bytes, c.flops, None, None))
+    return out
+
+
+def _has_vline(ax, x):
+    return any(len(line.get_xdata()) == 2 and np.allclose(line.get_xdata(), [x, x]) for line in ax.get_lines())
+
+
+def _check(fig, tmp_path, name, *, log_x, log_y, units):
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    assert (ax.get_xscale() == "log") == log_x and (ax.get_yscale() == "log") == log_y
+    for label, unit in zip((ax.get_xlabel(), ax.get_ylabel()), units):
+        assert f"({unit}" in label, (label, unit)
+    path = tmp_path / f"{name}.png"
+    fig.savefig(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_roofline_plot_with_records(tmp_path):
+    recs = _sweep()
+    fig = plots.roofline_plot(SPEC, "bf16", recs, cfg=CFG)
+    _check(fig, tmp_path, "roofline", log_x=True, log_y=True, units=("FLOP/byte", "TFLOP/s"))
+    ax = fig.axes[0]
+    # The ridge is drawn where peak / bandwidth says, and the roof reaches the peak.
+    ridge = roofline.ridge_point(SPEC, "bf16")
+    assert _has_vline(ax, ridge)
+    roof = ax.get_lines()[0]
+    assert roof.get_ydata().max() == pytest.approx(SPEC.peak_flops("bf16") / 1e12)
+    # One measured marker per record plus one predicted marker each.
+    assert len(ax.collections) >= 2 * len(recs)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"prefill, measured", "decode, measured", "prefill, predicted", "decode, predicted"} <= set(labels)
+
+
+def test_roofline_plot_predicted_only_and_cpu_units(tmp_path):
+    fig = plots.roofline_plot(SPEC, "bf16", cfg=CFG)
+    _check(fig, tmp_path, "roofline_pred", log_x=True, log_y=True, units=("FLOP/byte", "TFLOP/s"))
+    cpu = hardware.HardwareSpec(name="this CPU", flops={"fp32": 190e9}, bandwidth=28e9)
+    fig = plots.roofline_plot(cpu, "float32", cfg=ModelConfig.preset("small"))
+    assert "GFLOP/s" in fig.axes[0].get_ylabel()
+    with pytest.raises(ValueError, match="bf16"):
+        plots.roofline_plot(cpu, "bf16")
+
+
+def test_decode_throughput_plot_marks_the_knee(tmp_path):
+    recs = _sweep()
+    fig = plots.decode_throughput_plot(recs, cfg=CFG, spec=SPEC)
+    _check(fig, tmp_path, "decode", log_x=True, log_y=True, units=("sequences", "tokens/s"))
+    ax = fig.axes[0]
+    knee = roofline.measured_knee([r for r in recs if r.phase == "decode"])
+    assert knee is not None
+    assert _has_vline(ax, knee)
+    assert any(f"B={knee}" in t.get_text() for t in ax.texts)
+    # x is base 2 with plain batch ticks.
+    assert ax.xaxis.get_scale() == "log" and 256 in list(ax.get_xticks())
+    # A prediction alone works too (no records).
+    plots.decode_throughput_plot([], cfg=CFG, spec=SPEC, context=128)
+    with pytest.raises(ValueError, match="together"):
+        plots.decode_throughput_plot(recs, cfg=CFG)
+
+
+def test_ttft_plot(tmp_path):
+    fig = plots.ttft_plot(_sweep(), cfg=CFG, spec=SPEC)
+    _check(fig, tmp_path, "ttft", log_x=True, log_y=True, units=("tokens", "ms"))
+    with pytest.raises(ValueError, match="prefill records"):
+        plots.ttft_plot([])
+
+
+def test_classroom_overlay_groups_by_device(tmp_path):
+    recs = _sweep("NVIDIA H200", 0.4) + _sweep("NVIDIA L4", 0.1, 1e-3, seed=1) + _sweep("cpu", 0.02, 5e-3, seed=2)
+    fig = plots.classroom_plot(recs)
+    _check(fig, tmp_path, "classroom", log_x=True, log_y=True, units=("tokens", "tokens/s"))
+    left, right = fig.axes[:2]
+    assert right.get_xscale() == "log" and right.get_yscale() == "log"
+    assert "(sequences" in right.get_xlabel() and "(tokens/s" in right.get_ylabel()
+    assert len(left.get_lines()) == 3 and len(right.get_lines()) == 3
+    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["NVIDIA H200", "NVIDIA L4", "cpu"]
+    with pytest.raises(ValueError, match="records"):
+        plots.classroom_plot([])
+    with pytest.raises(ValueError, match="PrefillRecord"):
+        plots.classroom_plot([object()])
+
+
+def test_economics_figures(tmp_path):
+    fig = plots.price_ratio_plot(ModelConfig.preset("llama3_8b"), hardware.PRESETS["H100_SXM"],
+                                 batches=[1, 8, 64, 512], contexts=[512, 8192])
+    _check(fig, tmp_path, "price", log_x=True, log_y=True, units=("sequences", "x"))
+    phases = economics.roofline_phases(ModelConfig.preset("llama3_8b"), hardware.PRESETS["H100_SXM"])
+    rows = economics.load_sweep(phases, [2.0, 6.0], n_requests=100, prompt_len=(256, 2048),
+                                output_len=(8, 32), interconnect_bandwidth=450e9)
+    fig = plots.serving_plot(rows)
+    _check(fig, tmp_path, "serving", log_x=False, log_y=True, units=("requests/s", "ms"))
+    assert "(tokens/s" in fig.axes[1].get_ylabel()
