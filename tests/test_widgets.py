@@ -1,0 +1,78 @@
+"""The dashboard convention the notebooks and the browser tests rely on."""
+
+import pytest
+
+W = pytest.importorskip("ipywidgets")
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from inference_lab import widgets  # noqa: E402
+
+
+def _view(batch, prompt_len):
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [batch, prompt_len])
+    return fig, f"batch size {batch}, prompt length {prompt_len}: {batch * prompt_len} tokens"
+
+
+def _find(widget, cls):
+    found = [widget] if isinstance(widget, cls) else []
+    for child in getattr(widget, "children", ()):
+        found += _find(child, cls)
+    return found
+
+
+def test_dashboard_redraws_and_updates_the_readout():
+    calls = []
+
+    def view(batch, prompt_len):
+        calls.append((batch, prompt_len))
+        return _view(batch, prompt_len)
+
+    board = widgets.dashboard(view, [widgets.Control("batch", "batch size", [1, 2, 4]),
+                                     widgets.Control("prompt_len", "prompt length", [16, 64], 64)])
+    sliders = _find(board, W.SelectionSlider)
+    assert [s.description for s in sliders] == ["batch size", "prompt length"]
+    (readout,) = [w for w in _find(board, W.HTML) if widgets.READOUT_CLASS in w._dom_classes]
+    assert calls == [(1, 64)] and readout.value == "batch size 1, prompt length 64: 64 tokens"
+    (output,) = _find(board, W.Output)
+    assert output.outputs and "image/png" in output.outputs[0]["data"]
+    sliders[0].value = 4
+    assert calls[-1] == (4, 64) and readout.value.startswith("batch size 4")
+
+
+def test_a_failing_view_reports_in_the_readout():
+    def broken(batch):
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError):
+        widgets.dashboard(broken, [widgets.Control("batch", "batch size", [1, 2])])
+
+
+def test_control_rejects_a_value_outside_its_options():
+    with pytest.raises(ValueError, match="not among its options"):
+        widgets.Control("batch", "batch size", [1, 2], 3).widget()
+
+
+def test_quizzes_say_right_and_wrong():
+    box = widgets.quiz("Which phase is bandwidth-bound?", ["prefill", "decode"], "decode", "one token per step")
+    radio, button, feedback = box.children[1], box.children[2], box.children[3]
+    radio.value = "prefill"
+    button.click()
+    assert "Not quite" in feedback.value
+    radio.value = "decode"
+    button.click()
+    assert "Right" in feedback.value
+    number = widgets.numeric_quiz("ridge?", 295.0, rel_tol=0.1)
+    text, check = number.children[1].children
+    feedback = number.children[2]
+    text.value = 100
+    check.click()
+    assert "Too low" in feedback.value
+    text.value = 300
+    check.click()
+    assert "Right" in feedback.value
+    with pytest.raises(ValueError):
+        widgets.quiz("q", ["a"], "b", "")
