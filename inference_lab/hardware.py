@@ -137,3 +137,120 @@ PRESETS: dict[str, HardwareSpec] = {
                  "interconnect_bandwidth": _GOOGLE_V5E + ": ICI 1,600 Gbps = 200 GB/s"},
     ),
 }
+
+
+# ----------------------------------------------------------------------------- measured ceilings
+_CEILINGS_PRINTED: set = set()
+
+
+def _ceiling_sizes(backend: str, key: str) -> tuple[int, int]:
+    """(matmul n for n x n x n, streamed buffer bytes) per backend: big enough to reach the
+    ceiling, small enough to finish in about a second (bf16 matmuls are slow on CPUs)."""
+    if backend == "cpu":
+        return (2048 if key == "fp32" else 1024), 256 * 2**20
+    return (8192 if key in ("bf16", "fp16", "fp8", "int8") else 4096), 2**30
+
+
+def _median_seconds(fn, *args, repeats: int, donate_first: bool = False):
+    """Median wall time of ``fn(*args)`` after one warm-up call (block_until_ready each)."""
+    import statistics
+    import time
+
+    import jax
+
+    out = jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        if donate_first:  # the buffer was donated: feed the result back in
+            args = (out,) + tuple(args[1:])
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = True) -> HardwareSpec:
+    """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and memory bandwidth.
+
+    - matmul: an ``n x n @ n x n`` product in ``dtype`` (float32 at full precision, f32
+      accumulation), jitted by XLA, median of repeats; ``2 n^3`` FLOPs per call.
+    - bandwidth: an in-place scaling ``x *= 1.0001`` of a large float32 buffer donated to the
+      call (so no fresh output is allocated), median of repeats; read + write bytes counted.
+
+    The result is cached as JSON under ``.cache/ceilings`` keyed by device, backend, jax and
+    jaxlib versions and dtype (``refresh=True`` measures again). The method is printed once
+    per process when ``verbose``.
+    """
+    import hashlib
+    import json
+    import os
+
+    import jax
+    import jax.numpy as jnp
+    import jaxlib
+
+    from inference_lab._cache import cache_dir
+
+    key = dtype_key(dtype)
+    if key not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype={dtype!r}: measure_ceilings measures bfloat16, float16 or float32 matmuls")
+    dev = jax.devices()[0]
+    backend = jax.default_backend()
+    ident = {"device": dev.device_kind, "backend": backend, "jax": jax.__version__,
+             "jaxlib": jaxlib.__version__, "dtype": key}
+    digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+    path = cache_dir("ceilings") / f"{backend}-{key}-{digest}.json"
+
+    data = None
+    if path.exists() and not refresh:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("ident") != ident:
+                data = None
+        except (OSError, ValueError):
+            data = None  # a damaged cache file: measure again
+    if data is None:
+        n, nbytes = _ceiling_sizes(backend, key)
+        jdt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[key]
+        ka, kb = jax.random.split(jax.random.key(0))
+        a = jax.random.normal(ka, (n, n), jnp.float32).astype(jdt)  # random, never zeros
+        b = jax.random.normal(kb, (n, n), jnp.float32).astype(jdt)
+        prec = jax.lax.Precision.HIGHEST if key == "fp32" else None
+        mm = jax.jit(lambda a, b: jnp.dot(a, b, precision=prec, preferred_element_type=jnp.float32).astype(a.dtype))
+        repeats = 3 if backend == "cpu" else 10
+        t_mm = _median_seconds(mm, a, b, repeats=repeats)
+        flops = 2.0 * n ** 3 / t_mm
+        del a, b
+        x = jax.random.normal(jax.random.key(1), (nbytes // 4,), jnp.float32)
+        scale = jax.jit(lambda x: x * 1.0001, donate_argnums=0)
+        t_bw = _median_seconds(scale, x, repeats=repeats + 2, donate_first=True)
+        bandwidth = 2.0 * nbytes / t_bw
+        stats = getattr(dev, "memory_stats", lambda: None)() or {}
+        memory = stats.get("bytes_limit")
+        if memory is None and backend == "cpu":
+            try:
+                memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                memory = None
+        data = {
+            "ident": ident, "name": dev.device_kind, "flops": {key: flops}, "bandwidth": bandwidth,
+            "memory_bytes": memory,
+            "sources": {
+                "flops": (f"measured: XLA jnp.dot {n}x{n}x{n} {jnp.dtype(jdt).name}"
+                          f"{' (precision HIGHEST)' if prec else ''}, f32 accumulation, median of {repeats}"),
+                "bandwidth": (f"measured: in-place x *= 1.0001 on a donated {nbytes // 2**20} MiB float32 "
+                              f"buffer, read + write counted, median of {repeats + 2}"),
+            },
+        }
+        try:
+            path.write_text(json.dumps(data, indent=1))
+        except OSError:
+            pass  # read-only cache: the numbers are still returned
+    spec = HardwareSpec(name=data["name"], flops=dict(data["flops"]), bandwidth=float(data["bandwidth"]),
+                        memory_bytes=data.get("memory_bytes"), sources=dict(data["sources"]))
+    if verbose and str(path) not in _CEILINGS_PRINTED:
+        _CEILINGS_PRINTED.add(str(path))
+        print(f"ceilings of {spec.name} ({backend}): matmul {spec.flops[key] / 1e9:,.1f} GFLOP/s "
+              f"[{spec.sources['flops']}]; bandwidth {spec.bandwidth / 1e9:,.1f} GB/s "
+              f"[{spec.sources['bandwidth']}] (cached in {path})")
+    return spec

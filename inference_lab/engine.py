@@ -1,0 +1,322 @@
+"""Prefill, decode and generate: the serving loop, in a page.
+
+- :func:`prefill` runs whole prompts through the model at once (compute-bound: every weight
+  is used for ``B x T`` tokens) and fills the KV cache.
+- :func:`decode_step` runs one new token per row (memory-bound at small batch: every weight
+  is read for just ``B`` tokens) and appends its K/V to the cache.
+- :func:`generate` = prefill + a jitted loop of decode steps with sampling.
+
+How it is compiled (each choice is measured, see PLATFORM.md):
+- The model's weights are taken out as a plain dict (``model.params()``) and passed to a
+  ``jax.jit``-ed pure function; ``nnx.jit`` would walk the module graph on every call
+  (~3 ms), more than a whole small-model decode step.
+- The cache arrays are *donated*: XLA overwrites them in place, so a step moves only the
+  bytes it must (weights + the cache it reads), never a copy of the cache.
+- Layers are a Python loop (unrolled in the program): no ``lax.scan`` over stacked layers.
+- :func:`decode_loop` runs many steps inside one ``lax.fori_loop``: the measurement path,
+  free of per-call Python overhead.
+
+Every check on the inputs happens here, before anything runs on the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference_lab import tokenizer
+from inference_lab.cache import KVCache
+from inference_lab.model import decode_forward, prefill_forward
+
+
+# ----------------------------------------------------------------------------- jitted cores
+@functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
+def _prefill_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
+    return prefill_forward(params, tokens, lengths, k_caches, v_caches, cfg=cfg, mode=mode)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
+def _decode_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
+    logits, k_caches, v_caches = decode_forward(params, tokens, lengths, k_caches, v_caches,
+                                                cfg=cfg, mode=mode)
+    return logits, k_caches, v_caches, lengths + 1
+
+
+def _sample(logits, key, temperature, top_k):
+    """float32 logits [B, V] -> int32 tokens [B]: argmax if ``temperature`` is None (greedy),
+    else softmax sampling at that (traced) temperature, over the ``top_k`` largest logits
+    when given. Greedy is a separate compiled program so measured decode steps pay for an
+    argmax only, not for drawing random numbers."""
+    if temperature is None:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if top_k is not None:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+
+
+def _temperature(t: float):
+    """0 -> None (greedy, static); otherwise a traced float32 scalar."""
+    return None if t == 0 else jnp.float32(t)
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "top_k", "cfg", "mode"),
+                   donate_argnames=("k_caches", "v_caches"))
+def _decode_loop_jit(params, tokens, lengths, k_caches, v_caches, key, temperature, *, steps,
+                     top_k, cfg, mode):
+    """``steps`` decode steps in one program. Step i feeds ``tokens`` (i = 0) or the token
+    sampled at step i-1 (with key ``fold_in(key, i + 1)``: generate used 0 for the token
+    sampled from the prefill logits); returns (tokens sampled at each step [B, steps], caches, lengths)."""
+    b = tokens.shape[0]
+
+    def body(i, carry):
+        tok, lens, ks, vs, out = carry
+        logits, ks, vs = decode_forward(params, tok, lens, ks, vs, cfg=cfg, mode=mode)
+        nxt = _sample(logits, jax.random.fold_in(key, i + 1), temperature, top_k)
+        return nxt, lens + 1, ks, vs, out.at[:, i].set(nxt)
+
+    out = jnp.zeros((b, steps), jnp.int32)
+    _, lengths, k_caches, v_caches, out = jax.lax.fori_loop(
+        0, steps, body, (tokens, lengths, list(k_caches), list(v_caches), out))
+    return out, k_caches, v_caches, lengths
+
+
+_sample_jit = jax.jit(_sample, static_argnames=("top_k",))
+
+
+# ----------------------------------------------------------------------------- checks
+def _as_tokens(tokens, name: str, ndim: int, vocab: int) -> np.ndarray:
+    arr = np.asarray(tokens)
+    if arr.ndim != ndim:
+        want = "[B, T]" if ndim == 2 else "[B]"
+        raise ValueError(f"{name} has shape {arr.shape}; it must be {want} token ids")
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty; give at least one token per row")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} has dtype {arr.dtype}; token ids must be integers (int32)")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"{name} holds ids in [{lo}, {hi}] but the vocabulary is 0..{vocab - 1}; "
+                         "fix the ids (the tokenizer only makes 0..258)")
+    return arr.astype(np.int32)
+
+
+def _check_cache(model, cache, what: str) -> None:
+    if not isinstance(cache, KVCache):
+        raise ValueError(f"cache must be a KVCache (KVCache.create(cfg, batch, max_len)), got {type(cache).__name__}")
+    cache._check_alive(what)
+    cfg = model.cfg
+    want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, np.dtype(cfg.dtype))
+    have = (cache.n_layers, cache.n_kv_heads, cache.head_dim, np.dtype(cache.dtype))
+    if want != have:
+        raise ValueError(f"cache (layers, kv heads, head_dim, dtype)={have} does not match the model's {want}; "
+                         "create it with KVCache.create(model.cfg, batch, max_len)")
+
+
+# ----------------------------------------------------------------------------- public API
+def prefill(model, tokens, cache: KVCache, lengths=None):
+    """Run prompts through the model and fill an empty cache.
+
+    tokens [B, T] int32, right-padded; lengths [B] real tokens per row (None: all T).
+    Returns (float32 logits [B, V] at each row's last real token, the filled cache with
+    ``cache.lengths == lengths``). The cache passed in is donated.
+    """
+    _check_cache(model, cache, "prefill()")
+    tokens = _as_tokens(tokens, "tokens", 2, model.cfg.vocab_size)
+    b, t = tokens.shape
+    if b != cache.batch:
+        raise ValueError(f"tokens has batch {b} but the cache was created for batch {cache.batch}; "
+                         "make them equal")
+    if t > cache.max_len:
+        raise ValueError(f"prompt length {t} is longer than the cache (max_len={cache.max_len}); "
+                         "create a larger cache with KVCache.create(cfg, batch, max_len)")
+    if cache._host_lengths.any():
+        raise ValueError(f"prefill needs an empty cache but this one already holds "
+                         f"{cache._host_lengths.tolist()} tokens per row; use a fresh "
+                         "KVCache.create(...) or continue with decode_step")
+    if lengths is None:
+        lengths = np.full((b,), t, np.int32)
+    else:
+        lengths = np.asarray(lengths)
+        if lengths.shape != (b,) or not np.issubdtype(lengths.dtype, np.integer):
+            raise ValueError(f"lengths must be [B]=[{b}] integers, got shape {lengths.shape} dtype {lengths.dtype}")
+        if lengths.min() < 1 or lengths.max() > t:
+            raise ValueError(f"lengths {lengths.tolist()} must be in 1..{t} (the prompt width)")
+        lengths = lengths.astype(np.int32)
+    ks, vs = cache._donate("prefill")
+    logits, ks, vs = _prefill_jit(model.params(), jnp.asarray(tokens), jnp.asarray(lengths), ks, vs,
+                                  cfg=model.cfg, mode=model.mode)
+    return logits, KVCache(ks, vs, jnp.asarray(lengths), host_lengths=lengths)
+
+
+def decode_step(model, next_tokens, cache: KVCache):
+    """One token per row: written at ``cache.lengths[b]``, attending to ``lengths[b] + 1`` keys.
+
+    Returns (float32 logits [B, V], the cache with lengths + 1). The cache passed in is
+    donated: use the returned one.
+    """
+    _check_cache(model, cache, "decode_step()")
+    tokens = _as_tokens(next_tokens, "next_tokens", 1, model.cfg.vocab_size)
+    if tokens.shape[0] != cache.batch:
+        raise ValueError(f"next_tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows; "
+                         "give one token per row")
+    if int(cache._host_lengths.max()) + 1 > cache.max_len:
+        raise ValueError(f"decoding past max_len: a row already holds {int(cache._host_lengths.max())} of "
+                         f"{cache.max_len} tokens; create the cache with a larger max_len")
+    host = cache._host_lengths + 1
+    lengths = cache._lengths
+    ks, vs = cache._donate("decode_step")
+    logits, ks, vs, lengths = _decode_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
+                                          cfg=model.cfg, mode=model.mode)
+    return logits, KVCache(ks, vs, lengths, host_lengths=host)
+
+
+def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float = 0.0,
+                top_k: int | None = None, seed: int = 0):
+    """``steps`` decode steps in one jitted ``fori_loop``, each feeding the token it sampled.
+
+    tokens [B]: the first token of each row. Returns (int32 [B, steps] sampled tokens,
+    the cache advanced by ``steps``). The cache is donated.
+    """
+    _check_cache(model, cache, "decode_loop()")
+    tokens = _as_tokens(tokens, "tokens", 1, model.cfg.vocab_size)
+    if tokens.shape[0] != cache.batch:
+        raise ValueError(f"tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows")
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be a positive integer")
+    top_k = _check_sampling(temperature, top_k, model.cfg.vocab_size)
+    if int(cache._host_lengths.max()) + steps > cache.max_len:
+        raise ValueError(f"decoding past max_len: {steps} steps from {int(cache._host_lengths.max())} "
+                         f"tokens exceed max_len={cache.max_len}; create a larger cache")
+    host = cache._host_lengths + steps
+    lengths = cache._lengths
+    ks, vs = cache._donate("decode_loop")
+    out, ks, vs, lengths = _decode_loop_jit(
+        model.params(), jnp.asarray(tokens), lengths, ks, vs, jax.random.key(seed), _temperature(temperature),
+        steps=int(steps), top_k=top_k, cfg=model.cfg, mode=model.mode)
+    return out, KVCache(ks, vs, lengths, host_lengths=host)
+
+
+def _check_sampling(temperature, top_k, vocab):
+    if not isinstance(temperature, (int, float)) or temperature < 0 or not np.isfinite(temperature):
+        raise ValueError(f"temperature={temperature!r} must be a number >= 0 (0 means greedy)")
+    if top_k is not None:
+        if not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= vocab:
+            raise ValueError(f"top_k={top_k!r} must be None or an integer in 1..{vocab}")
+        top_k = int(top_k)
+    return top_k
+
+
+def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0, top_k=None, seed: int = 0):
+    """Continue each prompt by exactly ``max_new_tokens`` tokens (no early stop).
+
+    prompts: a list of token-id lists (ragged allowed), or a str / list of str (encoded by
+    the byte-level tokenizer, with BOS). Returns lists of new ids, or strs for str input
+    (a single str in, a single str out). Same seed, same output.
+    """
+    single = isinstance(prompts, str)
+    as_text = single or (isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) for p in prompts))
+    if single:
+        prompts = [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a non-empty list of token-id lists, or a str / list of str")
+    rows = [tokenizer.encode(p) for p in prompts] if as_text else [list(p) for p in prompts]
+    if any(len(r) == 0 for r in rows):
+        raise ValueError("prompts has an empty row; every prompt needs at least one token")
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+    top_k = _check_sampling(temperature, top_k, model.cfg.vocab_size)
+
+    lengths = np.array([len(r) for r in rows], np.int32)
+    width = int(lengths.max())
+    tokens = np.full((len(rows), width), tokenizer.PAD, np.int64)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    cache = KVCache.create(model.cfg, batch=len(rows), max_len=width + int(max_new_tokens))
+    logits, cache = prefill(model, tokens, cache, lengths)
+    key = jax.random.key(seed)
+    first = _sample_jit(logits, jax.random.fold_in(key, 0), _temperature(temperature), top_k=top_k)
+    if max_new_tokens > 1:
+        rest, cache = decode_loop(model, first, cache, int(max_new_tokens) - 1,
+                                  temperature=temperature, top_k=top_k, seed=seed)
+        new = np.concatenate([np.asarray(first)[:, None], np.asarray(rest)], axis=1)
+    else:
+        new = np.asarray(first)[:, None]
+    out = [row.tolist() for row in new]
+    if as_text:
+        out = [tokenizer.decode(r) for r in out]
+        return out[0] if single else out
+    return out
+
+
+# ----------------------------------------------------------------------------- compiled-program checks
+# One HLO instruction with an array result: "%name = f32[2,64,4,32]{3,2,1,0} copy(%p), ..."
+_HLO_ARRAY_OP = re.compile(r"=\s*([a-z0-9]+)\[([0-9,]*)\](?:\{[^}]*\})?\s+([a-z][a-z\-]*)\(")
+_HLO_ALL_REDUCE = re.compile(r"\sall-reduce(?:-start)?\(")
+
+
+def _top_level_lines(hlo_text: str):
+    """Instruction lines of a compiled HLO module's text, skipping the bodies of fusions
+    (what runs is the fusion itself, listed in its caller)."""
+    in_fusion = False
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):  # a computation starts
+            name = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
+            in_fusion = "fused" in name or "fusion" in name
+        elif not in_fusion:
+            yield line
+
+
+def hlo_ops(hlo_text: str):
+    """(opcode, output dtype, output element count, line) for every array-valued top-level
+    instruction of ``jitted.lower(...).compile().as_text()``."""
+    out = []
+    for line in _top_level_lines(hlo_text):
+        m = _HLO_ARRAY_OP.search(line)
+        if m:
+            dims = [int(d) for d in m.group(2).split(",") if d]
+            out.append((m.group(3), m.group(1), int(np.prod(dims)) if dims else 1, line.strip()))
+    return out
+
+
+def count_cache_copies(hlo_text: str, cache_elements: int, *, relayouts: bool = False) -> int:
+    """How many ``copy`` instructions in a compiled program move a buffer at least as large as
+    one layer's K (or V) cache. A decode step that updates its donated cache in place has none;
+    each one found is a full cache read + write per step (the KV-cache trap of PLATFORM.md).
+
+    ``relayouts=True`` also counts fusions whose root is a copy (XLA names them
+    ``transpose_copy_fusion``, ``bitcast_copy_fusion``...): a cache-sized one is a kernel
+    reading the cache in another layout, which also costs a full read + write per step.
+    """
+    n = 0
+    for op, _, size, line in hlo_ops(hlo_text):
+        if size < cache_elements:
+            continue
+        name = line.split("=")[0]
+        if op in ("copy", "copy-start") or (relayouts and op == "fusion" and "copy" in name):
+            n += 1
+    return n
+
+
+def count_all_reduces(hlo_text: str) -> int:
+    """All-reduce instructions in a compiled program (an async start/done pair counts once)."""
+    return sum(1 for line in _top_level_lines(hlo_text) if _HLO_ALL_REDUCE.search(line))
+
+
+def compiled_decode_text(model, cache: KVCache, *, steps: int | None = None) -> str:
+    """The compiled HLO text of :func:`decode_step` (``steps=None``) or of the jitted
+    :func:`decode_loop` of ``steps`` steps, for these shapes. Nothing runs; the cache is
+    only used for its shapes (it is not donated)."""
+    _check_cache(model, cache, "compiled_decode_text()")
+    b = cache.batch
+    args = (model.params(), jnp.zeros((b,), jnp.int32), cache._lengths, list(cache._k), list(cache._v))
+    if steps is None:
+        lowered = _decode_jit.lower(*args, cfg=model.cfg, mode=model.mode)
+    else:
+        lowered = _decode_loop_jit.lower(*args, jax.random.key(0), None, steps=int(steps),
+                                         top_k=None, cfg=model.cfg, mode=model.mode)
+    return lowered.compile().as_text()
