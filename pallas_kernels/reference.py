@@ -60,11 +60,20 @@ def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None):
     """One query token per row: q [B,Hq,D] over caches [B,S_max,Hkv,D] -> [B,Hq,D].
 
     Key ``j`` of row ``b`` is visible iff ``j < lengths[b]`` (lengths in 1..S_max).
+
+    Written as multiply-then-sum over the cache in its stored ``[B, S, Hkv, D]`` layout rather
+    than as an einsum: XLA lowers that einsum to a dot whose operands it first transposes, a
+    copy of the whole cache every decode step, which on a CPU cost as much as the attention
+    itself. Products are exact in f32 and summed in f32, as in the kernels.
     """
     b, hq, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     sm_scale = d ** -0.5 if sm_scale is None else sm_scale
-    qg = q.reshape(b, 1, hkv, hq // hkv, d)
-    visible = (jnp.arange(s_max)[None, :] < lengths[:, None])[:, None, None, None, :]
-    out = _attend(qg, k_cache, v_cache, visible, sm_scale)
+    f32 = jnp.float32
+    qg = q.reshape(b, 1, hkv, hq // hkv, d).astype(f32)                          # [B,1,Hkv,G,D]
+    s = jnp.sum(qg * k_cache[:, :, :, None, :].astype(f32), axis=-1) * sm_scale  # [B,S,Hkv,G]
+    visible = (jnp.arange(s_max)[None, :] < lengths[:, None])[:, :, None, None]
+    s = jnp.where(visible, s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=1).astype(v_cache.dtype).astype(f32)             # every row sees key 0
+    out = jnp.sum(p[..., None] * v_cache[:, :, :, None, :].astype(f32), axis=1)  # [B,Hkv,G,D]
     return out.reshape(b, hq, d).astype(q.dtype)
