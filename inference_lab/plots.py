@@ -406,32 +406,298 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     return fig
 
 
-def serving_plot(rows: Sequence[dict], *, title: str | None = None) -> Figure:
-    """TTFT and per-user tokens/s against load for each serving mode (rows of
-    :func:`economics.load_sweep`, each with ``rate``, ``mode``, ``ttft_p50_ms``,
-    ``ttft_p99_ms``, ``tpot_p50_ms``)."""
+def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = None) -> Figure:
+    """TTFT and per-user tokens/s for each serving mode against load: rows of
+    :func:`economics.load_sweep` (``x="rate"``, arrival rate) or any rows carrying ``x``
+    (e.g. ``"prompt_len"``), each with ``mode``, ``ttft_p50_ms``, ``ttft_p99_ms``, ``tpot_p50_ms``."""
     if not rows:
         raise ValueError("serving_plot needs rows from economics.load_sweep(...)")
+    if any(x not in r for r in rows):
+        raise ValueError(f"serving_plot(x={x!r}): every row needs a {x!r} entry")
+    xlabel = {"rate": "arrival rate (requests/s)", "prompt_len": "mean prompt length (tokens)"}.get(x, x)
     fig, (left, right) = _figure(2, width=11.0, height=4.4)
     colors = {"colocated": "#c62d42", "disaggregated": "#2a9d4b"}
     for mode in sorted({r["mode"] for r in rows}):
-        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["rate"])
-        rate = [r["rate"] for r in mine]
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r[x])
+        xs = [r[x] for r in mine]
         c = colors.get(mode, ROOF_COLOR)
-        left.plot(rate, [r["ttft_p50_ms"] for r in mine], "-o", color=c, label=f"{mode}, p50")
-        left.plot(rate, [r["ttft_p99_ms"] for r in mine], "--", color=c, alpha=0.7, label=f"{mode}, p99")
-        right.plot(rate, [1e3 / r["tpot_p50_ms"] for r in mine], "-o", color=c, label=mode)
+        left.plot(xs, [r["ttft_p50_ms"] for r in mine], "-o", color=c, label=f"{mode}, p50")
+        left.plot(xs, [r["ttft_p99_ms"] for r in mine], "--", color=c, alpha=0.7, label=f"{mode}, p99")
+        right.plot(xs, [1e3 / r["tpot_p50_ms"] for r in mine], "-o", color=c, label=mode)
     _style_log(left, x=False)
     _si_ticks(left, "y")
     right.grid(True, **GRID)
     right.set_ylim(bottom=0)
-    left.set_xlabel("arrival rate (requests/s)")
+    left.set_xlabel(xlabel)
     left.set_ylabel("time to first token (ms)")
     left.set_title("Time to first token")
-    right.set_xlabel("arrival rate (requests/s)")
+    right.set_xlabel(xlabel)
     right.set_ylabel("per-user decode speed (tokens/s, p50)")
     right.set_title("Tokens per second each user sees")
     left.legend(fontsize=8, frameon=False)
     right.legend(fontsize=8, frameon=False)
     fig.suptitle(title or "Under load: disaggregation lets TTFT and tokens/s move independently")
+    return fig
+
+
+# ----------------------------------------------------------------------------- lesson figures
+def time_split_bars(compute_s: float, memory_s: float, *, title: str | None = None) -> Figure:
+    """Two horizontal bars: the predicted compute time and memory time of one step.
+    The longer one is the step time (the roofline's max)."""
+    for name, v in (("compute_s", compute_s), ("memory_s", memory_s)):
+        if not v > 0:
+            raise ValueError(f"{name}={v!r} must be a positive number of seconds")
+    fig, (ax,) = _figure(width=7.5, height=2.6)
+    scale, unit = (1e-3, "ms") if max(compute_s, memory_s) >= 1e-3 else (1e-6, "\u00b5s")
+    bars = [("compute: FLOPs / peak FLOP/s (the stoves)", compute_s, PREFILL_COLOR),
+            ("memory: bytes / bandwidth (the van)", memory_s, DECODE_COLOR)]
+    longest = max(compute_s, memory_s)
+    for i, (label, value, color) in enumerate(bars):
+        ax.barh(i, value / scale, color=color, alpha=1.0 if value == longest else 0.45, height=0.6)
+        ax.text(value / scale, i, f"  {value / scale:,.3g} {unit}", va="center", fontsize=9)
+    ax.set_yticks([0, 1], [b[0] for b in bars], fontsize=9)
+    ax.set_xlim(0, longest / scale * 1.35)
+    ax.set_xlabel(f"predicted time per decode step ({unit})")
+    ax.grid(True, axis="x", **GRID)
+    ax.set_title(title or "Which ceiling sets the step time?", fontsize=10)
+    return fig
+
+
+def request_timeline(ttft_s: float, decode_s: float, prompt_len: int, new_tokens: int) -> Figure:
+    """One request as a timeline: prefill (time to first token), then the decode steps."""
+    fig, (ax,) = _figure(width=8.5, height=2.4)
+    scale, unit = (1.0, "s") if ttft_s + decode_s >= 2 else (1e-3, "ms")
+    ax.barh(0, ttft_s / scale, color=PREFILL_COLOR, height=0.5)
+    ax.barh(0, decode_s / scale, left=ttft_s / scale, color=DECODE_COLOR, height=0.5)
+    step = decode_s / max(new_tokens, 1) / scale
+    for i in range(1, new_tokens):  # one tick per decode step: the tokens come one by one
+        ax.plot([(ttft_s / scale) + i * step] * 2, [-0.25, 0.25], color="white", lw=0.6)
+    ax.text(ttft_s / scale / 2, 0.42, f"prefill: {prompt_len} tokens read\n{ttft_s / scale:,.3g} {unit}",
+            ha="center", va="bottom", fontsize=9, color=PREFILL_COLOR)
+    ax.text((ttft_s + decode_s / 2) / scale, 0.42, f"decode: {new_tokens} tokens written\n{decode_s / scale:,.3g} {unit}",
+            ha="center", va="bottom", fontsize=9, color=DECODE_COLOR)
+    ax.set_ylim(-0.5, 1.3)
+    ax.set_yticks([])
+    ax.spines["left"].set_visible(False)
+    ax.set_xlabel(f"time since the request arrived ({unit})")
+    ax.set_title(f"Reading {prompt_len} tokens vs writing {new_tokens}: "
+                 f"{prompt_len / ttft_s:,.0f} vs {new_tokens / decode_s:,.0f} tokens/s", fontsize=10)
+    return fig
+
+
+def two_speeds_bars(result, *, reference: dict | None = None) -> Figure:
+    """Prefill vs decode tokens/s here (``result``: a lessons.TwoSpeeds or anything with
+    ``prefill_tokens_per_s``/``decode_tokens_per_s``), beside a reference node's."""
+    groups = [("this machine", result.prefill_tokens_per_s, result.decode_tokens_per_s)]
+    if reference:
+        groups.append((reference["name"], reference["prefill_tokens_per_s"], reference["decode_tokens_per_s"]))
+    fig, (ax,) = _figure(width=7.5, height=4.0)
+    for i, (name, pre, dec) in enumerate(groups):
+        ax.bar(i - 0.18, pre, width=0.34, color=PREFILL_COLOR, label="prefill (reading)" if i == 0 else None)
+        ax.bar(i + 0.18, dec, width=0.34, color=DECODE_COLOR, label="decode (writing)" if i == 0 else None)
+        ax.text(i - 0.18, pre, f"{pre:,.0f}", ha="center", va="bottom", fontsize=9)
+        ax.text(i + 0.18, dec, f"{dec:,.0f}", ha="center", va="bottom", fontsize=9)
+        ax.annotate(f"{pre / dec:.0f}x", xy=(i, math.sqrt(pre * dec)), ha="center", fontsize=12, weight="bold")
+    ax.set_yscale("log")
+    ax.grid(True, axis="y", **GRID)
+    _si_ticks(ax, "y")
+    ax.set_xticks(range(len(groups)), [g[0] for g in groups])
+    ax.set_ylabel("tokens/s (batch 1)")
+    ax.set_title("Same model, same chip: reading vs writing")
+    ax.legend(fontsize=8, frameon=False)
+    return fig
+
+
+def ridge_comparison(specs: Sequence, dtypes: Sequence[str]) -> Figure:
+    """Ridge points (peak FLOP/s / bandwidth) of several chips, on a log axis."""
+    if len(specs) != len(dtypes):
+        raise ValueError("ridge_comparison needs one dtype per spec")
+    ridges = [s.ridge_point(d) for s, d in zip(specs, dtypes)]
+    fig, (ax,) = _figure(width=7.5, height=0.7 + 0.6 * len(specs))
+    colors = _palette(len(specs))
+    for i, (spec, dt, r) in enumerate(zip(specs, dtypes, ridges)):
+        ax.barh(i, r, color=colors[i], height=0.6)
+        ax.text(r, i, f"  {r:,.0f} FLOP/byte ({dt})", va="center", fontsize=9)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(specs)), [s.name for s in specs])
+    ax.invert_yaxis()
+    ax.set_xlim(min(ridges) / 2, max(ridges) * 8)
+    ax.grid(True, axis="x", **GRID)
+    ax.set_xlabel("ridge point (FLOP per byte; below it: memory-bound)")
+    ax.set_title("How much math a chip does per byte it fetches")
+    return fig
+
+
+def prefill_flops_vs_length(records: Iterable, spec, dtype, *, highlight: int | None = None) -> Figure:
+    """Achieved FLOP/s of prefill against prompt length, under the measured matmul ceiling,
+    with the roofline's prediction (min(peak, intensity x bandwidth))."""
+    recs = sorted((r for r in _records(records) if _is_prefill(r)), key=lambda r: r.prompt_len)
+    if not recs:
+        raise ValueError("prefill_flops_vs_length needs prefill records")
+    peak = _check_spec(spec, dtype)
+    scale, unit = _flops_unit(peak)
+    T = np.array([r.prompt_len for r in recs], float)
+    achieved = np.array([r.flops / r.seconds for r in recs])
+    predicted = np.array([min(peak, r.flops / r.bytes * spec.bandwidth) for r in recs])
+    fig, (ax,) = _figure()
+    ax.axhline(peak / scale, color=ROOF_COLOR, lw=2, label=f"measured matmul peak ({peak / scale:,.3g} {unit})")
+    ax.plot(T, predicted / scale, "--", color=ROOF_COLOR, lw=1.2, label="roofline prediction")
+    ax.plot(T, achieved / scale, "-o", color=PREFILL_COLOR, ms=7, mec="white", label=f"measured ({recs[0].device})")
+    if highlight is not None:
+        sel = [i for i, r in enumerate(recs) if r.prompt_len == highlight]
+        if sel:
+            ax.scatter(T[sel], achieved[sel] / scale, s=220, facecolors="none", edgecolors="black", lw=2, zorder=6)
+    _style_log(ax)
+    _length_ticks(ax, T.astype(int).tolist())
+    _si_ticks(ax, "y")
+    ax.set_xlabel("prompt length (tokens, batch 1)")
+    ax.set_ylabel(f"achieved ({unit})")
+    ax.set_title("Prefill climbs toward the compute ceiling as the prompt grows")
+    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    return fig
+
+
+def decode_bytes_bars(records: Iterable, cfg, *, highlight: int | None = None) -> Figure:
+    """Per context: the bytes one decode step moves (weights vs KV cache) and its measured time."""
+    recs = sorted((r for r in _records(records) if _is_decode(r)), key=lambda r: r.context)
+    if not recs:
+        raise ValueError("decode_bytes_bars needs decode records")
+    fig, (left, right) = _figure(2, width=11.0, height=4.0)
+    x = np.arange(len(recs))
+    costs = [roofline.decode_cost(cfg, r.batch, r.context) for r in recs]
+    weights = np.array([c.parts.get("weights", 0) + c.parts.get("embedding_rows", 0) for c in costs]) / 1e6
+    kv = np.array([c.parts.get("kv_read", 0) + c.parts.get("kv_write", 0) for c in costs]) / 1e6
+    left.bar(x, weights, color="#8c8c8c", label="weights")
+    left.bar(x, kv, bottom=weights, color=DECODE_COLOR, label="KV cache")
+    right.bar(x, [r.step_seconds * 1e3 for r in recs], color=DECODE_COLOR)
+    for ax in (left, right):
+        ax.set_xticks(x, [f"{r.context:,}" for r in recs])
+        ax.set_xlabel("context (tokens already in the cache)")
+        ax.grid(True, axis="y", **GRID)
+        if highlight is not None:
+            for i, r in enumerate(recs):
+                if r.context == highlight:
+                    ax.get_xticklabels()[i].set_fontweight("bold")
+                    ax.axvspan(i - 0.45, i + 0.45, color="#fff2cc", zorder=0)
+    left.set_ylabel("bytes moved per step (MB)")
+    left.set_title("What one decode step must move")
+    left.legend(fontsize=8, frameon=False)
+    right.set_ylabel("measured step time (ms)")
+    right.set_title("How long it takes (batch 1)")
+    return fig
+
+
+def decode_time_vs_bytes(records: Iterable, spec, dtype=None) -> Figure:
+    """Measured decode step time against the bytes the step moves, beside the two roofline
+    times: bytes / bandwidth (memory) and, with ``dtype``, FLOPs / peak (compute). Decode
+    points sit near the memory line and far above the compute one: bandwidth-bound."""
+    recs = sorted((r for r in _records(records) if _is_decode(r)), key=lambda r: r.bytes_per_step)
+    if not recs:
+        raise ValueError("decode_time_vs_bytes needs decode records")
+    roofline._check_spec(spec)
+    b = np.array([r.bytes_per_step for r in recs])
+    t = np.array([r.step_seconds for r in recs])
+    fig, (ax,) = _figure()
+    grid = np.linspace(0, b.max() * 1.15, 50)
+    ax.plot(grid / 1e6, grid / spec.bandwidth * 1e3, color=DECODE_COLOR, lw=2,
+            label=f"memory time: bytes / measured bandwidth ({spec.bandwidth / 1e9:,.3g} GB/s)")
+    if dtype is not None:
+        peak = _check_spec(spec, dtype)
+        ax.plot(b / 1e6, np.array([r.flops_per_step for r in recs]) / peak * 1e3, "s--", color=PREFILL_COLOR,
+                lw=1.2, ms=6, label=f"compute time: FLOPs / measured matmul peak ({peak / 1e9:,.3g} GFLOP/s)")
+    ax.plot(b / 1e6, t * 1e3, "o", color="black", ms=8, mec="white", label="measured decode steps")
+    for i, r in enumerate(recs):  # labels fanned out vertically: the points sit close together
+        ax.annotate(f"context {r.context:,}: MBU {100 * (r.mbu or 0):.0f}%",
+                    (r.bytes_per_step / 1e6, r.step_seconds * 1e3), xytext=(-150, 14 - 14 * i),
+                    textcoords="offset points", fontsize=8, color="black",
+                    arrowprops=dict(arrowstyle="-", color="#999999", lw=0.6))
+    ax.set_xlim(0, b.max() / 1e6 * 1.25)
+    ax.set_ylim(0, max(t.max(), b.max() / spec.bandwidth) * 1e3 * 1.2)
+    ax.grid(True, **GRID)
+    ax.set_xlabel("bytes one decode step moves (MB: weights + KV cache)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("Decode step time follows the bytes, not the FLOPs")
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    return fig
+
+
+def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Figure:
+    """The pantry (memory), the van (bandwidth) and the stoves (compute), drawn with this
+    model's bytes and this machine's ceilings."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    dtype = dtype or cfg.dtype
+    cost = roofline.decode_cost(cfg, batch, context)
+    compute_s, memory_s = roofline.predict_terms(cost, spec, dtype)
+    fig = Figure(figsize=(10, 3.8), dpi=110)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 4)
+    ax.axis("off")
+
+    def box(x, y, w, h, color, title, lines):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.08", fc=color, ec="#333333", lw=1.2))
+        ax.text(x + w / 2, y + h - 0.3, title, ha="center", va="top", fontsize=12, weight="bold")
+        ax.text(x + w / 2, y + h - 0.75, lines, ha="center", va="top", fontsize=9, linespacing=1.5)
+
+    weights = cost.parts.get("weights", 0) + cost.parts.get("embedding_rows", 0)
+    kvb = cost.parts.get("kv_read", 0)
+    box(0.2, 0.6, 2.9, 2.9, "#f3e3c3", "PANTRY = memory",
+        f"HBM on a GPU, DRAM on a CPU\n{spec.memory_bytes / 1e9:,.0f} GB here\n\nweights {weights / 1e6:,.0f} MB\n"
+        f"KV cache {kvb / 1e6:,.1f} MB" if spec.memory_bytes else
+        f"HBM on a GPU, DRAM on a CPU\n\nweights {weights / 1e6:,.0f} MB\nKV cache {kvb / 1e6:,.1f} MB")
+    box(6.9, 0.6, 2.9, 2.9, "#d6e6f5", "STOVES = compute",
+        f"tensor cores / vector units\n{spec.peak_flops(dtype) / 1e9:,.0f} GFLOP/s ({dtype})\n\n"
+        f"one decode step's cooking:\n{cost.flops / 1e6:,.0f} MFLOP = {compute_s * 1e3:,.3g} ms")
+    ax.add_patch(FancyArrowPatch((3.3, 2.05), (6.7, 2.05), arrowstyle="-|>", mutation_scale=30, lw=3,
+                                 color=DECODE_COLOR))
+    ax.text(5.0, 2.45, "ROAD + VAN = bandwidth", ha="center", fontsize=12, weight="bold", color=DECODE_COLOR)
+    ax.text(5.0, 1.7, f"{spec.bandwidth / 1e9:,.1f} GB/s\nhauling {cost.bytes / 1e6:,.0f} MB per step\n"
+            f"= {memory_s * 1e3:,.3g} ms per token", ha="center", va="top", fontsize=9)
+    verdict = (f"Decode, batch {batch}: the van takes {memory_s / compute_s:,.0f}x longer than the cooking."
+               if memory_s > compute_s else f"Decode, batch {batch}: the stoves are the bottleneck.")
+    ax.text(5.0, 0.25, verdict, ha="center", fontsize=10, style="italic")
+    return fig
+
+
+def intensity_vs_context(cfg, *, batches: Sequence[int] = (1, 64),
+                         contexts: Sequence[int] = (256, 1024, 4096, 16384, 65536)) -> Figure:
+    """Decode arithmetic intensity against context, with and without the KV-cache term."""
+    fig, (ax,) = _figure()
+    shades = np.linspace(0.5, 1.0, len(batches))
+    for shade, b in zip(shades, batches):
+        color = tuple(shade * np.array([0xe0, 0x7b, 0x00]) / 255)
+        full = [roofline.decode_cost(cfg, b, c).intensity for c in contexts]
+        bare = roofline.forward_cost_no_attention(cfg, b).intensity
+        ax.plot(contexts, full, "-o", color=color, ms=6, mec="white", label=f"batch {b}: weights + KV + attention")
+        ax.axhline(bare, color=color, ls="--", lw=1.2, label=f"batch {b}: weights only (\u2248 {bare:.0f})")
+    _style_log(ax)
+    _length_ticks(ax, list(contexts))
+    _plain_ticks(ax, "y")
+    ax.set_xlabel("context (tokens in the KV cache)")
+    ax.set_ylabel("decode intensity (FLOP/byte)")
+    ax.set_title(f"{cfg.name}: long context drags decode intensity down")
+    ax.legend(fontsize=8, frameon=False)
+    return fig
+
+
+def latency_distributions(results: dict) -> Figure:
+    """Distributions (CDFs) of TTFT and TPOT for named simulation results (economics.SimResult)."""
+    if not results:
+        raise ValueError("latency_distributions needs {name: SimResult}")
+    fig, (left, right) = _figure(2, width=11.0, height=4.0)
+    colors = {"colocated": "#c62d42", "disaggregated": "#2a9d4b"}
+    for i, (name, res) in enumerate(results.items()):
+        c = next((v for k, v in colors.items() if name.startswith(k)), _palette(len(results))[i])
+        for ax, values in ((left, res.ttft), (right, res.tpot)):
+            v = np.sort(np.asarray(values)[np.isfinite(values)]) * 1e3
+            ax.plot(v, np.linspace(0, 1, len(v)), color=c, lw=2, label=name)
+    for ax, what in ((left, "time to first token (ms)"), (right, "time per output token (ms)")):
+        ax.set_xscale("log")
+        ax.grid(True, **GRID)
+        ax.set_xlabel(what)
+        ax.set_ylabel("fraction of requests")
+        ax.legend(fontsize=8, frameon=False, loc="lower right")
+    left.set_title("Waiting for the first token")
+    right.set_title("Speed of the rest of the answer")
     return fig
