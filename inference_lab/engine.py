@@ -15,6 +15,8 @@ How it is compiled (each choice is measured, see PLATFORM.md):
 - Layers are a Python loop (unrolled in the program): no ``lax.scan`` over stacked layers.
 - :func:`decode_loop` runs many steps inside one ``lax.fori_loop``: the measurement path,
   free of per-call Python overhead.
+- A model split by :func:`inference_lab.parallel.shard` (it has a ``mesh``) runs the same
+  forward functions per device inside ``jax.shard_map``, its cache split by KV heads.
 
 Every check on the inputs happens here, before anything runs on the device.
 """
@@ -28,21 +30,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference_lab import tokenizer
+from inference_lab import parallel, tokenizer
 from inference_lab.cache import KVCache
 from inference_lab.model import decode_forward, prefill_forward
 
 
 # ----------------------------------------------------------------------------- jitted cores
-@functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
-def _prefill_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
-    return prefill_forward(params, tokens, lengths, k_caches, v_caches, cfg=cfg, mode=mode)
+# `mesh` is None for a one-device model; for a model from `parallel.shard` it is its mesh and
+# `parallel.spmd` runs the same forward per device inside `jax.shard_map`.
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
+def _prefill_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=None):
+    return parallel.spmd(prefill_forward, mesh, cfg=cfg, mode=mode)(params, tokens, lengths, k_caches, v_caches)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
-def _decode_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
-    logits, k_caches, v_caches = decode_forward(params, tokens, lengths, k_caches, v_caches,
-                                                cfg=cfg, mode=mode)
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
+def _decode_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=None):
+    logits, k_caches, v_caches = parallel.spmd(decode_forward, mesh, cfg=cfg, mode=mode)(
+        params, tokens, lengths, k_caches, v_caches)
     return logits, k_caches, v_caches, lengths + 1
 
 
@@ -64,18 +68,19 @@ def _temperature(t: float):
     return None if t == 0 else jnp.float32(t)
 
 
-@functools.partial(jax.jit, static_argnames=("steps", "top_k", "cfg", "mode"),
+@functools.partial(jax.jit, static_argnames=("steps", "top_k", "cfg", "mode", "mesh"),
                    donate_argnames=("k_caches", "v_caches"))
 def _decode_loop_jit(params, tokens, lengths, k_caches, v_caches, key, temperature, *, steps,
-                     top_k, cfg, mode):
+                     top_k, cfg, mode, mesh=None):
     """``steps`` decode steps in one program. Step i feeds ``tokens`` (i = 0) or the token
     sampled at step i-1 (with key ``fold_in(key, i + 1)``: generate used 0 for the token
     sampled from the prefill logits); returns (tokens sampled at each step [B, steps], caches, lengths)."""
     b = tokens.shape[0]
+    step = parallel.spmd(decode_forward, mesh, cfg=cfg, mode=mode)
 
     def body(i, carry):
         tok, lens, ks, vs, out = carry
-        logits, ks, vs = decode_forward(params, tok, lens, ks, vs, cfg=cfg, mode=mode)
+        logits, ks, vs = step(params, tok, lens, ks, vs)
         nxt = _sample(logits, jax.random.fold_in(key, i + 1), temperature, top_k)
         return nxt, lens + 1, ks, vs, out.at[:, i].set(nxt)
 
@@ -147,9 +152,9 @@ def prefill(model, tokens, cache: KVCache, lengths=None):
         if lengths.min() < 1 or lengths.max() > t:
             raise ValueError(f"lengths {lengths.tolist()} must be in 1..{t} (the prompt width)")
         lengths = lengths.astype(np.int32)
-    ks, vs = cache._donate("prefill")
+    ks, vs = parallel.place_cache(model, *cache._donate("prefill"))
     logits, ks, vs = _prefill_jit(model.params(), jnp.asarray(tokens), jnp.asarray(lengths), ks, vs,
-                                  cfg=model.cfg, mode=model.mode)
+                                  cfg=model.cfg, mode=model.mode, mesh=parallel.mesh_of(model))
     return logits, KVCache(ks, vs, jnp.asarray(lengths), host_lengths=lengths)
 
 
@@ -169,9 +174,9 @@ def decode_step(model, next_tokens, cache: KVCache):
                          f"{cache.max_len} tokens; create the cache with a larger max_len")
     host = cache._host_lengths + 1
     lengths = cache._lengths
-    ks, vs = cache._donate("decode_step")
+    ks, vs = parallel.place_cache(model, *cache._donate("decode_step"))
     logits, ks, vs, lengths = _decode_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
-                                          cfg=model.cfg, mode=model.mode)
+                                          cfg=model.cfg, mode=model.mode, mesh=parallel.mesh_of(model))
     return logits, KVCache(ks, vs, lengths, host_lengths=host)
 
 
@@ -194,10 +199,10 @@ def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float
                          f"tokens exceed max_len={cache.max_len}; create a larger cache")
     host = cache._host_lengths + steps
     lengths = cache._lengths
-    ks, vs = cache._donate("decode_loop")
+    ks, vs = parallel.place_cache(model, *cache._donate("decode_loop"))
     out, ks, vs, lengths = _decode_loop_jit(
         model.params(), jnp.asarray(tokens), lengths, ks, vs, jax.random.key(seed), _temperature(temperature),
-        steps=int(steps), top_k=top_k, cfg=model.cfg, mode=model.mode)
+        steps=int(steps), top_k=top_k, cfg=model.cfg, mode=model.mode, mesh=parallel.mesh_of(model))
     return out, KVCache(ks, vs, lengths, host_lengths=host)
 
 
@@ -313,10 +318,12 @@ def compiled_decode_text(model, cache: KVCache, *, steps: int | None = None) -> 
     only used for its shapes (it is not donated)."""
     _check_cache(model, cache, "compiled_decode_text()")
     b = cache.batch
-    args = (model.params(), jnp.zeros((b,), jnp.int32), cache._lengths, list(cache._k), list(cache._v))
+    mesh = parallel.mesh_of(model)
+    ks, vs = parallel.place_cache(model, cache._k, cache._v)   # shapes/shardings as a real call
+    args = (model.params(), jnp.zeros((b,), jnp.int32), cache._lengths, ks, vs)
     if steps is None:
-        lowered = _decode_jit.lower(*args, cfg=model.cfg, mode=model.mode)
+        lowered = _decode_jit.lower(*args, cfg=model.cfg, mode=model.mode, mesh=mesh)
     else:
         lowered = _decode_loop_jit.lower(*args, jax.random.key(0), None, steps=int(steps),
-                                         top_k=None, cfg=model.cfg, mode=model.mode)
+                                         top_k=None, cfg=model.cfg, mode=model.mode, mesh=mesh)
     return lowered.compile().as_text()

@@ -297,6 +297,9 @@ class Transformer(nnx.Module):
     initialising new ones; :meth:`load` uses it.
     """
 
+    # The jax Mesh the weights are split over; set only by ``parallel.shard`` (None: one device).
+    mesh = None
+
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None = None, kernels: str = "auto",
                  params: dict | None = None):
         if not isinstance(cfg, ModelConfig):
@@ -350,6 +353,10 @@ class Transformer(nnx.Module):
     def __call__(self, tokens) -> jax.Array:
         """Logits at every position without a cache: tokens [B, T] -> float32 [B, T, V]."""
         tokens = jnp.asarray(tokens, jnp.int32)
+        if self.mesh is not None:  # split by parallel.shard: run per device in shard_map
+            from inference_lab import parallel  # lazy: parallel imports this module
+
+            return parallel.forward_sharded(self, tokens)
         return _forward_jit(self.params(), tokens, cfg=self.cfg, mode=self.mode)
 
     # -- safetensors

@@ -18,6 +18,14 @@ Schema (every key always present)::
      "decode": [{"batch", "context", "step_seconds", "decode_tokens_per_s",
                  "bytes_per_step", "mbu", "mfu"}, ...],
      "ratio", "tp", "weight_bytes_per_device", "all_reduces_per_step"}
+
+``--tp N`` (N > 1) splits the model over N devices with :func:`inference_lab.parallel.shard`
+(on a CPU, N simulated devices sharing its cores: the timings then show the collectives'
+cost, not a speed-up). ``weight_bytes_per_device`` is what device 0 holds;
+``all_reduces_per_step`` is counted in the compiled decode loop's step: ``2 * n_layers``
+(attention-out and MLP-down) plus 1 for the vocabulary-split embedding when N > 1 (the
+vocabulary-split logits are assembled by an all-gather, not counted). With ``--tp 1`` the
+model is not sharded and the count is 0.
 """
 
 from __future__ import annotations
@@ -70,43 +78,64 @@ def _versions() -> dict:
             "flax": flax.__version__}
 
 
-def _weight_bytes_per_device(model) -> int:
-    """Bytes of weights held by the first device (all of them when nothing is sharded)."""
+def _check_tp(cfg, tp: int) -> None:
+    """--tp must split the preset into whole heads and equal slices (parallel.check_degree)."""
+    from inference_lab import parallel
+
+    try:
+        parallel.check_degree(cfg, tp)
+    except ValueError as err:
+        raise ValueError(f"--tp {tp}: {err}") from None
+
+
+def _simulate_cpu_devices(tp: int) -> None:
+    """Give jax's CPU backend ``tp`` devices, so ``--tp N`` runs on a laptop.
+
+    ``jax_num_cpu_devices`` is honoured until the first jax operation (importing jax, as
+    ``inference_lab`` does for its compilation cache, is fine). A GPU machine keeps its GPUs
+    as the default devices (the CPU count does not change them); where jax has already
+    started, nothing changes and ``make_mesh`` reports too few devices.
+    """
     import jax
 
-    total = 0
-    for x in jax.tree.leaves(model.params()):
-        shards = getattr(x, "addressable_shards", None)
-        total += shards[0].data.nbytes if shards else x.nbytes
-    return int(total)
+    try:
+        if jax.config.jax_num_cpu_devices < tp:
+            jax.config.update("jax_num_cpu_devices", tp)
+    except RuntimeError:  # backends already initialised (e.g. called from a running program)
+        pass
 
 
 def run(args) -> dict:
     """Measure and return the schema-1 result (``args`` as parsed by :func:`build_parser`)."""
     import jax
 
-    from inference_lab import engine, measure, roofline
+    from inference_lab import engine, measure, parallel, roofline
     from inference_lab.cache import KVCache
     from inference_lab.config import ModelConfig
     from inference_lab.hardware import measure_ceilings
     from inference_lab.model import Transformer
 
-    if args.tp != 1:
-        if args.tp < 1:
-            raise ValueError(f"--tp {args.tp}: the number of devices must be >= 1")
-        raise ValueError(f"--tp {args.tp}: tensor parallelism is not available yet; run with --tp 1")
+    if args.tp < 1:
+        raise ValueError(f"--tp {args.tp}: the number of devices must be >= 1")
     for name in ("prompt_len", "new_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
+    if args.tp > 1:
+        if args.preset:  # a degree that cannot split the model fails before any device work
+            _check_tp(ModelConfig.preset(args.preset), args.tp)
+        _simulate_cpu_devices(args.tp)
     preset = args.preset or ("base" if jax.default_backend() == "gpu" else "small")
     cfg = ModelConfig.preset(preset)
     batches = sorted(set(args.batch) | {1})  # batch 1 is always measured: `ratio` needs it
     model = Transformer(cfg, kernels=args.kernels)
+    if args.tp > 1:
+        _check_tp(cfg, args.tp)
+        model = parallel.shard(model, parallel.make_mesh(args.tp))
     spec = measure_ceilings(cfg.dtype, verbose=True)
 
     limit = measure.device_memory_bytes()
     for b in batches:
-        need = roofline.memory_needed(cfg, b, args.prompt_len + args.new_tokens)
+        need = roofline.memory_needed(cfg, b, args.prompt_len + args.new_tokens, tp=args.tp)
         if limit is not None and need > limit:
             raise ValueError(f"--batch {b} with --prompt-len {args.prompt_len} needs {need / 1e9:.1f} GB "
                              f"(roofline.memory_needed) but the device has {limit / 1e9:.1f} GB; "
@@ -136,7 +165,7 @@ def run(args) -> dict:
                     "mbu": d.mbu, "mfu": d.mfu} for d in decs],
         "ratio": pre.prefill_tokens_per_s / b1.decode_tokens_per_s,
         "tp": args.tp,
-        "weight_bytes_per_device": _weight_bytes_per_device(model),
+        "weight_bytes_per_device": parallel.weight_bytes_per_device(model),
         "all_reduces_per_step": engine.count_all_reduces(hlo),
     }
 

@@ -37,7 +37,9 @@ everywhere (MBU = ``decode_cost(...).bytes / measured step time / measured bandw
 Tensor parallelism (``tp`` arguments, default 1): with a Megatron split every matrix, the KV
 cache (by KV heads), the embedding and head (by vocabulary) are divided by ``tp``, so the
 per-device FLOPs and bytes are the totals over ``tp``; each block then adds two all-reduces
-of ``batch x tokens x d_model`` activations (:func:`allreduce_bytes`, :func:`allreduce_time`).
+of ``batch x tokens x d_model`` activations (:func:`allreduce_bytes`, :func:`allreduce_time`,
+which runs the ring at half the datasheet interconnect figure: that figure counts both
+directions).
 """
 
 from __future__ import annotations
@@ -422,10 +424,18 @@ def allreduce_bytes(cfg, batch: int, tokens: int = 1) -> float:
 
 
 def allreduce_time(cfg, spec, batch: int, tokens: int = 1, *, tp: int = 2) -> float:
-    """Seconds of those all-reduces over ``spec.interconnect_bandwidth`` with a ring.
+    """Seconds of those all-reduces over the interconnect with a ring, at one link direction.
 
-    A ring all-reduce of ``n`` bytes moves ``2 (tp - 1) / tp * n`` bytes through each
-    device's link. Latency is ignored (it dominates tiny decode messages in practice).
+    A ring all-reduce of ``n`` bytes sends ``2 (tp - 1) / tp * n`` bytes out of each device
+    (a reduce-scatter then an all-gather) while receiving as many: the sends and receives
+    run at the same time, in opposite directions. ``spec.interconnect_bandwidth`` is the
+    datasheet figure, which counts BOTH directions (NVLink 900 GB/s on H100/H200 is
+    450 GB/s each way), so the ring runs at half of it::
+
+        time = 2 (tp - 1) / tp * allreduce_bytes / (interconnect_bandwidth / 2)
+
+    Latency is ignored (it dominates tiny decode messages in practice: a few microseconds
+    per all-reduce, ``2 * n_layers`` of them per step).
     """
     _check_spec(spec)
     tp = _check_tp(cfg, tp)
@@ -433,4 +443,5 @@ def allreduce_time(cfg, spec, batch: int, tokens: int = 1, *, tp: int = 2) -> fl
         return 0.0
     if not spec.interconnect_bandwidth:
         raise ValueError(f"spec {spec.name!r} has no interconnect_bandwidth: set it to model tp > 1")
-    return 2 * (tp - 1) / tp * allreduce_bytes(cfg, batch, tokens) / spec.interconnect_bandwidth
+    one_direction = spec.interconnect_bandwidth / 2
+    return 2 * (tp - 1) / tp * allreduce_bytes(cfg, batch, tokens) / one_direction

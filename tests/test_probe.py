@@ -1,10 +1,15 @@
 """The probe: its JSON follows schema_version 1 exactly, its table prints, its errors are clear."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from inference_lab import hardware, measure, probe
+from inference_lab.config import ModelConfig
 
 
 @pytest.fixture
@@ -39,9 +44,38 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
 
 
 def test_probe_errors(capsys):
-    assert probe.main(["--preset", "tiny", "--tp", "2"]) == 2
-    assert "tensor parallelism is not available yet" in capsys.readouterr().err
+    assert probe.main(["--preset", "tiny", "--tp", "3"]) == 2     # checked before any device work
+    assert "--tp 3: tp=3 does not divide" in capsys.readouterr().err
+    assert probe.main(["--preset", "tiny", "--tp", "0"]) == 2
+    assert "must be >= 1" in capsys.readouterr().err
     assert probe.main(["--preset", "nope"]) == 2
     assert "preset" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         probe.build_parser().parse_args(["--batch", "1,x"])
+
+
+def test_probe_tp_runs_on_simulated_devices(tmp_path):
+    """--tp 2 in its own process, which starts with one CPU device: the probe adds the second."""
+    path = tmp_path / "probe_tp.json"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", INFERENCE_LAB_CACHE=str(tmp_path / "cache"))
+    script = Path(__file__).parent / "parallel_scripts" / "probe_tp.py"
+    proc = subprocess.Popen([sys.executable, str(script), "--preset", "tiny", "--tp", "2", "--prompt-len", "16",
+                             "--batch", "1", "--new-tokens", "3", "--kernels", "reference", "--repeats", "1",
+                             "--json", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log = proc.communicate(timeout=180)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, log[-3000:]
+    r = json.loads(path.read_text())
+    assert tuple(r) == probe.TOP_KEYS and r["tp"] == 2
+    cfg = ModelConfig.preset("tiny")
+    norms = 4 * cfg.d_model * (2 * cfg.n_layers + 1)                 # replicated RMSNorm scales
+    assert r["weight_bytes_per_device"] == (4 * cfg.num_params - norms) // 2 + norms
+    # Counted in the compiled decode step: 2 per layer + 1 for the vocabulary-split embedding.
+    assert r["all_reduces_per_step"] == 2 * cfg.n_layers + 1
+    assert r["decode"][0]["step_seconds"] > 0
+    assert "tp 2, weights per device" in log

@@ -218,7 +218,9 @@ def test_tensor_parallel_splits_bytes_and_flops():
     assert four.parts["weights"] == pytest.approx(one.parts["weights"] / 4, rel=1e-3)
     assert roofline.allreduce_bytes(cfg, 8) == 2 * 32 * 8 * 4096 * 2
     t = roofline.allreduce_time(cfg, H100, 8, tp=4)
-    assert t == pytest.approx(1.5 * roofline.allreduce_bytes(cfg, 8) / H100.interconnect_bandwidth)
+    # Ring: 2 (tp-1)/tp = 1.5 x the bytes through each link, at one direction = half of NVLink's 900 GB/s.
+    assert t == pytest.approx(1.5 * roofline.allreduce_bytes(cfg, 8) / (H100.interconnect_bandwidth / 2))
+    assert t == pytest.approx(1.5 * 2 * 32 * 8 * 4096 * 2 / 450e9)
     assert roofline.allreduce_time(cfg, H100, 8, tp=1) == 0.0
     with pytest.raises(ValueError, match="tp=3"):
         roofline.decode_cost(cfg, 1, 1, tp=3)
