@@ -39,11 +39,16 @@ import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 bench = out / "bench.json"
 if bench.exists():
-    rows = json.loads(bench.read_text()).get("results", [])
-    print(f"{'kernel':<36}{'shape':<30}{'ours':>12}{'peer':>12}{'% ceil':>8}")
+    rows = json.loads(bench.read_text()).get("rows", [])
+    print(f"{'kernel':<18}{'shape':<34}{'impl':<24}{'figure':>14}{'% ceiling':>11}")
     for r in rows:
-        print(f"{r.get('name','')[:35]:<36}{str(r.get('shape',''))[:29]:<30}"
-              f"{r.get('ours','')!s:>12}{r.get('peer','')!s:>12}{r.get('pct_of_ceiling','')!s:>8}")
+        if "error" in r:
+            fig, pct = "unavailable", ""
+        elif r.get("bound") == "memory":
+            fig, pct = f"{r['tbps']:.3f} TB/s", f"{r['pct_bandwidth']:.0f}%"
+        else:
+            fig, pct = f"{r['tflops']:.1f} TFLOP/s", f"{r['pct_matmul_peak']:.0f}%"
+        print(f"{r['kernel']:<18}{r['shape'][:33]:<34}{r['impl'][:23]:<24}{fig:>14}{pct:>11}")
 for probe in sorted(out.glob("probe_*.json")):
     p = json.loads(probe.read_text())
     pre = p["prefill"]

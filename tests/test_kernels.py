@@ -158,6 +158,7 @@ FLASH_CASES = [
     (1, 1, 37, 8, 1, 32, True, F32),      # T = 1, GQA 8
     (1, 33, 33, 4, 4, 64, True, BF16),    # T = S, GQA 1
     (1, 17, 50, 4, 1, 128, True, F16),    # D = 128, GQA 4
+    (1, 21, 29, 12, 4, 64, True, F32),    # GQA 3 (the small preset's 12/4 heads): a group not a power of two
 ]
 
 
@@ -200,6 +201,7 @@ DECODE_CASES = [
     (2, 2, 2, 32, 40, [40, 1], F32),       # GQA 1
     (2, 8, 1, 64, 33, [17, 33], BF16),     # GQA 8
     (2, 4, 2, 128, 20, [1, 20], F16),      # GQA 2, D = 128
+    (2, 12, 4, 64, 45, [45, 7], F32),      # GQA 3 (the small preset's 12/4 heads)
 ]
 
 

@@ -44,11 +44,22 @@ def test_dashboard_redraws_and_updates_the_readout():
 
 
 def test_a_failing_view_reports_in_the_readout():
-    def broken(batch):
-        raise RuntimeError("out of memory")
+    def sometimes(batch):
+        if batch == 2:
+            raise RuntimeError("out of memory")
+        return _view(batch, 1)
 
-    with pytest.raises(RuntimeError):
-        widgets.dashboard(broken, [widgets.Control("batch", "batch size", [1, 2])])
+    with pytest.raises(RuntimeError):  # a broken first draw fails the notebook cell loudly
+        widgets.dashboard(sometimes, [widgets.Control("batch", "batch size", [2, 1])])
+    board = widgets.dashboard(sometimes, [widgets.Control("batch", "batch size", [1, 2])])
+    (slider,) = _find(board, W.SelectionSlider)
+    (readout,) = [w for w in _find(board, W.HTML) if widgets.READOUT_CLASS in w._dom_classes]
+    (output,) = _find(board, W.Output)
+    assert output.outputs
+    slider.value = 2  # a later bad point: said in the readout, old figure cleared, no exception
+    assert "RuntimeError: out of memory" in readout.value and output.outputs == ()
+    slider.value = 1
+    assert readout.value.startswith("batch size 1") and output.outputs
 
 
 def test_control_rejects_a_value_outside_its_options():
