@@ -207,7 +207,8 @@ def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float
 
 
 def _check_sampling(temperature, top_k, vocab):
-    if not isinstance(temperature, (int, float)) or temperature < 0 or not np.isfinite(temperature):
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating))
+            or temperature < 0 or not np.isfinite(temperature)):
         raise ValueError(f"temperature={temperature!r} must be a number >= 0 (0 means greedy)")
     if top_k is not None:
         if not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= vocab:
@@ -229,9 +230,22 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
         prompts = [prompts]
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of token-id lists, or a str / list of str")
-    rows = [tokenizer.encode(p) for p in prompts] if as_text else [list(p) for p in prompts]
+    if as_text:
+        rows = [tokenizer.encode(p) for p in prompts]
+    else:
+        rows = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str) or not isinstance(p, (list, tuple, np.ndarray)):
+                raise ValueError(f"prompts[{i}] is {type(p).__name__}; give every prompt as a list of "
+                                 "token ids, or every prompt as a str (not a mix)")
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
+                raise ValueError(f"prompts[{i}] holds a value that is not an integer token id: {list(p)[:8]}")
+            rows.append([int(t) for t in p])
     if any(len(r) == 0 for r in rows):
         raise ValueError("prompts has an empty row; every prompt needs at least one token")
+    bad = [t for r in rows for t in r if not 0 <= t < model.cfg.vocab_size]
+    if bad:
+        raise ValueError(f"prompts holds ids such as {bad[0]} outside the vocabulary 0..{model.cfg.vocab_size - 1}")
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
     top_k = _check_sampling(temperature, top_k, model.cfg.vocab_size)

@@ -50,10 +50,11 @@ class LessonSizes:
     probe_batches: tuple  # probe and price measurements (06, 07)
     rag_prompt: int  # prompt length of the RAG time split (02)
     roofline_batches: tuple  # decode points on the roofline (04)
+    depth_layers: tuple = (4, 8, 16)  # model depths whose decode steps 03 times (bytes x4)
 
 
 CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(64, 256, 512), prefill_lengths=(1, 16, 64, 256),
-                        decode_contexts=(256, 768, 1536), context=256, batch_sizes=(1, 2, 4, 8, 16, 32),
+                        decode_contexts=(256, 1536), context=256, batch_sizes=(1, 2, 4, 8, 16, 32),
                         probe_batches=(1, 8), rag_prompt=256, roofline_batches=(1, 8, 32))
 GPU_SIZES = LessonSizes(prompt_len=512, prompt_lengths=(128, 512, 2048), prefill_lengths=(1, 16, 128, 512, 2048),
                         decode_contexts=(512, 2048, 8000), context=512,
@@ -373,6 +374,30 @@ def decode_context_sweep(model, contexts, steps: int = DECODE_STEPS) -> Sweep:
     return Sweep(recs, DECODE_COLUMNS)
 
 
+@dataclasses.dataclass
+class DepthSweep:
+    layers: list
+    records: list
+
+    def table(self) -> str:
+        inner = Sweep(self.records, DECODE_COLUMNS[2:]).table().splitlines()
+        return "\n".join([f"{'layers':>7}" + inner[0]] +
+                         [f"{n:>7}" + row for n, row in zip(self.layers, inner[1:])])
+
+    def label(self, rec) -> str:
+        return f"{self.layers[self.records.index(rec)]} layers"
+
+
+def decode_depth_sweep(here: Machine, layers, *, context: int, steps: int = DECODE_STEPS) -> DepthSweep:
+    """Decode at batch 1 through models of the lesson shape with ``layers`` layers each: the
+    bytes a step moves grow with the depth while the math per byte stays the same."""
+    recs = []
+    for n in layers:
+        model = _model(here.config.replace(n_layers=int(n)), "auto")
+        recs.append(measure.measure_decode(model, batch=1, context=context, steps=steps))
+    return DepthSweep([int(n) for n in layers], recs)
+
+
 def decode_point_view(sweep: Sweep, cfg, context: int):
     rec = sweep.at(context=context)
     cost = roofline.decode_cost(cfg, rec.batch, context)
@@ -569,11 +594,19 @@ def sim_summary(results: dict) -> str:
 SERVING = dict(rate=10.0, n_requests=600, output_len=(32, 128), prefill_gpus=1, decode_gpus=1)
 
 
-def serving_at(phases, prompt_len: int, *, interconnect_bandwidth: float, seed: int = 0,
-               serving: dict = SERVING) -> dict:
-    """Colocated (2 GPUs) vs disaggregated (1 prefill + 1 decode GPU, KV caches shipped over
-    ``interconnect_bandwidth`` bytes/s) at one prompt length."""
-    kw = dict(serving, interconnect_bandwidth=interconnect_bandwidth)
+def one_way_bandwidth(spec) -> float:
+    """Bytes/s one way between two chips: datasheets quote NVLink as the total of both
+    directions (900 GB/s on an H100 is 450 GB/s each way), and a KV cache travels one way."""
+    if not spec.interconnect_bandwidth:
+        raise ValueError(f"spec {spec.name!r} has no interconnect_bandwidth; use a GPU preset such as "
+                         "hardware.PRESETS['H100_SXM']")
+    return spec.interconnect_bandwidth / 2
+
+
+def serving_at(phases, prompt_len: int, *, spec, seed: int = 0, serving: dict = SERVING) -> dict:
+    """Colocated (2 GPUs) vs disaggregated (1 prefill + 1 decode GPU, KV caches shipped one
+    way over ``spec``'s interconnect) at one prompt length."""
+    kw = dict(serving, interconnect_bandwidth=one_way_bandwidth(spec))
     rate, n, out = kw.pop("rate"), kw.pop("n_requests"), kw.pop("output_len")
     gpus = kw["prefill_gpus"] + kw["decode_gpus"]
     common = dict(rate=rate, n_requests=n, prompt_len=(prompt_len // 2, prompt_len * 3 // 2), output_len=out, seed=seed)
@@ -619,17 +652,17 @@ class SimpleRow:
     mode: str
 
 
-def prompt_load_sweep(phases, prompt_lengths, *, interconnect_bandwidth: float, seed: int = 0) -> LoadSweep:
+def prompt_load_sweep(phases, prompt_lengths, *, spec, seed: int = 0) -> LoadSweep:
     """Raise the prompt length (the prefill load) at a fixed arrival rate, both deployments."""
     rows = []
     for p in prompt_lengths:
-        for mode, res in serving_at(phases, int(p), interconnect_bandwidth=interconnect_bandwidth, seed=seed).items():
+        for mode, res in serving_at(phases, int(p), spec=spec, seed=seed).items():
             rows.append({**res.summary(), "prompt_len": int(p), "mode": mode})
     return LoadSweep(rows)
 
 
-def serving_view(phases, prompt_len: int, *, interconnect_bandwidth: float, seed: int = 0):
-    results = serving_at(phases, prompt_len, interconnect_bandwidth=interconnect_bandwidth, seed=seed)
+def serving_view(phases, prompt_len: int, *, spec, seed: int = 0):
+    results = serving_at(phases, prompt_len, spec=spec, seed=seed)
     fig = plots.latency_distributions(results)
     c, d = (results[m].summary() for m in ("colocated", "disaggregated"))
     text = (f"prompt length {prompt_len}: colocated TTFT p50 {c['ttft_p50_ms']:,.0f} ms, TPOT p50 {c['tpot_p50_ms']:.1f} ms; "

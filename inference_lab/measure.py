@@ -47,7 +47,7 @@ class PrefillRecord:
     prompt_len: int
     seconds: float                 # median time of the pass
     prefill_tokens_per_s: float    # batch * prompt_len / seconds
-    flops: float | None            # roofline.prefill_cost(...).flops
+    flops: float | None            # roofline.prefill_cost(...).flops (per device under tp)
     bytes: float | None            # roofline.prefill_cost(...).bytes
     mfu: float | None              # flops / seconds / measured matmul peak
     phase: str = "prefill"
@@ -67,7 +67,7 @@ class DecodeRecord:
     context: int
     step_seconds: float            # median loop time / steps
     decode_tokens_per_s: float     # batch / step_seconds (every row counts)
-    bytes_per_step: float | None   # roofline.decode_cost bytes, averaged over the steps
+    bytes_per_step: float | None   # roofline.decode_cost bytes, averaged over the steps (per device under tp)
     flops_per_step: float | None
     mbu: float | None              # bytes_per_step / step_seconds / measured bandwidth
     mfu: float | None
@@ -101,6 +101,16 @@ def _ceilings(model, ceilings):
         from inference_lab.hardware import measure_ceilings
         return measure_ceilings(model.cfg.dtype, verbose=False)
     return ceilings
+
+
+def _tp(model) -> int:
+    """Tensor-parallel degree of a model split by :func:`inference_lab.parallel.shard` (else 1).
+
+    With tp > 1 the costs are per device (each device reads 1/tp of the weights and does 1/tp
+    of the math), so MFU and MBU compare one device's work with one device's ceilings.
+    """
+    mesh = getattr(model, "mesh", None)
+    return int(mesh.shape["tp"]) if mesh is not None else 1
 
 
 def _check_size(name, value):
@@ -158,7 +168,7 @@ def measure_prefill(model, batch: int = 1, prompt_len: int = 512, *, repeats: in
             times.append(time.perf_counter() - t0)
         del cache, logits
     seconds = statistics.median(times)
-    cost = roofline.prefill_cost(cfg, batch, prompt_len)
+    cost = roofline.prefill_cost(cfg, batch, prompt_len, tp=_tp(model))
     mfu = cost.flops / seconds / spec.peak_flops(cfg.dtype) if spec is not None else None
     return PrefillRecord(**_machine(model), batch=batch, prompt_len=prompt_len, seconds=seconds,
                          prefill_tokens_per_s=batch * prompt_len / seconds, flops=cost.flops,
@@ -193,7 +203,7 @@ def measure_decode(model, batch: int = 8, context: int = 512, steps: int = 32, *
         lengths = np.full((batch,), context, np.int32)
         cache = KVCache(ks, vs, jnp.asarray(lengths), host_lengths=lengths)
     step_seconds = statistics.median(times) / steps
-    costs = [roofline.decode_cost(cfg, batch, context + i) for i in range(steps)]
+    costs = [roofline.decode_cost(cfg, batch, context + i, tp=_tp(model)) for i in range(steps)]
     nbytes = sum(c.bytes for c in costs) / steps
     flops = sum(c.flops for c in costs) / steps
     mbu = nbytes / step_seconds / spec.bandwidth if spec is not None else None

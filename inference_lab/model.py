@@ -374,9 +374,13 @@ class Transformer(nnx.Module):
     @classmethod
     def load(cls, path, *, kernels: str = "auto") -> "Transformer":
         """Read a file written by :meth:`save` (the config travels inside it)."""
+        from pathlib import Path
+
         from safetensors import safe_open
         from safetensors.flax import load_file
 
+        if not Path(path).is_file():
+            raise ValueError(f"path={str(path)!r} is not a file; pass the file written by model.save(path)")
         with safe_open(str(path), framework="flax") as f:
             meta = f.metadata() or {}
         if "config" not in meta:

@@ -587,10 +587,12 @@ def decode_bytes_bars(records: Iterable, cfg, *, highlight: int | None = None) -
     return fig
 
 
-def decode_time_vs_bytes(records: Iterable, spec, dtype=None) -> Figure:
+def decode_time_vs_bytes(records: Iterable, spec, dtype=None, *, label=None) -> Figure:
     """Measured decode step time against the bytes the step moves, beside the two roofline
     times: bytes / bandwidth (memory) and, with ``dtype``, FLOPs / peak (compute). Decode
-    points sit near the memory line and far above the compute one: bandwidth-bound."""
+    points sit near the memory line and far above the compute one: bandwidth-bound.
+    ``label(record) -> str`` names each point (default: its context)."""
+    label = label or (lambda r: f"context {r.context:,}")
     recs = sorted((r for r in _records(records) if _is_decode(r)), key=lambda r: r.bytes_per_step)
     if not recs:
         raise ValueError("decode_time_vs_bytes needs decode records")
@@ -607,7 +609,7 @@ def decode_time_vs_bytes(records: Iterable, spec, dtype=None) -> Figure:
                 lw=1.2, ms=6, label=f"compute time: FLOPs / measured matmul peak ({peak / 1e9:,.3g} GFLOP/s)")
     ax.plot(b / 1e6, t * 1e3, "o", color="black", ms=8, mec="white", label="measured decode steps")
     for i, r in enumerate(recs):  # labels fanned out vertically: the points sit close together
-        ax.annotate(f"context {r.context:,}: MBU {100 * (r.mbu or 0):.0f}%",
+        ax.annotate(f"{label(r)}: MBU {100 * (r.mbu or 0):.0f}%",
                     (r.bytes_per_step / 1e6, r.step_seconds * 1e3), xytext=(-150, 14 - 14 * i),
                     textcoords="offset points", fontsize=8, color="black",
                     arrowprops=dict(arrowstyle="-", color="#999999", lw=0.6))

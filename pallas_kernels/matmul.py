@@ -23,7 +23,8 @@ Grid, blocks and why
     (``block_n = 64``) and deep in K: N/64 programs each stream their own columns of the
     weight, enough of them to keep every SM's loads in flight.
   * prefill-shaped (large M): big square-ish tiles (128 x 256 x 64, 8 warps, 3 stages
-    measured 729 TFLOP/s for bf16 8192^3 on the H200) maximise reuse of each loaded slab.
+    reached 729 TFLOP/s for bf16 8192^3 on the H200 in a 10-line Pallas matmul: PLATFORM.md)
+    maximise reuse of each loaded slab; our kernel's figure awaits a GPU run (docs/benchmarks.md).
   f32 halves ``block_k`` (its slabs are twice the bytes) and ``num_stages`` is capped so
   the pipelined slabs fit 160 KiB of shared memory (true on Ampere and Hopper).
 - All blocks are powers of two (Triton's rule).
@@ -55,7 +56,7 @@ SMEM_BUDGET = 160 * 1024  # bytes of shared memory the pipelined slabs may use
 _GPU_TABLE = (
     (64, None, 64, 256, 4, 3),        # decode: stream the weight, N/64 programs, deep K
     (256, 64, 128, 64, 4, 4),         # medium batches
-    (None, 128, 256, 64, 8, 3),       # prefill: 729 TFLOP/s bf16 8192^3 on the H200
+    (None, 128, 256, 64, 8, 3),       # prefill: these tiles gave 729 TFLOP/s (bf16 8192^3, H200) in PLATFORM.md
 )
 
 

@@ -172,6 +172,13 @@ def test_errors_before_any_work(model):
         prefill(model, toks, KVCache.create(TINY.replace(n_layers=3), B, S))
     with pytest.raises(ValueError, match="temperature"):
         generate(model, [[1]], temperature=-1.0)
+    with pytest.raises(ValueError, match=r"prompts\[1\] holds a value that is not an integer"):
+        generate(model, [[1, 2], [3.5]])
+    with pytest.raises(ValueError, match=r"prompts\[1\] is str"):
+        generate(model, [[1, 2], "hi"])
+    with pytest.raises(ValueError, match="prompts holds ids such as"):
+        generate(model, [[1, TINY.vocab_size]])
+    assert len(generate(model, [[1, 2]], max_new_tokens=2, temperature=np.float32(0.5))[0]) == 2
     with pytest.raises(ValueError, match="top_k"):
         generate(model, [[1]], top_k=0)
     with pytest.raises(ValueError, match="empty"):

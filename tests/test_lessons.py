@@ -94,6 +94,14 @@ def test_sweeps_tables_and_views(model, here, tmp_path):
         batches.at(3)
 
 
+def test_depth_sweep_moves_more_bytes_per_layer(here, tmp_path):
+    depth = lessons.decode_depth_sweep(here, (1, 2), context=16, steps=2)
+    shallow, deep = depth.records
+    assert deep.bytes_per_step > 1.3 * shallow.bytes_per_step
+    assert depth.label(deep) == "2 layers" and depth.table().splitlines()[0].lstrip().startswith("layers")
+    _png(plots.decode_time_vs_bytes(depth.records, here.spec, here.dtype, label=depth.label), tmp_path)
+
+
 def test_roofline_points_and_rag_split(model, here, tmp_path):
     points = lessons.roofline_points(model, (16, 32), (1, 4), context=16)
     assert len(points.prefill) == 2 and len(points.decode) == 2
@@ -125,17 +133,19 @@ def test_prices_fall_with_batch(model):
 
 def test_serving_simulation_views(tmp_path):
     phases = economics.roofline_phases(CFG8B, H100, step_overhead_s=2e-4)
-    bw = H100.interconnect_bandwidth
-    runs = lessons.serving_at(phases, 1024, interconnect_bandwidth=bw)
+    assert lessons.one_way_bandwidth(H100) == H100.interconnect_bandwidth / 2
+    with pytest.raises(ValueError, match="interconnect"):
+        lessons.one_way_bandwidth(dataclasses.replace(H100, interconnect_bandwidth=None))
+    runs = lessons.serving_at(phases, 1024, spec=H100)
     assert set(runs) == {"colocated", "disaggregated"}
     assert "disaggregated" in lessons.sim_summary(runs)
     _png(plots.latency_distributions(runs), tmp_path, "lat")
-    load = lessons.prompt_load_sweep(phases, (512, 4096), interconnect_bandwidth=bw)
+    load = lessons.prompt_load_sweep(phases, (512, 4096), spec=H100)
     d, c = load.disaggregated, load.colocated
     assert d[-1].ttft_p50 > d[0].ttft_p50 and d[-1].tpot_p50 < 1.3 * d[0].tpot_p50
     assert c[-1].tpot_p50 / c[0].tpot_p50 > d[-1].tpot_p50 / d[0].tpot_p50
     _png(plots.serving_plot(load.rows, x="prompt_len"), tmp_path, "serving")
-    fig, text = lessons.serving_view(phases, 512, interconnect_bandwidth=bw)
+    fig, text = lessons.serving_view(phases, 512, spec=H100)
     assert text.startswith("prompt length 512:")
 
 

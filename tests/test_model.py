@@ -136,6 +136,8 @@ def test_constructor_errors():
         Transformer("tiny")
     with pytest.raises(ValueError, match="mode"):
         Transformer(TINY, kernels="fast")
+    with pytest.raises(ValueError, match="path=.*is not a file"):
+        Transformer.load("/nonexistent/model.safetensors")
 
 
 def test_runs_inside_shard_map_unchanged(model):
