@@ -123,7 +123,7 @@ def test_measure_ceilings_cached(tmp_path, monkeypatch, capsys):
     def fail(*a, **k):
         raise AssertionError("measured again instead of reading the cache")
 
-    monkeypatch.setattr(hardware, "_median_seconds", fail)
+    monkeypatch.setattr(hardware, "_best_seconds", fail)
     again = hardware.measure_ceilings("float32", verbose=True)
     assert again == spec and capsys.readouterr().out == ""     # cached, method printed once
     with pytest.raises(AssertionError, match="measured again"):
