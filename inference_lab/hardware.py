@@ -151,36 +151,12 @@ def _ceiling_sizes(backend: str, key: str) -> tuple[int, int]:
     return (8192 if key in ("bf16", "fp16", "fp8", "int8") else 4096), 2**30
 
 
-def _best_seconds(fn, *args, repeats: int, donate_first: bool = False):
-    """Shortest wall time of ``fn(*args)`` over ``repeats`` after one warm-up call.
-
-    A ceiling is what the machine *can* do, so the fastest repeat is the estimate: on a
-    noisy machine the median would fold other programs' load into the ceiling itself (and
-    every later MBU/MFU would be measured against that dent).
-    """
-    import time
-
-    import jax
-
-    out = jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        if donate_first:  # the buffer was donated: feed the result back in
-            args = (out,) + tuple(args[1:])
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = True) -> HardwareSpec:
     """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and memory bandwidth.
 
-    - matmul: an ``n x n @ n x n`` product in ``dtype`` (float32 at full precision, f32
-      accumulation), jitted by XLA, best of repeats; ``2 n^3`` FLOPs per call.
-    - bandwidth: the faster of a sum over a large float32 buffer (bytes read) and an in-place
-      scaling ``x *= 1.0001`` of it, donated so no fresh output is allocated (bytes read +
-      written), best of repeats.
+    The measurement itself is :func:`pallas_kernels.bench.device_ceilings` (the same one the
+    kernel benchmark uses): a large matmul in ``dtype`` and the faster of a read-only and a
+    copy stream, best of repeats.
 
     The result is cached as JSON under ``.cache/ceilings`` keyed by device, backend, jax and
     jaxlib versions and dtype (``refresh=True`` measures again). The method is printed once
@@ -206,7 +182,8 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     # one home folder (a JupyterHub image, say) do not share one machine's ceilings.
     ident = {"device": dev.device_kind, "backend": backend, "jax": jax.__version__,
              "jaxlib": jaxlib.__version__, "dtype": key, "host": platform.node(),
-             "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+             "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+             "method": "best-of, read-or-copy"}  # a changed method invalidates old cache files
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir("ceilings") / f"{backend}-{key}-{digest}.json"
 
@@ -219,26 +196,12 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
         except (OSError, ValueError):
             data = None  # a damaged cache file: measure again
     if data is None:
+        from pallas_kernels.bench import device_ceilings
+
         n, nbytes = _ceiling_sizes(backend, key)
         jdt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[key]
-        ka, kb = jax.random.split(jax.random.key(0))
-        a = jax.random.normal(ka, (n, n), jnp.float32).astype(jdt)  # random, never zeros
-        b = jax.random.normal(kb, (n, n), jnp.float32).astype(jdt)
-        prec = jax.lax.Precision.HIGHEST if key == "fp32" else None
-        mm = jax.jit(lambda a, b: jnp.dot(a, b, precision=prec, preferred_element_type=jnp.float32).astype(a.dtype))
-        repeats = 5 if backend == "cpu" else 10
-        t_mm = _best_seconds(mm, a, b, repeats=repeats)
-        flops = 2.0 * n ** 3 / t_mm
-        del a, b
-        x = jax.random.normal(jax.random.key(1), (nbytes // 4,), jnp.float32)
-        # Two streams, the faster one wins: a read-only reduction (what a decode step mostly
-        # does: it reads weights and cache) and an in-place copy (read + write counted). On a
-        # CPU reading alone can outrun a copy; on a GPU the two agree.
-        total = jax.jit(lambda x: jnp.sum(x))
-        t_read = _best_seconds(total, x, repeats=repeats + 2)
-        scale = jax.jit(lambda x: x * 1.0001, donate_argnums=0)
-        t_copy = _best_seconds(scale, x, repeats=repeats + 2, donate_first=True)
-        bandwidth = max(nbytes / t_read, 2.0 * nbytes / t_copy)
+        measured = device_ceilings(n=n, nbytes=nbytes, dtype=jdt, repeats=5 if backend == "cpu" else 10)
+        flops, bandwidth = measured["matmul_flops"], measured["bandwidth"]
         stats = getattr(dev, "memory_stats", lambda: None)() or {}
         memory = stats.get("bytes_limit")
         if memory is None and backend == "cpu":
@@ -249,13 +212,7 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
         data = {
             "ident": ident, "name": dev.device_kind, "flops": {key: flops}, "bandwidth": bandwidth,
             "memory_bytes": memory,
-            "sources": {
-                "flops": (f"measured: XLA jnp.dot {n}x{n}x{n} {jnp.dtype(jdt).name}"
-                          f"{' (precision HIGHEST)' if prec else ''}, f32 accumulation, best of {repeats}"),
-                "bandwidth": (f"measured: the faster of a sum over a {nbytes // 2**20} MiB float32 buffer "
-                              f"(read counted) and an in-place x *= 1.0001 on it (read + write counted), "
-                              f"best of {repeats + 2}"),
-            },
+            "sources": {"flops": measured["matmul_method"], "bandwidth": measured["bandwidth_method"]},
         }
         try:
             path.write_text(json.dumps(data, indent=1))
