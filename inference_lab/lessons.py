@@ -460,7 +460,8 @@ class BatchSweep(Sweep):
         super().__init__(records, columns)
         self.skipped = list(skipped)
 
-    def at(self, batch=None, **where):  # noqa: D102 - sweep.at(8) reads naturally
+    def at(self, batch=None, **where):
+        """The record at that batch size: ``sweep.at(8)``."""
         if batch is not None:
             where["batch"] = batch
         return super().at(**where)
@@ -639,12 +640,14 @@ class LoadSweep:
 
 def _as_row(row: dict):
     """A summary row with attribute access (row.ttft_p50 in seconds, row.tpot_p50 ...)."""
-    return SimpleRow(ttft_p50=row["ttft_p50_ms"] / 1e3, ttft_p99=row["ttft_p99_ms"] / 1e3,
+    return ServingPoint(ttft_p50=row["ttft_p50_ms"] / 1e3, ttft_p99=row["ttft_p99_ms"] / 1e3,
                      tpot_p50=row["tpot_p50_ms"] / 1e3, prompt_len=row["prompt_len"], mode=row["mode"])
 
 
 @dataclasses.dataclass(frozen=True)
-class SimpleRow:
+class ServingPoint:
+    """One deployment at one prompt length: median and p99 latencies in seconds."""
+
     ttft_p50: float
     ttft_p99: float
     tpot_p50: float

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -19,40 +17,8 @@ SPEC = hardware.PRESETS["H200"]
 CFG = ModelConfig.preset("base")
 
 
-# Mirrors of measure.PrefillRecord / DecodeRecord (INTERFACES.md): plots read attributes only.
-@dataclasses.dataclass
-class PrefillRecord:
-    device: str
-    backend: str
-    kernels: str
-    preset: str
-    dtype: str
-    batch: int
-    prompt_len: int
-    seconds: float
-    prefill_tokens_per_s: float
-    flops: float
-    bytes: float
-    mfu: float | None
-    phase: str = "prefill"
-
-
-@dataclasses.dataclass
-class DecodeRecord:
-    device: str
-    backend: str
-    kernels: str
-    preset: str
-    dtype: str
-    batch: int
-    context: int
-    step_seconds: float
-    decode_tokens_per_s: float
-    bytes_per_step: float
-    flops_per_step: float
-    mbu: float | None
-    mfu: float | None
-    phase: str = "decode"
+# The real record classes: the plots read them by attribute only.
+from inference_lab.measure import DecodeRecord, PrefillRecord  # noqa: E402
 
 
 def _sweep(device="NVIDIA H200", efficiency=0.4, overhead=2e-4, context=512, seed=0):
