@@ -696,6 +696,7 @@ def latency_distributions(results: dict) -> Figure:
             ax.plot(v, np.linspace(0, 1, len(v)), color=c, lw=2, label=name)
     for ax, what in ((left, "time to first token (ms)"), (right, "time per output token (ms)")):
         ax.set_xscale("log")
+        _si_ticks(ax, "x")  # 20, 50, 100 rather than 2x10^1
         ax.grid(True, **GRID)
         ax.set_xlabel(what)
         ax.set_ylabel("fraction of requests")
