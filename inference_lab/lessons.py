@@ -143,6 +143,10 @@ def show_source(kernel_fn):
     module = sys.modules[kernel_fn.__module__]
     source = inspect.getsource(module)
     display(Code(source, language="python"))
+    if "online_softmax" in source:  # the attention kernels share their softmax update: show it too
+        from pallas_kernels import _online_softmax
+
+        display(Code(inspect.getsource(_online_softmax), language="python"))
 
 
 def _rel_err(x, ref) -> float:

@@ -139,6 +139,14 @@ def _records(records) -> list:
     return records
 
 
+def _prediction_args(recs, cfg, spec, name: str, kind: str):
+    """A figure needs ``kind`` records, or ``cfg`` and ``spec`` (both) to draw a prediction."""
+    if not recs and cfg is None:
+        raise ValueError(f"{name} needs {kind} records or cfg= and spec= for a prediction")
+    if (cfg is None) != (spec is None):
+        raise ValueError("pass cfg= and spec= together (the prediction needs both)")
+
+
 def _check_spec(spec, dtype):
     roofline._check_spec(spec)
     return spec.peak_flops(dtype)  # raises a clear ValueError for an unknown dtype
@@ -244,10 +252,7 @@ def decode_throughput_plot(records: Iterable, *, cfg=None, spec=None, dtype=None
     The measured knee (first batch whose step takes >= 1.5x the batch-1 step) is marked.
     """
     recs = [r for r in _records(records) if _is_decode(r)]
-    if not recs and cfg is None:
-        raise ValueError("decode_throughput_plot needs decode records or cfg= and spec= for a prediction")
-    if (cfg is None) != (spec is None):
-        raise ValueError("pass cfg= and spec= together (the prediction needs both)")
+    _prediction_args(recs, cfg, spec, "decode_throughput_plot", "decode")
     fig, (ax,) = _figure()
     batches_all = [int(r.batch) for r in recs]
     if context is None:
@@ -302,10 +307,7 @@ def ttft_plot(records: Iterable = (), *, cfg=None, spec=None, dtype=None,
     attention's ``T^2`` term takes over.
     """
     recs = [r for r in _records(records) if _is_prefill(r)]
-    if not recs and cfg is None:
-        raise ValueError("ttft_plot needs prefill records or cfg= and spec= for a prediction")
-    if (cfg is None) != (spec is None):
-        raise ValueError("pass cfg= and spec= together (the prediction needs both)")
+    _prediction_args(recs, cfg, spec, "ttft_plot", "prefill")
     fig, (ax,) = _figure()
     by_batch = defaultdict(list)
     for r in recs:

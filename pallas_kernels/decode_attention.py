@@ -45,6 +45,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import _online_softmax as online_softmax
 from pallas_kernels import _validate as V
 from pallas_kernels import reference
 from pallas_kernels.mode import resolve_mode
@@ -92,7 +93,6 @@ def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, g
                       V.block_mask(row_ok, None, (group_rows, d)))        # [group_rows, D]
 
     def step(j, carry, masked):
-        acc, m_i, l_i = carry                          # [group_rows, D], [group_rows] x2 (f32)
         k0 = start + j * block_k
         k_ok = (k0 + jnp.arange(block_k)) < end if masked else None
         kv_mask = V.block_mask(k_ok, None, (block_k, d))
@@ -103,17 +103,9 @@ def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, g
         if masked:
             sc = jnp.where(k_ok[None, :], sc, -jnp.inf)
         # The first block holds key `start` (< end), visible to every row: m stays finite.
-        m_new = jnp.maximum(m_i, jnp.max(sc, axis=1))
-        alpha = jnp.exp2(m_i - m_new)
-        p = jnp.exp2(sc - m_new[:, None])
-        l_new = l_i * alpha + jnp.sum(p, axis=1)
-        acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, precision=lax.Precision.HIGHEST,
-                                             preferred_element_type=jnp.float32)
-        return acc, m_new, l_new
+        return online_softmax.update(carry, sc, v)
 
-    carry = (jnp.zeros((group_rows, d), jnp.float32),
-             jnp.full((group_rows,), -jnp.inf, jnp.float32),
-             jnp.zeros((group_rows,), jnp.float32))
+    carry = online_softmax.start(group_rows, d)
     carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
     acc, m_i, l_i = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), carry)
     heads = pl.ds(h * groups, group_rows)

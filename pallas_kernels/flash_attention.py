@@ -39,6 +39,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import _online_softmax as online_softmax
 from pallas_kernels import _validate as V
 from pallas_kernels import reference
 from pallas_kernels.mode import resolve_mode
@@ -87,7 +88,6 @@ def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log
         n_full = s // block_k
 
     def step(kb, carry, masked):
-        acc, m_i, l_i = carry                      # [block_q, D] f32, [block_q], [block_q]
         k0 = kb * block_k
         keys = k0 + jnp.arange(block_k)            # [block_k] key positions
         k_ok = keys < s if masked else None
@@ -101,19 +101,11 @@ def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log
             if causal:
                 visible = visible & (keys[None, :] <= rows[:, None] + offset)
             sc = jnp.where(visible, sc, -jnp.inf)
-        # Online softmax (base 2). The first block visited holds key 0, which every row
+        # Online softmax (_online_softmax). The first block visited holds key 0, which every row
         # sees, so m_new is finite from then on and exp2(-inf - m_new) = 0 is safe.
-        m_new = jnp.maximum(m_i, jnp.max(sc, axis=1))
-        alpha = jnp.exp2(m_i - m_new)
-        p = jnp.exp2(sc - m_new[:, None])
-        l_new = l_i * alpha + jnp.sum(p, axis=1)
-        acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, precision=lax.Precision.HIGHEST,
-                                             preferred_element_type=jnp.float32)
-        return acc, m_new, l_new
+        return online_softmax.update(carry, sc, v)
 
-    carry = (jnp.zeros((block_q, d), jnp.float32),
-             jnp.full((block_q,), -jnp.inf, jnp.float32),
-             jnp.zeros((block_q,), jnp.float32))
+    carry = online_softmax.start(block_q, d)
     carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
     carry = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), carry)
     acc, _, l_i = carry
