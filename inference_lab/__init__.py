@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import importlib
 
-from inference_lab._cache import enable_compilation_cache
+from inference_lab.disk_cache import enable_compilation_cache
 
 enable_compilation_cache()
 
 _LAZY = {
     "ModelConfig": "inference_lab.config",
     "Transformer": "inference_lab.model",
-    "KVCache": "inference_lab.cache",
+    "KVCache": "inference_lab.kv_cache",
     "prefill": "inference_lab.engine",
     "decode_step": "inference_lab.engine",
+    "decode_loop": "inference_lab.engine",
     "generate": "inference_lab.engine",
 }
-_SUBMODULES = ("config", "tokenizer", "model", "cache", "engine", "hardware", "roofline",
-               "measure", "economics", "parallel", "plots", "widgets")
+_SUBMODULES = ("config", "tokenizer", "model", "kv_cache", "parallel", "engine", "hlo", "hardware",
+               "roofline", "measure", "records", "economics", "simulator", "probe", "plots", "widgets",
+               "lessons")
 
 __all__ = list(_LAZY) + list(_SUBMODULES)
 

@@ -6,7 +6,7 @@
   is read for just ``B`` tokens) and appends its K/V to the cache.
 - :func:`generate` = prefill + a jitted loop of decode steps with sampling.
 
-How it is compiled (each choice is measured, see PLATFORM.md):
+How it is compiled (each choice was measured; docs/architecture.md has the figures):
 - The model's weights are taken out as a plain dict (``model.params()``) and passed to a
   ``jax.jit``-ed pure function; ``nnx.jit`` would walk the module graph on every call
   (~3 ms), more than a whole small-model decode step.
@@ -18,34 +18,57 @@ How it is compiled (each choice is measured, see PLATFORM.md):
 - A model split by :func:`inference_lab.parallel.shard` (it has a ``mesh``) runs the same
   forward functions per device inside ``jax.shard_map``, its cache split by KV heads.
 
-Every check on the inputs happens here, before anything runs on the device.
+Every check on the inputs happens here, before anything runs on the device. (How to look at
+the compiled programs, e.g. to check that no step copies the cache: :mod:`inference_lab.hlo`.)
+
+One decode step, from the top: :func:`decode_step` checks its inputs, donates the cache and
+calls ``_decode_jit``, which runs ``model.decode_forward`` (per device under a mesh): the
+embedding, then for each layer ``model.block`` (RMSNorm, ``model.decode_attention``: QKV via
+``pk.matmul``, RoPE, the K/V scatter into the cache, ``pk.decode_attention``, the output
+projection; RMSNorm, ``model.mlp``: two more ``pk.matmul``), then the head (``pk.matmul``).
+Each ``pk.*`` call goes through ``pallas_kernels.mode`` to the Pallas kernel or its reference.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from inference_lab import parallel, tokenizer
-from inference_lab.cache import KVCache
+from inference_lab.kv_cache import KVCache
 from inference_lab.model import decode_forward, prefill_forward
 
 
 # ----------------------------------------------------------------------------- jitted cores
-# `mesh` is None for a one-device model; for a model from `parallel.shard` it is its mesh and
-# `parallel.spmd` runs the same forward per device inside `jax.shard_map`.
+def _spmd(fn, mesh, *, cfg, mode):
+    """``fn`` (``prefill_forward`` or ``decode_forward``) with ``cfg`` and ``mode`` bound; under
+    a mesh, run per device: weights and caches split, tokens and lengths whole, logits whole."""
+    bound = functools.partial(fn, cfg=cfg, mode=mode)
+    if mesh is None:
+        return bound
+
+    def run(params, tokens, lengths, k_caches, v_caches):
+        caches = [parallel.CACHE_SPEC] * len(k_caches)
+        mapped = parallel.per_device(bound, mesh, in_specs=(parallel.param_specs(params), P(), P(), caches, caches),
+                                     out_specs=(P(), caches, caches))
+        return mapped(params, tokens, lengths, list(k_caches), list(v_caches))
+
+    return run
+
+
+# `mesh` is None for a one-device model, else the mesh its weights are split over.
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
 def _prefill_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=None):
-    return parallel.spmd(prefill_forward, mesh, cfg=cfg, mode=mode)(params, tokens, lengths, k_caches, v_caches)
+    return _spmd(prefill_forward, mesh, cfg=cfg, mode=mode)(params, tokens, lengths, k_caches, v_caches)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
 def _decode_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=None):
-    logits, k_caches, v_caches = parallel.spmd(decode_forward, mesh, cfg=cfg, mode=mode)(
+    logits, k_caches, v_caches = _spmd(decode_forward, mesh, cfg=cfg, mode=mode)(
         params, tokens, lengths, k_caches, v_caches)
     return logits, k_caches, v_caches, lengths + 1
 
@@ -76,7 +99,7 @@ def _decode_loop_jit(params, tokens, lengths, k_caches, v_caches, key, temperatu
     sampled at step i-1 (with key ``fold_in(key, i + 1)``: generate used 0 for the token
     sampled from the prefill logits); returns (tokens sampled at each step [B, steps], caches, lengths)."""
     b = tokens.shape[0]
-    step = parallel.spmd(decode_forward, mesh, cfg=cfg, mode=mode)
+    step = _spmd(decode_forward, mesh, cfg=cfg, mode=mode)
 
     def body(i, carry):
         tok, lens, ks, vs, out = carry
@@ -152,9 +175,9 @@ def prefill(model, tokens, cache: KVCache, lengths=None):
         if lengths.min() < 1 or lengths.max() > t:
             raise ValueError(f"lengths {lengths.tolist()} must be in 1..{t} (the prompt width)")
         lengths = lengths.astype(np.int32)
-    ks, vs = parallel.place_cache(model, *cache._donate("prefill"))
+    ks, vs = parallel.place_cache(model.mesh, *cache._donate("prefill"))
     logits, ks, vs = _prefill_jit(model.params(), jnp.asarray(tokens), jnp.asarray(lengths), ks, vs,
-                                  cfg=model.cfg, mode=model.mode, mesh=parallel.mesh_of(model))
+                                  cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
     return logits, KVCache(ks, vs, jnp.asarray(lengths), host_lengths=lengths)
 
 
@@ -174,9 +197,9 @@ def decode_step(model, next_tokens, cache: KVCache):
                          f"{cache.max_len} tokens; create the cache with a larger max_len")
     host = cache._host_lengths + 1
     lengths = cache._lengths
-    ks, vs = parallel.place_cache(model, *cache._donate("decode_step"))
+    ks, vs = parallel.place_cache(model.mesh, *cache._donate("decode_step"))
     logits, ks, vs, lengths = _decode_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
-                                          cfg=model.cfg, mode=model.mode, mesh=parallel.mesh_of(model))
+                                          cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
     return logits, KVCache(ks, vs, lengths, host_lengths=host)
 
 
@@ -199,10 +222,10 @@ def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float
                          f"tokens exceed max_len={cache.max_len}; create a larger cache")
     host = cache._host_lengths + steps
     lengths = cache._lengths
-    ks, vs = parallel.place_cache(model, *cache._donate("decode_loop"))
+    ks, vs = parallel.place_cache(model.mesh, *cache._donate("decode_loop"))
     out, ks, vs, lengths = _decode_loop_jit(
         model.params(), jnp.asarray(tokens), lengths, ks, vs, jax.random.key(seed), _temperature(temperature),
-        steps=int(steps), top_k=top_k, cfg=model.cfg, mode=model.mode, mesh=parallel.mesh_of(model))
+        steps=int(steps), top_k=top_k, cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
     return out, KVCache(ks, vs, lengths, host_lengths=host)
 
 
@@ -270,74 +293,3 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
         out = [tokenizer.decode(r) for r in out]
         return out[0] if single else out
     return out
-
-
-# ----------------------------------------------------------------------------- compiled-program checks
-# One HLO instruction with an array result: "%name = f32[2,64,4,32]{3,2,1,0} copy(%p), ..."
-_HLO_ARRAY_OP = re.compile(r"=\s*([a-z0-9]+)\[([0-9,]*)\](?:\{[^}]*\})?\s+([a-z][a-z\-]*)\(")
-_HLO_ALL_REDUCE = re.compile(r"\sall-reduce(?:-start)?\(")
-
-
-def _top_level_lines(hlo_text: str):
-    """Instruction lines of a compiled HLO module's text, skipping the bodies of fusions
-    (what runs is the fusion itself, listed in its caller)."""
-    in_fusion = False
-    for line in hlo_text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{"):  # a computation starts
-            name = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
-            in_fusion = "fused" in name or "fusion" in name
-        elif not in_fusion:
-            yield line
-
-
-def hlo_ops(hlo_text: str):
-    """(opcode, output dtype, output element count, line) for every array-valued top-level
-    instruction of ``jitted.lower(...).compile().as_text()``."""
-    out = []
-    for line in _top_level_lines(hlo_text):
-        m = _HLO_ARRAY_OP.search(line)
-        if m:
-            dims = [int(d) for d in m.group(2).split(",") if d]
-            out.append((m.group(3), m.group(1), int(np.prod(dims)) if dims else 1, line.strip()))
-    return out
-
-
-def count_cache_copies(hlo_text: str, cache_elements: int, *, relayouts: bool = False) -> int:
-    """How many ``copy`` instructions in a compiled program move a buffer at least as large as
-    one layer's K (or V) cache. A decode step that updates its donated cache in place has none;
-    each one found is a full cache read + write per step (the KV-cache trap of PLATFORM.md).
-
-    ``relayouts=True`` also counts fusions whose root is a copy (XLA names them
-    ``transpose_copy_fusion``, ``bitcast_copy_fusion``...): a cache-sized one is a kernel
-    reading the cache in another layout, which also costs a full read + write per step.
-    """
-    n = 0
-    for op, _, size, line in hlo_ops(hlo_text):
-        if size < cache_elements:
-            continue
-        name = line.split("=")[0]
-        if op in ("copy", "copy-start") or (relayouts and op == "fusion" and "copy" in name):
-            n += 1
-    return n
-
-
-def count_all_reduces(hlo_text: str) -> int:
-    """All-reduce instructions in a compiled program (an async start/done pair counts once)."""
-    return sum(1 for line in _top_level_lines(hlo_text) if _HLO_ALL_REDUCE.search(line))
-
-
-def compiled_decode_text(model, cache: KVCache, *, steps: int | None = None) -> str:
-    """The compiled HLO text of :func:`decode_step` (``steps=None``) or of the jitted
-    :func:`decode_loop` of ``steps`` steps, for these shapes. Nothing runs; the cache is
-    only used for its shapes (it is not donated)."""
-    _check_cache(model, cache, "compiled_decode_text()")
-    b = cache.batch
-    mesh = parallel.mesh_of(model)
-    ks, vs = parallel.place_cache(model, cache._k, cache._v)   # shapes/shardings as a real call
-    args = (model.params(), jnp.zeros((b,), jnp.int32), cache._lengths, ks, vs)
-    if steps is None:
-        lowered = _decode_jit.lower(*args, cfg=model.cfg, mode=model.mode, mesh=mesh)
-    else:
-        lowered = _decode_loop_jit.lower(*args, jax.random.key(0), None, steps=int(steps),
-                                         top_k=None, cfg=model.cfg, mode=model.mode, mesh=mesh)
-    return lowered.compile().as_text()

@@ -154,7 +154,7 @@ def _ceiling_sizes(backend: str, key: str) -> tuple[int, int]:
 def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = True) -> HardwareSpec:
     """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and memory bandwidth.
 
-    The measurement itself is :func:`pallas_kernels.bench.device_ceilings` (the same one the
+    The measurement itself is :func:`pallas_kernels.ceilings.device_ceilings` (the same one the
     kernel benchmark uses): a large matmul in ``dtype`` and the faster of a read-only and a
     copy stream, best of repeats.
 
@@ -171,7 +171,7 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     import jax.numpy as jnp
     import jaxlib
 
-    from inference_lab._cache import cache_dir
+    from inference_lab.disk_cache import cache_dir
 
     key = dtype_key(dtype)
     if key not in ("bf16", "fp16", "fp32"):
@@ -196,7 +196,7 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
         except (OSError, ValueError):
             data = None  # a damaged cache file: measure again
     if data is None:
-        from pallas_kernels.bench import device_ceilings
+        from pallas_kernels.ceilings import device_ceilings
 
         n, nbytes = _ceiling_sizes(backend, key)
         jdt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[key]

@@ -12,7 +12,9 @@ Two layers of code:
    ``pk.decode_attention``, all with the same ``mode``. Head counts and the vocabulary size
    are read from the *local* weight shapes, and the two partial sums of a tensor-parallel
    layer are ``psum``-ed over the mesh axis ``"tp"`` only when that axis exists, so the same
-   functions run unchanged inside ``shard_map`` (Megatron layout, see ``PARTITION``).
+   functions run unchanged inside ``shard_map`` (Megatron layout: ``parallel.PARTITION``).
+   One :func:`block` serves both phases; only its attention differs (whole prompts through
+   flash attention in prefill, one token against the cache in decode).
 2. :class:`Transformer`, a Flax NNX module that owns the parameters (seeded initialiser,
    safetensors save/load) and hands them out with :meth:`Transformer.params`.
 
@@ -40,8 +42,9 @@ grouping the weights by KV head keeps the fused matrix splittable across devices
 axis 1 of ``w_qkv`` gives each device whole KV heads with their query heads. Query head
 ``h`` uses KV head ``h // G``, the convention of ``pk.flash_attention``/``decode_attention``.
 
-The weights are random (seeded): the lab measures speed, and how long a matmul takes does
-not depend on the values in it. Generated text is therefore gibberish, by design.
+A new model's weights are random (seeded): the timing lessons measure speed, and how long a
+matmul takes does not depend on the values in it. Trained weights load from a local file
+(:meth:`Transformer.load`).
 """
 
 from __future__ import annotations
@@ -54,40 +57,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
+from inference_lab import parallel
 from inference_lab.config import ModelConfig
 
 LAYER_PARAMS = ("attn_norm", "w_qkv", "w_o", "mlp_norm", "w_gate_up", "w_down")
 
-# How each parameter splits across the mesh axis "tp" (a PartitionSpec-like tuple per name).
-PARTITION = {
-    "embed": ("tp", None),            # by vocabulary rows
-    "head": (None, "tp"),             # by vocabulary columns
-    "final_norm": (None,),
-    "attn_norm": (None,),
-    "w_qkv": (None, "tp", None, None),  # by KV head (each with its query heads)
-    "w_o": ("tp", None),              # by input rows = query heads -> partial sums, psum
-    "mlp_norm": (None,),
-    "w_gate_up": (None, None, "tp"),  # by d_ff columns
-    "w_down": ("tp", None),           # by d_ff rows -> partial sums, psum
-}
-
 
 # ----------------------------------------------------------------------------- small pieces
-def _tp_size() -> int | None:
-    """Size of the mesh axis "tp" when tracing inside shard_map over it, else None."""
-    try:
-        return jax.lax.axis_size("tp")
-    except (NameError, KeyError, ValueError):
-        return None
-
-
-def _psum_tp(x):
-    """Sum partial results over "tp" when that axis exists (row-split matmuls), else x."""
-    return jax.lax.psum(x, "tp") if _tp_size() is not None else x
-
-
 def _dense(x, w, mode, out_dtype=None):
     """``x [..., K] @ w`` with ``w`` of shape ``[K, ...]`` through ``pk.matmul`` on 2-D views."""
     k = x.shape[-1]
@@ -128,7 +107,7 @@ def _embed(params, tokens, cfg):
     ids = tokens
     if v_local < cfg.vocab_size:
         # Vocabulary split over "tp": this device holds ids [offset, offset + v_local).
-        offset = jax.lax.axis_index("tp") * v_local
+        offset = jax.lax.axis_index(parallel.AXIS) * v_local
         ids = tokens - offset
         valid = (ids >= 0) & (ids < v_local)
         ids = jnp.where(valid, ids, 0)
@@ -136,7 +115,7 @@ def _embed(params, tokens, cfg):
     if axis == 1:
         x = jnp.moveaxis(x, 0, -1)                # [D, ...] -> [..., D]
     if v_local < cfg.vocab_size:
-        x = jax.lax.psum(jnp.where(valid[..., None], x, 0), "tp")
+        x = jax.lax.psum(jnp.where(valid[..., None], x, 0), parallel.AXIS)
     return x
 
 
@@ -145,7 +124,7 @@ def _logits(params, x, cfg, mode):
     x = rms_norm(x, params["final_norm"], cfg.norm_eps)
     logits = pk.matmul(x, params["head"], out_dtype=jnp.float32, mode=mode)
     if logits.shape[-1] < cfg.vocab_size:         # vocabulary split over "tp"
-        logits = jax.lax.all_gather(logits, "tp", axis=1, tiled=True)
+        logits = jax.lax.all_gather(logits, parallel.AXIS, axis=1, tiled=True)
     return logits
 
 
@@ -158,16 +137,66 @@ def _qkv(p, h, positions, cfg, mode):
     return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
 
 
-def _mlp(p, x, cfg, mode):
-    """SwiGLU: ``down(silu(gate(h)) * up(h))`` with h = RMSNorm(x); returns the residual add."""
-    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+def _attention_out(p, attn, mode):
+    """Heads [..., Hq, Dh] -> [..., D]: the output projection (partial sums under tp, added)."""
+    return parallel.psum_tp(_dense(attn.reshape(*attn.shape[:-2], -1), p["w_o"], mode))
+
+
+def mlp(p, h, mode):
+    """SwiGLU: ``down(silu(gate(h)) * up(h))`` (partial sums under tp, added)."""
     f = p["w_gate_up"].shape[-1]
     gu = _dense(h, p["w_gate_up"], mode).reshape(*h.shape[:-1], 2, f)
-    act = (jax.nn.silu(gu[..., 0, :].astype(jnp.float32)) * gu[..., 1, :].astype(jnp.float32))
-    return x + _psum_tp(_dense(act.astype(x.dtype), p["w_down"], mode))
+    act = jax.nn.silu(gu[..., 0, :].astype(jnp.float32)) * gu[..., 1, :].astype(jnp.float32)
+    return parallel.psum_tp(_dense(act.astype(h.dtype), p["w_down"], mode))
 
 
-# ----------------------------------------------------------------------------- pure forwards
+# ----------------------------------------------------------------------------- attention, two ways
+def prefill_attention(p, h, kc, vc, *, positions, cfg, mode):
+    """Causal self-attention over whole prompts. h [B, T, D]; the prompt's K/V are written
+    at positions 0..T-1 of the layer's caches kc, vc [B, S, Hkv, Dh]."""
+    q, k, v = _qkv(p, h, positions, cfg, mode)                     # [B,T,Hq,Dh], [B,T,Hkv,Dh]
+    attn = pk.flash_attention(q, k, v, causal=True, mode=mode)      # [B, T, Hq, Dh]
+    kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (0, 0, 0, 0))
+    vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (0, 0, 0, 0))
+    return _attention_out(p, attn, mode), kc, vc
+
+
+def decode_attention(p, h, kc, vc, *, lengths, cfg, mode):
+    """One new token per row. h [B, D]; its K/V go to position ``lengths[b]`` of the caches
+    (a scatter into the donated buffers, in place), then it attends to ``lengths[b] + 1`` keys."""
+    q, k, v = _qkv(p, h, lengths, cfg, mode)                       # [B,Hq,Dh], [B,Hkv,Dh]
+    rows = jnp.arange(h.shape[0])
+    kc = kc.at[rows, lengths].set(k.astype(kc.dtype), mode="promise_in_bounds")
+    vc = vc.at[rows, lengths].set(v.astype(vc.dtype), mode="promise_in_bounds")
+    attn = pk.decode_attention(q, kc, vc, lengths + 1, mode=mode)  # [B, Hq, Dh]
+    return _attention_out(p, attn, mode), kc, vc
+
+
+# ----------------------------------------------------------------------------- the block and forwards
+def block(p, x, kc, vc, attention, *, cfg, mode):
+    """One transformer layer, read like nanoGPT's ``Block``::
+
+        x = x + attention(norm(x))      # also writes this layer's K/V into its cache
+        x = x + mlp(norm(x))
+
+    ``attention`` is :func:`prefill_attention` or :func:`decode_attention` with its
+    positions bound; the rest of the layer is the same in both phases.
+    """
+    a, kc, vc = attention(p, rms_norm(x, p["attn_norm"], cfg.norm_eps), kc, vc)
+    x = x + a
+    x = x + mlp(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps), mode)
+    return x, kc, vc
+
+
+def _layers(params, x, k_caches, v_caches, attention, cfg, mode):
+    new_k, new_v = [], []
+    for p, kc, vc in zip(params["layers"], k_caches, v_caches):   # unrolled: one kernel chain
+        x, kc, vc = block(p, x, kc, vc, attention, cfg=cfg, mode=mode)
+        new_k.append(kc)
+        new_v.append(vc)
+    return x, new_k, new_v
+
+
 def prefill_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, all_logits=False):
     """Run prompts through the model and write their K/V at positions 0..T-1 of the caches.
 
@@ -180,56 +209,33 @@ def prefill_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, a
     b, t = tokens.shape
     x = _embed(params, tokens, cfg)                               # [B, T, D]
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    new_k, new_v = [], []
-    for p, kc, vc in zip(params["layers"], k_caches, v_caches):   # unrolled: one kernel chain
-        h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-        q, k, v = _qkv(p, h, positions, cfg, mode)                 # [B,T,Hq,Dh], [B,T,Hkv,Dh]
-        attn = pk.flash_attention(q, k, v, causal=True, mode=mode)  # [B, T, Hq, Dh]
-        x = x + _psum_tp(_dense(attn.reshape(b, t, -1), p["w_o"], mode))
-        x = _mlp(p, x, cfg, mode)
-        new_k.append(jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (0, 0, 0, 0)))
-        new_v.append(jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (0, 0, 0, 0)))
+    attention = functools.partial(prefill_attention, positions=positions, cfg=cfg, mode=mode)
+    x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
     if all_logits:
-        logits = _logits(params, x.reshape(b * t, -1), cfg, mode).reshape(b, t, -1)
-    else:
-        last = x[jnp.arange(b), lengths - 1]                      # [B, D]
-        logits = _logits(params, last, cfg, mode)
-    return logits, new_k, new_v
+        return _logits(params, x.reshape(b * t, -1), cfg, mode).reshape(b, t, -1), new_k, new_v
+    last = x[jnp.arange(b), lengths - 1]                          # [B, D]
+    return _logits(params, last, cfg, mode), new_k, new_v
 
 
 def decode_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
-    """One decode step for every row.
+    """One decode step for every row: tokens [B] int32 at positions ``lengths[b]``.
 
-    tokens [B] int32 are at positions ``lengths[b]``; their K/V are written there (a scatter
-    into the donated cache, in place), then each row attends to ``lengths[b] + 1`` keys.
     Returns (float32 logits [B, V], k_caches, v_caches). ``lengths`` is not advanced here.
     """
-    b = tokens.shape[0]
-    rows = jnp.arange(b)
     x = _embed(params, tokens, cfg)                               # [B, D]
-    new_k, new_v = [], []
-    for p, kc, vc in zip(params["layers"], k_caches, v_caches):
-        h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-        q, k, v = _qkv(p, h, lengths, cfg, mode)                   # [B,Hq,Dh], [B,Hkv,Dh]
-        kc = kc.at[rows, lengths].set(k.astype(kc.dtype), mode="promise_in_bounds")
-        vc = vc.at[rows, lengths].set(v.astype(vc.dtype), mode="promise_in_bounds")
-        attn = pk.decode_attention(q, kc, vc, lengths + 1, mode=mode)  # [B, Hq, Dh]
-        x = x + _psum_tp(_dense(attn.reshape(b, -1), p["w_o"], mode))
-        x = _mlp(p, x, cfg, mode)
-        new_k.append(kc)
-        new_v.append(vc)
+    attention = functools.partial(decode_attention, lengths=lengths, cfg=cfg, mode=mode)
+    x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
     return _logits(params, x, cfg, mode), new_k, new_v
 
 
 def forward(params, tokens, *, cfg, mode):
     """Logits at every position, no cache: tokens [B, T] -> float32 [B, T, V]."""
     b, t = tokens.shape
-    hkv_dh = params["layers"][0]["w_qkv"].shape[1:]
-    shape = (b, t, hkv_dh[0], hkv_dh[2])
+    _, hkv, _, dh = params["layers"][0]["w_qkv"].shape
     dtype = params["layers"][0]["w_qkv"].dtype
-    ks = [jnp.zeros(shape, dtype) for _ in params["layers"]]
+    caches = [jnp.zeros((b, t, hkv, dh), dtype) for _ in params["layers"]]
     lengths = jnp.full((b,), t, jnp.int32)
-    logits, _, _ = prefill_forward(params, tokens, lengths, ks, list(ks), cfg=cfg, mode=mode,
+    logits, _, _ = prefill_forward(params, tokens, lengths, caches, list(caches), cfg=cfg, mode=mode,
                                    all_logits=True)
     return logits
 
@@ -268,7 +274,7 @@ class _Initializer:
                            dtype=jnp.dtype(dtype))
 
 
-class Block(nnx.Module):
+class LayerWeights(nnx.Module):
     """One transformer layer's parameters (the math lives in the pure functions above)."""
 
     def __init__(self, cfg: ModelConfig, init: _Initializer | None = None, weights: dict | None = None):
@@ -291,24 +297,25 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
     """The lab's model. ``Transformer(cfg, rngs=nnx.Rngs(0), kernels="auto")``.
 
-    ``kernels`` is a mode string for ``pallas_kernels`` (``"auto"``, ``"pallas"``,
-    ``"interpret"``, ``"reference"``); ``mode`` is what it resolved to on this machine.
-    ``params=`` builds the module around existing weights (a :meth:`params` dict) instead of
-    initialising new ones; :meth:`load` uses it.
+    ``kernels``: a mode string for ``pallas_kernels`` (``"auto"``, ``"pallas"``,
+    ``"interpret"``, ``"reference"``); the model keeps what it resolved to on this machine in
+    ``model.kernels``. ``params=`` builds the module around existing weights (a
+    :meth:`params` dict) instead of initialising new ones. ``mesh=``: a jax Mesh with the axis
+    ``"tp"`` to split the weights over (tensor parallelism, :mod:`inference_lab.parallel`;
+    ``parallel.shard(model, mesh)`` is the usual way to get one); None for one device.
     """
 
-    # The jax Mesh the weights are split over; set only by ``parallel.shard`` (None: one device).
-    mesh = None
-
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None = None, kernels: str = "auto",
-                 params: dict | None = None):
+                 params: dict | None = None, mesh=None):
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"cfg must be a ModelConfig (e.g. ModelConfig.preset('tiny')), got {type(cfg).__name__}")
         self.cfg = cfg
-        self.kernels = kernels
-        self.mode = pk.mode.resolve_mode(kernels)
+        self.kernels = pk.mode.resolve_mode(kernels)
+        self.mesh = None if mesh is None else parallel.check_mesh(mesh)
+        if mesh is not None:
+            parallel.check_degree(cfg, mesh.shape[parallel.AXIS])
         if params is not None:
-            self._adopt(params)
+            self._adopt(params if mesh is None else parallel.place_params(params, mesh))
             return
         init = _Initializer(cfg, nnx.Rngs(0) if rngs is None else rngs)
         dt = jnp.dtype(cfg.dtype)
@@ -317,7 +324,9 @@ class Transformer(nnx.Module):
             self.embed = nnx.Param(init((v, d), 1.0, dt))
         self.head = nnx.Param(init((d, v), d ** -0.5, dt))
         self.final_norm = nnx.Param(jnp.ones((d,), dt))
-        self.layers = nnx.List([Block(cfg, init) for _ in range(cfg.n_layers)])
+        self.layers = nnx.List([LayerWeights(cfg, init) for _ in range(cfg.n_layers)])
+        if mesh is not None:
+            self._adopt(parallel.place_params(self.params(), mesh))
 
     def _adopt(self, params: dict) -> None:
         cfg = self.cfg
@@ -331,7 +340,7 @@ class Transformer(nnx.Module):
             self.embed = nnx.Param(params["embed"])
         self.head = nnx.Param(params["head"])
         self.final_norm = nnx.Param(params["final_norm"])
-        self.layers = nnx.List([Block(cfg, weights=lp) for lp in params["layers"]])
+        self.layers = nnx.List([LayerWeights(cfg, weights=lp) for lp in params["layers"]])
 
     # -- the arrays, as the pure functions want them
     def params(self) -> dict:
@@ -352,12 +361,8 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens) -> jax.Array:
         """Logits at every position without a cache: tokens [B, T] -> float32 [B, T, V]."""
-        tokens = jnp.asarray(tokens, jnp.int32)
-        if self.mesh is not None:  # split by parallel.shard: run per device in shard_map
-            from inference_lab import parallel  # lazy: parallel imports this module
-
-            return parallel.forward_sharded(self, tokens)
-        return _forward_jit(self.params(), tokens, cfg=self.cfg, mode=self.mode)
+        return _forward_jit(self.params(), jnp.asarray(tokens, jnp.int32), cfg=self.cfg, mode=self.kernels,
+                            mesh=self.mesh)
 
     # -- safetensors
     def save(self, path) -> None:
@@ -394,7 +399,12 @@ class Transformer(nnx.Module):
         return cls(cfg, kernels=kernels, params=params)
 
 
-_forward_jit = jax.jit(forward, static_argnames=("cfg", "mode"))
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"))
+def _forward_jit(params, tokens, *, cfg, mode, mesh):
+    fn = functools.partial(forward, cfg=cfg, mode=mode)
+    if mesh is not None:  # split weights: run per device, logits come back whole
+        fn = parallel.per_device(fn, mesh, in_specs=(parallel.param_specs(params), P()), out_specs=P())
+    return fn(params, tokens)
 
 
 def head_counts(params) -> tuple[int, int]:

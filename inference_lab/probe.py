@@ -109,8 +109,8 @@ def run(args) -> dict:
     """Measure and return the schema-1 result (``args`` as parsed by :func:`build_parser`)."""
     import jax
 
-    from inference_lab import engine, measure, parallel, roofline
-    from inference_lab.cache import KVCache
+    from inference_lab import hlo, measure, parallel, roofline
+    from inference_lab.kv_cache import KVCache
     from inference_lab.config import ModelConfig
     from inference_lab.hardware import measure_ceilings
     from inference_lab.model import Transformer
@@ -146,7 +146,7 @@ def run(args) -> dict:
                                    ceilings=spec) for b in batches]
     # Collectives are counted in the compiled decode loop (its body is one step), not assumed.
     shape_cache = KVCache.create(cfg, 1, args.prompt_len + args.new_tokens)
-    hlo = engine.compiled_decode_text(model, shape_cache, steps=args.new_tokens)
+    hlo_text = hlo.compiled_decode_text(model, shape_cache, steps=args.new_tokens)
     del shape_cache
 
     b1 = next(d for d in decs if d.batch == 1)
@@ -166,7 +166,7 @@ def run(args) -> dict:
         "ratio": pre.prefill_tokens_per_s / b1.decode_tokens_per_s,
         "tp": args.tp,
         "weight_bytes_per_device": parallel.weight_bytes_per_device(model),
-        "all_reduces_per_step": engine.count_all_reduces(hlo),
+        "all_reduces_per_step": hlo.count_all_reduces(hlo_text),
     }
 
 

@@ -5,7 +5,7 @@ figure and a one-line readout, and :func:`dashboard` redraws both whenever a sli
 The same plain function is what a neighbouring notebook cell calls at fixed values to
 ``assert`` the lesson's claim, so the widget and the test share one code path.
 
-Conventions the browser tests rely on (ARCHITECTURE.md): sliders carry the descriptions
+Conventions the browser tests rely on (docs/architecture.md): sliders carry the descriptions
 ``"batch size"`` / ``"prompt length"``; the readout is a widget with the CSS class
 ``inference-lab-readout``; figures are PNG images.
 

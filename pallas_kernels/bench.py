@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
+from pallas_kernels.ceilings import device_ceilings
 from pallas_kernels.mode import pallas_supported
 
 NOT_REPRESENTATIVE = (
@@ -58,57 +59,8 @@ def _rand(key, shape, dtype):
     return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
-def best_seconds(fn, *args, repeats: int, donate_first: bool = False) -> float:
-    """Shortest wall time of an already-jitted ``fn(*args)`` over ``repeats``, after a warm-up.
-
-    A ceiling is what the device *can* do, so the fastest repeat estimates it: on a noisy
-    machine a median would fold other programs' load into the ceiling itself. With
-    ``donate_first`` the first argument is donated, so each call is fed the last result.
-    """
-    out = jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        if donate_first:
-            args = (out,) + tuple(args[1:])
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def device_ceilings(*, n: int, nbytes: int, dtype, repeats: int) -> dict:
-    """This device's two ceilings, measured (the one implementation; ``inference_lab.hardware``
-    caches and wraps it):
-
-    - matmul: ``[n, n] @ [n, n]`` in ``dtype`` with f32 accumulation (f32 at full precision,
-      no TF32), jitted by XLA; ``2 n^3`` FLOPs per call;
-    - bandwidth: the faster of a sum over an ``nbytes`` float32 buffer (bytes read) and an
-      in-place ``x *= 1.0001`` of it, donated so nothing new is allocated (bytes read + written).
-      Decode mostly reads, and a CPU reads faster than it copies; on a GPU the two agree.
-    """
-    dtype = jnp.dtype(dtype)
-    prec = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
-    k1, k2 = jax.random.split(jax.random.key(0))
-    a, b = _rand(k1, (n, n), dtype), _rand(k2, (n, n), dtype)  # random, never zeros
-    mm = jax.jit(lambda a, b: jnp.dot(a, b, precision=prec, preferred_element_type=jnp.float32).astype(a.dtype))
-    flops = 2.0 * n ** 3 / best_seconds(mm, a, b, repeats=repeats)
-    del a, b
-    x = _rand(jax.random.key(1), (nbytes // 4,), jnp.float32)
-    t_read = best_seconds(jax.jit(jnp.sum), x, repeats=repeats + 2)
-    t_copy = best_seconds(jax.jit(lambda x: x * 1.0001, donate_argnums=0), x, repeats=repeats + 2,
-                          donate_first=True)
-    return {
-        "matmul_flops": flops, "bandwidth": max(nbytes / t_read, 2.0 * nbytes / t_copy),
-        "matmul_method": (f"measured: XLA jnp.dot {n}x{n}x{n} {dtype.name}"
-                          f"{' (precision HIGHEST)' if prec else ''}, f32 accumulation, best of {repeats}"),
-        "bandwidth_method": (f"measured: the faster of a sum over a {nbytes // 2**20} MiB float32 buffer "
-                             f"(read counted) and an in-place x *= 1.0001 on it (read + write counted), "
-                             f"best of {repeats + 2}"),
-    }
-
-
-def measure_ceilings(gpu: bool, quick: bool, dtype, repeats: int) -> dict:
-    """The benchmark's ceilings: :func:`device_ceilings` at sizes for this device."""
+def _bench_ceilings(gpu: bool, quick: bool, dtype, repeats: int) -> dict:
+    """The benchmark's ceilings: :func:`pallas_kernels.ceilings.device_ceilings` at sizes for this device."""
     n = 8192 if gpu else (512 if quick else 1024)
     nbytes = (1 << 30) if gpu else ((1 << 24) if quick else (1 << 26))   # 1 GiB / 16 / 64 MiB
     return device_ceilings(n=n, nbytes=nbytes, dtype=dtype if gpu else jnp.float32, repeats=repeats)
@@ -160,7 +112,7 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
     say(f"device: {meta['device']} ({dev.platform}), jax {jax.__version__}, kernels in mode={mode!r}")
     if not gpu:
         say(NOT_REPRESENTATIVE)
-    ceil = measure_ceilings(gpu, quick, dtype, max(3, repeats))
+    ceil = _bench_ceilings(gpu, quick, dtype, max(3, repeats))
     say(f"ceilings: matmul {ceil['matmul_flops'] / 1e12:.3f} TFLOP/s [{ceil['matmul_method']}], "
         f"bandwidth {ceil['bandwidth'] / 1e12:.3f} TB/s [{ceil['bandwidth_method']}]")
     rows: list[dict] = []

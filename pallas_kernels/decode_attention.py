@@ -30,12 +30,12 @@ Grid, blocks and why
   the combine weighs by 0). Full blocks run unmasked; only the block holding the row's last
   key is masked.
 - ``block_k`` and warps by head dim, and the number of splits by how many (sequence, KV
-  head) pairs there are versus a target count of programs: ``_GPU_TABLE`` and
-  ``choose_blocks``. All blocks are powers of two.
+  head) pairs there are against the SM count: :func:`plan`. All blocks are powers of two.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -45,32 +45,80 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import _checks, _triton, device, reference
 from pallas_kernels import _online_softmax as online_softmax
-from pallas_kernels import _validate as V
-from pallas_kernels import reference
+from pallas_kernels._triton import cdiv, pow2_block
 from pallas_kernels.mode import resolve_mode
 
 LOG2E = math.log2(math.e)
+PROGRAMS_PER_SM = 8      # decode attention is bandwidth-bound: keep many loads in flight per SM
+MIN_SPLIT_KEYS = 256     # never split the cache into chunks shorter than this
 
-# GPU tuning table by head dim: (block_k, num_warps, num_stages). Tune here.
-_GPU_TABLE = {
+
+@dataclasses.dataclass(frozen=True)
+class DecodeAttentionConfig:
+    """Keys per block (a power of two >= 16), how many splits of the cache length, warps, stages."""
+
+    block_k: int
+    num_splits: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        if not isinstance(self.block_k, int) or self.block_k < 16 or self.block_k & (self.block_k - 1):
+            raise ValueError(f"DecodeAttentionConfig.block_k={self.block_k!r} must be a power of two >= 16")
+        if not isinstance(self.num_splits, int) or self.num_splits < 1:
+            raise ValueError(f"DecodeAttentionConfig.num_splits={self.num_splits!r} must be a positive integer")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"DecodeAttentionConfig.num_warps={self.num_warps!r} must be 1, 2, 4, 8 or 16")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"DecodeAttentionConfig.num_stages={self.num_stages!r} must be a positive integer")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeAttentionPlan:
+    """What the kernel launches for one shape: config, keys per split, grid (splits, Hkv, B)."""
+
+    config: DecodeAttentionConfig
+    chunk: int        # cache positions per split, a multiple of block_k
+    grid: tuple
+
+    @property
+    def num_splits(self) -> int:
+        return self.grid[0]
+
+    @property
+    def programs(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+# Blocks by head dim: (block_k, num_warps, num_stages). Tune here.
+_TILES = {
     16: (128, 4, 3),
     32: (128, 4, 3),
     64: (128, 4, 3),
     128: (64, 4, 3),
     256: (32, 4, 2),
 }
-TARGET_PROGRAMS = 1024   # aim for several programs per SM (132 SMs on an H200)
-MIN_SPLIT_KEYS = 256     # never split the cache into chunks shorter than this
 
 
-def choose_blocks(b: int, s_max: int, hkv: int, d: int) -> tuple[int, int, int, int]:
-    """(block_k, num_splits, num_warps, num_stages) for B rows, S_max cache slots, Hkv heads."""
-    bk, warps, stages = _GPU_TABLE[d]
-    bk = V.pow2_block(s_max, bk)
-    splits = -(-TARGET_PROGRAMS // (b * hkv))
-    splits = max(1, min(splits, -(-s_max // MIN_SPLIT_KEYS)))
-    return bk, splits, warps, stages
+def plan(batch: int, s_max: int, hkv: int, d: int, *, num_sms: int | None = None,
+         config: DecodeAttentionConfig | None = None) -> DecodeAttentionPlan:
+    """The config and grid :func:`decode_attention` uses for ``batch`` rows of an ``s_max``
+    cache with ``hkv`` KV heads of dim ``d``. The cache length is split until there are about
+    ``PROGRAMS_PER_SM`` programs per SM (``num_sms``: None reads the device, or assumes an
+    H200), never into chunks shorter than ``MIN_SPLIT_KEYS``; ``config`` overrides the choice."""
+    if config is None:
+        if d not in _TILES:
+            raise ValueError(f"d={d!r}: the kernels support head dims {tuple(_TILES)}")
+        bk, warps, stages = _TILES[d]
+        bk = pow2_block(s_max, bk)
+        splits = cdiv(PROGRAMS_PER_SM * device.num_sms(num_sms), batch * hkv)
+        splits = max(1, min(splits, cdiv(s_max, MIN_SPLIT_KEYS)))
+        config = DecodeAttentionConfig(bk, splits, warps, stages)
+    _checks.check_config(config, DecodeAttentionConfig)
+    chunk = cdiv(cdiv(s_max, config.num_splits), config.block_k) * config.block_k   # a multiple of block_k
+    return DecodeAttentionPlan(config, chunk, (cdiv(s_max, chunk), hkv, batch))   # no split starts past S_max
 
 
 def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, groups,
@@ -89,15 +137,15 @@ def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, g
     n_total = pl.cdiv(n_keys, block_k)                 # 0 when the chunk is past the row's end
 
     row_ok = jnp.arange(group_rows) < groups           # real query heads of the group
-    q = V.masked_load(q_ref.at[b, pl.ds(h * groups, group_rows), :],
-                      V.block_mask(row_ok, None, (group_rows, d)))        # [group_rows, D]
+    q = _triton.masked_load(q_ref.at[b, pl.ds(h * groups, group_rows), :],
+                      _triton.block_mask(row_ok, None, (group_rows, d)))        # [group_rows, D]
 
     def step(j, carry, masked):
         k0 = start + j * block_k
         k_ok = (k0 + jnp.arange(block_k)) < end if masked else None
-        kv_mask = V.block_mask(k_ok, None, (block_k, d))
-        k = V.masked_load(k_ref.at[b, pl.ds(k0, block_k), h, :], kv_mask)   # [block_k, D]
-        v = V.masked_load(v_ref.at[b, pl.ds(k0, block_k), h, :], kv_mask)   # [block_k, D]
+        kv_mask = _triton.block_mask(k_ok, None, (block_k, d))
+        k = _triton.masked_load(k_ref.at[b, pl.ds(k0, block_k), h, :], kv_mask)   # [block_k, D]
+        v = _triton.masked_load(v_ref.at[b, pl.ds(k0, block_k), h, :], kv_mask)   # [block_k, D]
         sc = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
                              preferred_element_type=jnp.float32) * scale_log2  # [group_rows, block_k]
         if masked:
@@ -109,67 +157,45 @@ def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, g
     carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
     acc, m_i, l_i = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), carry)
     heads = pl.ds(h * groups, group_rows)
-    plgpu.store(acc_ref.at[b, split, heads, :], acc, mask=V.block_mask(row_ok, None, (group_rows, d)))
+    plgpu.store(acc_ref.at[b, split, heads, :], acc, mask=_triton.block_mask(row_ok, None, (group_rows, d)))
     plgpu.store(m_ref.at[b, split, heads], m_i, mask=row_ok)
     plgpu.store(l_ref.at[b, split, heads], l_i, mask=row_ok)
 
 
 def _check(q, k_cache, v_cache, lengths, sm_scale):
-    q = V.as_array(q, "q")
-    k_cache = V.as_array(k_cache, "k_cache")
-    v_cache = V.as_array(v_cache, "v_cache")
-    lengths = V.as_array(lengths, "lengths")
-    V.check_rank(q, 3, "q", "[B, Hq, D]")
-    V.check_rank(k_cache, 4, "k_cache", "[B, S_max, Hkv, D]")
-    V.check_rank(v_cache, 4, "v_cache", "[B, S_max, Hkv, D]")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"v_cache has shape {tuple(v_cache.shape)} but k_cache has "
-                         f"{tuple(k_cache.shape)}; the two caches must match")
-    b, hq, d = q.shape
-    bc, s_max, hkv, dc = k_cache.shape
-    if bc != b:
-        raise ValueError(f"k_cache has batch {bc} but q has {b}; q and the caches need the same batch size")
-    if dc != d:
-        raise ValueError(f"k_cache has head dim {dc} but q has {d}; q and the caches need the same head dim")
-    V.check_head_dim(d, "q")
-    if hq % hkv:
-        raise ValueError(f"q has {hq} heads, not a multiple of the caches' {hkv} KV heads; "
-                         "Hq must be a multiple of Hkv")
-    for x, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
-        V.check_float_dtype(x, name)
-    V.check_same_dtype(q, k_cache, "q", "k_cache")
-    V.check_same_dtype(q, v_cache, "q", "v_cache")
+    q, k_cache, v_cache, sm_scale = _checks.attention_operands(
+        q, k_cache, v_cache, q_rank=3, q_layout="[B, Hq, D]", k_name="k_cache", v_name="v_cache",
+        kv_layout="[B, S_max, Hkv, D]", sm_scale=sm_scale)
+    b, s_max = q.shape[0], k_cache.shape[1]
+    lengths = _checks.as_array(lengths, "lengths")
     if lengths.shape != (b,):
         raise ValueError(f"lengths has shape {tuple(lengths.shape)}; it must be [B] = ({b},), one length per row")
     if not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise ValueError(f"lengths has dtype {lengths.dtype}; use int32 (lengths.astype(jnp.int32))")
-    if V.is_concrete(lengths):
+    if _checks.is_concrete(lengths):
         lo, hi = int(jnp.min(lengths)), int(jnp.max(lengths))
         if lo < 1 or hi > s_max:
             raise ValueError(f"lengths must lie in 1..S_max={s_max}; got values from {lo} to {hi} "
                              "(every row needs at least one cached key and at most the cache size)")
-    return q, k_cache, v_cache, lengths.astype(jnp.int32), V.check_sm_scale(sm_scale, d)
+    return q, k_cache, v_cache, lengths.astype(jnp.int32), sm_scale
 
 
-def _decode_pallas(q, k_cache, v_cache, lengths, *, sm_scale, interpret: bool, blocks=None):
-    """The Pallas kernel call plus the combine (arguments already checked).
-
-    ``blocks`` = (block_k, num_splits, num_warps, num_stages) overrides the table.
-    """
+def _run(q, k_cache, v_cache, lengths, *, sm_scale, interpret: bool, config: DecodeAttentionConfig | None):
+    """The kernel, then the combine of its splits."""
     b, hq, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
-    bk, splits, warps, stages = blocks or choose_blocks(b, s_max, hkv, d)
+    p = plan(b, s_max, hkv, d, config=config)
+    c = p.config
+    splits = p.num_splits
     groups = hq // hkv
-    chunk = pl.cdiv(pl.cdiv(s_max, splits), bk) * bk   # keys per split, a multiple of block_k
-    splits = pl.cdiv(s_max, chunk)                      # drop splits that would start past S_max
-    kernel = functools.partial(_decode_kernel, groups=groups, group_rows=V.pow2_block(groups, 1 << 30),
-                               chunk=chunk, block_k=bk, scale_log2=sm_scale * LOG2E)
+    kernel = functools.partial(_decode_kernel, groups=groups, group_rows=pow2_block(groups, 1 << 30),
+                               chunk=p.chunk, block_k=c.block_k, scale_log2=sm_scale * LOG2E)
     out_shape = (jax.ShapeDtypeStruct((b, splits, hq, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, splits, hq), jnp.float32),
                  jax.ShapeDtypeStruct((b, splits, hq), jnp.float32))
-    acc, m, l = V.call_pallas(kernel, out_shape=out_shape, grid=(splits, hkv, b),
-                              args=(lengths, q, k_cache, v_cache), interpret=interpret,
-                              num_warps=warps, num_stages=stages, name="decode_attention")
+    acc, m, l = _triton.call(kernel, out_shape=out_shape, grid=p.grid, args=(lengths, q, k_cache, v_cache),
+                             interpret=interpret, num_warps=c.num_warps, num_stages=c.num_stages,
+                             name="decode_attention")
     # Combine the splits (log-sum-exp in base 2). Split 0 always has keys, so m_max is finite.
     m_max = jnp.max(m, axis=1, keepdims=True)               # [B, 1, Hq]
     w = jnp.exp2(m - m_max)                                 # [B, splits, Hq]; 0 for empty splits
@@ -178,15 +204,26 @@ def _decode_pallas(q, k_cache, v_cache, lengths, *, sm_scale, interpret: bool, b
     return (num / den[..., None]).astype(q.dtype)
 
 
-def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None, mode: str = "auto"):
+def pallas_decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None,
+                            config: DecodeAttentionConfig | None = None, interpret: bool = False):
+    """The Pallas kernel itself, without the mode decision (compiled, or under the
+    interpreter): what :func:`decode_attention` runs in modes "pallas" and "interpret"."""
+    q, k_cache, v_cache, lengths, sm_scale = _check(q, k_cache, v_cache, lengths, sm_scale)
+    return _run(q, k_cache, v_cache, lengths, sm_scale=sm_scale, interpret=interpret,
+                config=_checks.check_config(config, DecodeAttentionConfig))
+
+
+def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None, mode: str = "auto",
+                     config: DecodeAttentionConfig | None = None):
     """One decode step of attention: q ``[B,Hq,D]`` over caches ``[B,S_max,Hkv,D]`` -> ``[B,Hq,D]``.
 
     Row ``b`` attends to its first ``lengths[b]`` cached keys (1..S_max). ``sm_scale``
     defaults to ``D ** -0.5``. ``mode``: "auto" | "pallas" | "interpret" | "reference".
+    ``config``: a :class:`DecodeAttentionConfig` instead of the one :func:`plan` picks.
     """
     q, k_cache, v_cache, lengths, sm_scale = _check(q, k_cache, v_cache, lengths, sm_scale)
+    config = _checks.check_config(config, DecodeAttentionConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
         return reference.decode_attention(q, k_cache, v_cache, lengths, sm_scale=sm_scale)
-    return _decode_pallas(q, k_cache, v_cache, lengths, sm_scale=sm_scale,
-                          interpret=(mode == "interpret"))
+    return _run(q, k_cache, v_cache, lengths, sm_scale=sm_scale, interpret=(mode == "interpret"), config=config)

@@ -25,11 +25,12 @@ Grid, blocks and why
   ragged end of S build a mask. Loads past T or S are masked to read 0; stores past T are
   masked off; nothing is padded in memory.
 - All blocks are powers of two and >= 16 (Triton's dot minimum): ``block_q x block_k``
-  from ``_GPU_TABLE`` by head dim, shrunk for short sequences.
+  by head dim, shrunk for short sequences (:func:`plan`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -39,15 +40,48 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import _checks, _triton, reference
 from pallas_kernels import _online_softmax as online_softmax
-from pallas_kernels import _validate as V
-from pallas_kernels import reference
+from pallas_kernels._triton import cdiv, pow2_block
 from pallas_kernels.mode import resolve_mode
 
 LOG2E = math.log2(math.e)
 
-# GPU tuning table by head dim: (block_q, block_k, num_warps, num_stages). Tune here.
-_GPU_TABLE = {
+
+@dataclasses.dataclass(frozen=True)
+class FlashAttentionConfig:
+    """Query rows and keys per block (powers of two >= 16), warps and pipeline stages."""
+
+    block_q: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"FlashAttentionConfig.{name}={v!r} must be a power of two >= 16")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"FlashAttentionConfig.num_warps={self.num_warps!r} must be 1, 2, 4, 8 or 16")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"FlashAttentionConfig.num_stages={self.num_stages!r} must be a positive integer")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashAttentionPlan:
+    """What the kernel launches for one shape: its config and grid (query blocks, Hq, B)."""
+
+    config: FlashAttentionConfig
+    grid: tuple
+
+    @property
+    def programs(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+# Blocks by head dim: (block_q, block_k, num_warps, num_stages). Tune here.
+_TILES = {
     16: (128, 64, 4, 3),
     32: (128, 64, 4, 3),
     64: (128, 64, 4, 3),
@@ -56,10 +90,18 @@ _GPU_TABLE = {
 }
 
 
-def choose_blocks(t: int, s: int, d: int) -> tuple[int, int, int, int]:
-    """(block_q, block_k, num_warps, num_stages) for T queries, S keys, head dim d."""
-    bq, bk, warps, stages = _GPU_TABLE[d]
-    return V.pow2_block(t, bq), V.pow2_block(s, bk), warps, stages
+def plan(batch: int, t: int, s: int, hq: int, d: int, *,
+         config: FlashAttentionConfig | None = None) -> FlashAttentionPlan:
+    """The config and grid :func:`flash_attention` uses for ``batch`` sequences of ``t``
+    queries over ``s`` keys, ``hq`` query heads of dim ``d``. Blocks shrink for short
+    sequences (never below 16); ``config`` overrides them."""
+    if config is None:
+        if d not in _TILES:
+            raise ValueError(f"d={d!r}: the kernels support head dims {tuple(_TILES)}")
+        bq, bk, warps, stages = _TILES[d]
+        config = FlashAttentionConfig(pow2_block(t, bq), pow2_block(s, bk), warps, stages)
+    _checks.check_config(config, FlashAttentionConfig)
+    return FlashAttentionPlan(config, (cdiv(t, config.block_q), hq, batch))
 
 
 def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log2,
@@ -74,8 +116,8 @@ def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log
     q0 = qb * block_q
     rows = q0 + jnp.arange(block_q)                # [block_q] query positions
     row_ok = rows < t if t % block_q else None
-    q = V.masked_load(q_ref.at[b, pl.ds(q0, block_q), h, :],
-                      V.block_mask(row_ok, None, (block_q, d)))          # [block_q, D]
+    q = _triton.masked_load(q_ref.at[b, pl.ds(q0, block_q), h, :],
+                      _triton.block_mask(row_ok, None, (block_q, d)))          # [block_q, D]
 
     offset = s - t                                 # causal: row i sees keys j <= i + offset
     if causal:
@@ -91,9 +133,9 @@ def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log
         k0 = kb * block_k
         keys = k0 + jnp.arange(block_k)            # [block_k] key positions
         k_ok = keys < s if masked else None
-        kv_mask = V.block_mask(k_ok, None, (block_k, d))
-        k = V.masked_load(k_ref.at[b, pl.ds(k0, block_k), kvh, :], kv_mask)  # [block_k, D]
-        v = V.masked_load(v_ref.at[b, pl.ds(k0, block_k), kvh, :], kv_mask)  # [block_k, D]
+        kv_mask = _triton.block_mask(k_ok, None, (block_k, d))
+        k = _triton.masked_load(k_ref.at[b, pl.ds(k0, block_k), kvh, :], kv_mask)  # [block_k, D]
+        v = _triton.masked_load(v_ref.at[b, pl.ds(k0, block_k), kvh, :], kv_mask)  # [block_k, D]
         sc = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
                              preferred_element_type=jnp.float32) * scale_log2  # [block_q, block_k]
         if masked:
@@ -111,58 +153,50 @@ def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log
     acc, _, l_i = carry
     out = (acc / l_i[:, None]).astype(o_ref.dtype)
     plgpu.store(o_ref.at[b, pl.ds(q0, block_q), h, :], out,
-                mask=V.block_mask(row_ok, None, (block_q, d)))
+                mask=_triton.block_mask(row_ok, None, (block_q, d)))
 
 
 def _check(q, k, v, sm_scale):
-    q, k, v = V.as_array(q, "q"), V.as_array(k, "k"), V.as_array(v, "v")
-    V.check_rank(q, 4, "q", "[B, T, Hq, D]")
-    V.check_rank(k, 4, "k", "[B, S, Hkv, D]")
-    V.check_rank(v, 4, "v", "[B, S, Hkv, D]")
-    if k.shape != v.shape:
-        raise ValueError(f"v has shape {tuple(v.shape)} but k has {tuple(k.shape)}; k and v must match")
-    bq_, t, hq, d = q.shape
-    bk_, s, hkv, dk = k.shape
-    if bk_ != bq_:
-        raise ValueError(f"k has batch {bk_} but q has {bq_}; q, k, v need the same batch size")
-    if dk != d:
-        raise ValueError(f"k has head dim {dk} but q has {d}; q, k, v need the same head dim")
-    V.check_head_dim(d, "q")
-    if hq % hkv:
-        raise ValueError(
-            f"q has {hq} heads, not a multiple of k's {hkv} KV heads; Hq must be a multiple of Hkv"
-        )
-    if s < t:
-        raise ValueError(f"k has {s} keys but q has {t} queries; flash_attention needs S >= T")
-    for x, name in ((q, "q"), (k, "k"), (v, "v")):
-        V.check_float_dtype(x, name)
-    V.check_same_dtype(q, k, "q", "k")
-    V.check_same_dtype(q, v, "q", "v")
-    return q, k, v, V.check_sm_scale(sm_scale, d)
+    q, k, v, sm_scale = _checks.attention_operands(q, k, v, q_rank=4, q_layout="[B, T, Hq, D]", k_name="k",
+                                                    v_name="v", kv_layout="[B, S, Hkv, D]", sm_scale=sm_scale)
+    if k.shape[1] < q.shape[1]:
+        raise ValueError(f"k has {k.shape[1]} keys but q has {q.shape[1]} queries; flash_attention needs S >= T")
+    return q, k, v, sm_scale
 
 
-def _flash_pallas(q, k, v, *, causal, sm_scale, interpret: bool, blocks=None):
-    """The Pallas kernel call (arguments already checked). ``blocks`` overrides the table."""
+def _run(q, k, v, *, causal, sm_scale, interpret: bool, config: FlashAttentionConfig | None):
     b, t, hq, d = q.shape
     s, hkv = k.shape[1], k.shape[2]
-    bq, bk, warps, stages = blocks or choose_blocks(t, s, d)
+    p = plan(b, t, s, hq, d, config=config)
+    c = p.config
     kernel = functools.partial(_flash_kernel, t=t, s=s, groups=hq // hkv, causal=bool(causal),
-                               scale_log2=sm_scale * LOG2E, block_q=bq, block_k=bk)
-    return V.call_pallas(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                         grid=(pl.cdiv(t, bq), hq, b), args=(q, k, v), interpret=interpret,
-                         num_warps=warps, num_stages=stages, name="flash_attention")
+                               scale_log2=sm_scale * LOG2E, block_q=c.block_q, block_k=c.block_k)
+    return _triton.call(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), grid=p.grid, args=(q, k, v),
+                        interpret=interpret, num_warps=c.num_warps, num_stages=c.num_stages,
+                        name="flash_attention")
 
 
-def flash_attention(q, k, v, *, causal=True, sm_scale=None, mode: str = "auto"):
+def pallas_flash_attention(q, k, v, *, causal=True, sm_scale=None, config: FlashAttentionConfig | None = None,
+                           interpret: bool = False):
+    """The Pallas kernel itself, without the mode decision (compiled, or under the
+    interpreter): what :func:`flash_attention` runs in modes "pallas" and "interpret"."""
+    q, k, v, sm_scale = _check(q, k, v, sm_scale)
+    return _run(q, k, v, causal=causal, sm_scale=sm_scale, interpret=interpret,
+                config=_checks.check_config(config, FlashAttentionConfig))
+
+
+def flash_attention(q, k, v, *, causal=True, sm_scale=None, mode: str = "auto",
+                    config: FlashAttentionConfig | None = None):
     """Attention of q ``[B,T,Hq,D]`` over k, v ``[B,S,Hkv,D]`` -> ``[B,T,Hq,D]``.
 
     ``causal`` (default True) is aligned to the end: query ``i`` sees keys
     ``j <= i + (S - T)``. ``sm_scale`` defaults to ``D ** -0.5``. Softmax in f32; products
-    accumulate in f32. ``mode``: "auto" | "pallas" | "interpret" | "reference".
+    accumulate in f32. ``mode``: "auto" | "pallas" | "interpret" | "reference". ``config``:
+    a :class:`FlashAttentionConfig` instead of the one :func:`plan` picks.
     """
     q, k, v, sm_scale = _check(q, k, v, sm_scale)
+    config = _checks.check_config(config, FlashAttentionConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
         return reference.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
-    return _flash_pallas(q, k, v, causal=causal, sm_scale=sm_scale,
-                         interpret=(mode == "interpret"))
+    return _run(q, k, v, causal=causal, sm_scale=sm_scale, interpret=(mode == "interpret"), config=config)

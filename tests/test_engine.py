@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from inference_lab import engine, tokenizer
-from inference_lab.cache import KVCache
+from inference_lab import engine, hlo, tokenizer
+from inference_lab.kv_cache import KVCache
 from inference_lab.config import ModelConfig
 from inference_lab.engine import decode_step, generate, prefill
 from inference_lab.model import Transformer
@@ -195,18 +195,18 @@ def test_copy_counter_sees_copies():
     """The HLO check can fail: updating a cache that is NOT donated forces a copy of it."""
     c = jnp.zeros((2, 64, 4, 32))
     txt = jax.jit(lambda c, x: c.at[:, 3].set(x)).lower(c, jnp.ones((2, 4, 32))).compile().as_text()
-    assert engine.count_cache_copies(txt, c.size) >= 1
+    assert hlo.count_cache_copies(txt, c.size) >= 1
     donated = jax.jit(lambda c, x: c.at[:, 3].set(x), donate_argnums=0)
-    assert engine.count_cache_copies(donated.lower(c, jnp.ones((2, 4, 32))).compile().as_text(), c.size) == 0
+    assert hlo.count_cache_copies(donated.lower(c, jnp.ones((2, 4, 32))).compile().as_text(), c.size) == 0
 
 
 @pytest.mark.parametrize("steps", [None, 4])
 def test_no_cache_sized_copies_reference(model, steps):
     """The compiled decode step (and the jitted loop) update the donated cache in place."""
     cache = KVCache.create(TINY, 2, 64)
-    txt = engine.compiled_decode_text(model, cache, steps=steps)
-    assert engine.count_cache_copies(txt, _cache_elements(cache)) == 0
-    assert engine.count_all_reduces(txt) == 0
+    txt = hlo.compiled_decode_text(model, cache, steps=steps)
+    assert hlo.count_cache_copies(txt, _cache_elements(cache)) == 0
+    assert hlo.count_all_reduces(txt) == 0
     assert not cache.consumed
 
 
@@ -215,8 +215,8 @@ def test_relayout_counter():
     c = jnp.zeros((2, 64, 4, 32))
     f = jax.jit(lambda c: jnp.transpose(c, (0, 2, 1, 3)) * 2.0)
     txt = f.lower(c).compile().as_text()
-    assert engine.count_cache_copies(txt, c.size) == 0
-    assert engine.count_cache_copies(txt, c.size, relayouts=True) >= 1
+    assert hlo.count_cache_copies(txt, c.size) == 0
+    assert hlo.count_cache_copies(txt, c.size, relayouts=True) >= 1
 
 
 @pytest.mark.gpu
@@ -224,5 +224,5 @@ def test_relayout_counter():
 def test_no_cache_sized_copies_pallas(steps):
     m = Transformer(TINY, rngs=nnx.Rngs(0), kernels="pallas")
     cache = KVCache.create(TINY, 8, 256)
-    txt = engine.compiled_decode_text(m, cache, steps=steps)
-    assert engine.count_cache_copies(txt, _cache_elements(cache), relayouts=True) == 0
+    txt = hlo.compiled_decode_text(m, cache, steps=steps)
+    assert hlo.count_cache_copies(txt, _cache_elements(cache), relayouts=True) == 0

@@ -3,7 +3,8 @@
 On CPU the kernels run under the Pallas interpreter (``mode="interpret"``); the same cases
 marked ``gpu`` run compiled (``mode="pallas"``) where an NVIDIA GPU is present. Each result
 is compared with float64 numpy on the same (dtype-rounded) inputs and with the plain-jnp
-reference. Outputs are poisoned with NaN before every kernel runs (``_validate._POISON``), so
+reference. Outputs are poisoned with NaN before every kernel runs
+(``pallas_kernels.testing.poisoned_outputs``), so
 an element a kernel forgets to write fails the comparison. A last group lowers each kernel for
 CUDA on this CPU-only machine, which catches Triton-only errors (non-power-of-two blocks,
 unsupported ops) without a GPU.
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 import pallas_kernels as pk
-from pallas_kernels import _validate
+from pallas_kernels import _triton, testing
 from pallas_kernels.mode import pallas_supported
 
 # The package exports the functions under the modules' names, so fetch the modules explicitly.
@@ -37,9 +38,10 @@ F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
 
 
 @pytest.fixture(autouse=True)
-def poison(monkeypatch):
+def poison():
     """Every kernel output starts as NaN, so unwritten elements fail the comparisons."""
-    monkeypatch.setattr(_validate, "_POISON", True)
+    with testing.poisoned_outputs():
+        yield
 
 
 def rand(rng, shape, dtype):
@@ -67,34 +69,8 @@ def assert_close(out, want, dtype, mode, what):
 
 
 # ---------------------------------------------------------------- float64 numpy twins
-def np_attention(q, k, v, visible, sm_scale):
-    """q [B,T,Hq,D], k/v [B,S,Hkv,D], visible [B,T,S] -> [B,T,Hq,D] in float64."""
-    hq, hkv = q.shape[2], k.shape[2]
-    kr = np.repeat(k, hq // hkv, axis=2)
-    vr = np.repeat(v, hq // hkv, axis=2)
-    s = np.einsum("bthd,bshd->bhts", q, kr) * sm_scale
-    s = np.where(visible[:, None], s, -np.inf)
-    s = s - s.max(-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(-1, keepdims=True)
-    return np.einsum("bhts,bshd->bthd", p, vr)
-
-
-def np_flash(q, k, v, causal, sm_scale=None):
-    q, k, v = f64(q), f64(k), f64(v)
-    b, t, _, d = q.shape
-    s = k.shape[1]
-    vis = np.ones((b, t, s), bool)
-    if causal:
-        vis &= (np.arange(s)[None, :] <= np.arange(t)[:, None] + (s - t))[None]
-    return np_attention(q, k, v, vis, d ** -0.5 if sm_scale is None else sm_scale)
-
-
-def np_decode(q, kc, vc, lengths, sm_scale=None):
-    q, kc, vc = f64(q), f64(kc), f64(vc)
-    vis = (np.arange(kc.shape[1])[None, :] < np.asarray(lengths)[:, None])[:, None, :]
-    d = q.shape[-1]
-    return np_attention(q[:, None], kc, vc, vis, d ** -0.5 if sm_scale is None else sm_scale)[:, 0]
+np_flash = testing.flash_attention_f64
+np_decode = testing.decode_attention_f64
 
 
 # ---------------------------------------------------------------- matmul
@@ -130,24 +106,47 @@ def test_matmul_small_blocks_many_programs(mode):
     """Small forced blocks: 10 tile-rows (more than one L2 group), 4 tile-columns, 3 K steps."""
     rng = np.random.default_rng(1)
     a, b = rand(rng, (150, 40), F32), rand(rng, (40, 50), F32)
-    out = mm_mod._matmul_pallas(a, b, jnp.dtype(F32), interpret=(mode == "interpret"),
-                                blocks=(16, 16, 16, 4, 2))
+    out = pk.matmul(a, b, mode=mode, config=pk.MatmulConfig(16, 16, 16, num_warps=4, num_stages=2))
     assert_close(out, f64(a) @ f64(b), F32, mode, "matmul with 16^3 blocks")
 
 
-def test_matmul_block_choice_by_shape():
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("m,k,split", [(1, 100, 3), (20, 64, 4), (5, 33, 2)])
+def test_matmul_split_k(mode, m, k, split):
+    """K cut into chunks, one program each, partial sums added: ragged last chunk, M = 1."""
+    rng = np.random.default_rng(k + split)
+    a, b = rand(rng, (m, k), F32), rand(rng, (k, 40), F32)
+    config = pk.MatmulConfig(16, 16, 16, split_k=split, num_warps=4, num_stages=2)
+    assert mm_mod.plan(m, k, 40, F32, config=config).grid[1] == min(split, -(-k // 16))
+    out = pk.matmul(a, b, mode=mode, config=config)
+    assert_close(out, f64(a) @ f64(b), F32, mode, f"matmul split_k={split}")
+
+
+def test_matmul_plan_by_shape():
     # Decode-shaped: one tile row of 16 (Triton's minimum), narrow N tiles, deep K.
-    bm, bn, bk, _, _ = mm_mod.choose_blocks(1, 8192, 8192, 2)
-    assert (bm, bn) == (16, 64) and bk >= 128
-    assert mm_mod.choose_blocks(64, 8192, 8192, 2)[0] == 64
-    # Prefill-shaped: the 128x256x64 tiles (729 TFLOP/s on the H200 in PLATFORM.md's 10-line matmul).
-    assert mm_mod.choose_blocks(8192, 8192, 8192, 2)[:3] == (128, 256, 64)
+    c = mm_mod.plan(1, 8192, 8192, BF16, num_sms=132).config
+    assert (c.block_m, c.block_n) == (16, 64) and c.block_k >= 128
+    assert mm_mod.plan(64, 8192, 8192, BF16, num_sms=132).config.block_m == 64
+    # Prefill-shaped: the 128x256x64 tiles (729 TFLOP/s for bf16 8192^3 on an H200, docs/architecture.md).
+    p = mm_mod.plan(8192, 8192, 8192, BF16, num_sms=132)
+    assert (p.config.block_m, p.config.block_n, p.config.block_k) == (128, 256, 64) and p.grid == (64 * 32, 1)
     for shape in [(1, 1, 1), (3, 5, 7), (100, 1000, 10), (8192, 8192, 8192)]:
-        for itemsize in (2, 4):
-            bm, bn, bk, warps, stages = mm_mod.choose_blocks(*shape, itemsize)
-            for blk in (bm, bn, bk):
+        for dtype in (BF16, F32):
+            c = mm_mod.plan(*shape, dtype, num_sms=132).config
+            for blk in (c.block_m, c.block_n, c.block_k):
                 assert blk >= 16 and blk & (blk - 1) == 0, (shape, blk)
-            assert (bm * bk + bk * bn) * itemsize * stages <= mm_mod.SMEM_BUDGET
+            itemsize = jnp.dtype(dtype).itemsize
+            assert (c.block_m * c.block_k + c.block_k * c.block_n) * itemsize * c.num_stages <= mm_mod.SMEM_BUDGET
+
+
+def test_config_classes_reject_bad_blocks():
+    for bad in (dict(block_m=24, block_n=64, block_k=64), dict(block_m=16, block_n=8, block_k=64)):
+        with pytest.raises(ValueError, match="power of two"):
+            pk.MatmulConfig(**bad)
+    with pytest.raises(ValueError, match="split_k"):
+        pk.MatmulConfig(16, 16, 16, split_k=0)
+    with pytest.raises(ValueError, match="config must be a MatmulConfig"):
+        pk.matmul(jnp.ones((2, 2)), jnp.ones((2, 2)), config=(16, 16, 16))
 
 
 # ---------------------------------------------------------------- flash attention
@@ -181,8 +180,8 @@ def test_flash_attention_small_blocks(mode, causal):
     """16x16 blocks: several query blocks, unmasked full key blocks and masked diagonal ones."""
     rng = np.random.default_rng(7)
     q, k, v = rand(rng, (1, 50, 2, 32), F32), rand(rng, (1, 70, 1, 32), F32), rand(rng, (1, 70, 1, 32), F32)
-    out = fa_mod._flash_pallas(q, k, v, causal=causal, sm_scale=0.3, interpret=(mode == "interpret"),
-                               blocks=(16, 16, 4, 2))
+    out = pk.flash_attention(q, k, v, causal=causal, sm_scale=0.3, mode=mode,
+                             config=pk.FlashAttentionConfig(16, 16, num_warps=4, num_stages=2))
     assert_close(out, np_flash(q, k, v, causal, sm_scale=0.3), F32, mode, "flash 16x16 blocks")
 
 
@@ -232,8 +231,9 @@ def test_decode_attention_splits(mode):
     # Keys past each row's length must not matter: fill them with huge values.
     junk = jnp.arange(s_max)[None, :, None, None] >= lengths[:, None, None, None]
     kc, vc = jnp.where(junk, 1e4, kc), jnp.where(junk, -1e4, vc)
-    out = da_mod._decode_pallas(q, kc, vc, lengths, sm_scale=d ** -0.5,
-                                interpret=(mode == "interpret"), blocks=(16, 4, 4, 2))
+    config = pk.DecodeAttentionConfig(block_k=16, num_splits=4, num_warps=4, num_stages=2)
+    assert da_mod.plan(b, s_max, hkv, d, config=config).num_splits == 4
+    out = pk.decode_attention(q, kc, vc, lengths, mode=mode, config=config)
     assert_close(out, want, F32, mode, "decode with 4 splits")
 
 
@@ -246,13 +246,15 @@ def test_decode_attention_under_jit_skips_value_checks():
 
 
 def test_decode_split_choice():
-    # B64 x 8 KV heads already gives 512 programs: a couple of splits at most.
-    bk, splits, _, _ = da_mod.choose_blocks(64, 4096, 8, 128)
-    assert 1 <= splits <= 4 and bk & (bk - 1) == 0
+    # B64 x 8 KV heads already gives 512 programs: a few splits at most.
+    p = da_mod.plan(64, 4096, 8, 128, num_sms=132)
+    assert 1 <= p.num_splits <= 4 and p.config.block_k & (p.config.block_k - 1) == 0
     # One long sequence: split the cache so it still fills the GPU.
-    assert da_mod.choose_blocks(1, 32768, 8, 128)[1] >= 64
+    assert da_mod.plan(1, 32768, 8, 128, num_sms=132).num_splits >= 64
     # Short caches are not split below MIN_SPLIT_KEYS keys.
-    assert da_mod.choose_blocks(1, 100, 1, 32)[1] == 1
+    assert da_mod.plan(1, 100, 1, 32, num_sms=132).num_splits == 1
+    # Fewer SMs, fewer splits.
+    assert da_mod.plan(1, 32768, 8, 128, num_sms=108).num_splits < da_mod.plan(1, 32768, 8, 128, num_sms=132).num_splits
 
 
 # ---------------------------------------------------------------- GPU only: realistic shapes
@@ -289,10 +291,16 @@ def test_poison_hook_exposes_unwritten_outputs():
     def writes_nothing(x_ref, o_ref):
         pass
 
-    out = _validate.call_pallas(writes_nothing, out_shape=jax.ShapeDtypeStruct((16,), F32), grid=(1,),
-                                args=(jnp.ones(16, F32),), interpret=True, num_warps=4,
-                                num_stages=1, name="writes_nothing")
+    out = _triton.call(writes_nothing, out_shape=jax.ShapeDtypeStruct((16,), F32), grid=(1,),
+                       args=(jnp.ones(16, F32),), interpret=True, num_warps=4, num_stages=1, name="writes_nothing")
     assert np.all(np.isnan(np.asarray(out)))
+
+
+def test_poison_hook_restores_the_plain_call():
+    before = _triton.pallas_call
+    with testing.poisoned_outputs():
+        assert _triton.pallas_call is not before
+    assert _triton.pallas_call is before
 
 
 # ---------------------------------------------------------------- errors
@@ -375,7 +383,7 @@ S = jax.ShapeDtypeStruct
 @pytest.mark.parametrize("m,k,n,dtype", [(1, 8192, 8192, BF16), (64, 8192, 8192, BF16), (8192, 8192, 8192, BF16),
                                          (37, 70, 45, F32), (300, 20, 40, F16)])
 def test_matmul_lowers_for_cuda(m, k, n, dtype):
-    text = _lower_for_cuda(lambda a, b: mm_mod._matmul_pallas(a, b, jnp.dtype(dtype), interpret=False),
+    text = _lower_for_cuda(lambda a, b: mm_mod.pallas_matmul(a, b, interpret=False),
                            S((m, k), dtype), S((k, n), dtype))
     assert text.count("__gpu$xla.gpu.triton") == 1
 
@@ -383,7 +391,7 @@ def test_matmul_lowers_for_cuda(m, k, n, dtype):
 @pytest.mark.parametrize("b,t,s,hq,hkv,d,causal", [(4, 4096, 4096, 16, 16, 128, True), (2, 19, 40, 4, 2, 32, True),
                                                    (1, 1, 37, 8, 1, 64, False), (1, 17, 50, 4, 1, 256, True)])
 def test_flash_attention_lowers_for_cuda(b, t, s, hq, hkv, d, causal):
-    text = _lower_for_cuda(lambda q, k, v: fa_mod._flash_pallas(q, k, v, causal=causal, sm_scale=0.1, interpret=False),
+    text = _lower_for_cuda(lambda q, k, v: fa_mod.pallas_flash_attention(q, k, v, causal=causal, interpret=False),
                            S((b, t, hq, d), BF16), S((b, s, hkv, d), BF16), S((b, s, hkv, d), BF16))
     assert text.count("__gpu$xla.gpu.triton") == 1
 
@@ -391,15 +399,23 @@ def test_flash_attention_lowers_for_cuda(b, t, s, hq, hkv, d, causal):
 @pytest.mark.parametrize("b,hq,hkv,d,s_max,dtype", [(64, 32, 8, 128, 4096, BF16), (1, 32, 8, 128, 32768, BF16),
                                                     (3, 8, 2, 32, 50, F32), (2, 8, 1, 64, 33, F16)])
 def test_decode_attention_lowers_for_cuda(b, hq, hkv, d, s_max, dtype):
-    text = _lower_for_cuda(lambda q, k, v, n: da_mod._decode_pallas(q, k, v, n, sm_scale=0.1, interpret=False),
+    text = _lower_for_cuda(lambda q, k, v, n: da_mod.pallas_decode_attention(q, k, v, n, interpret=False),
                            S((b, hq, d), dtype), S((b, s_max, hkv, d), dtype), S((b, s_max, hkv, d), dtype),
                            S((b,), jnp.int32))
     assert text.count("__gpu$xla.gpu.triton") == 1
 
 
 def test_cuda_lowering_rejects_non_power_of_two_blocks():
-    """The lowering check above is real: a 24-row block is refused."""
+    """The lowering check above is real: a kernel loading a 24-element block is refused."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    def copy24(x_ref, o_ref):
+        plgpu.store(o_ref.at[pl.ds(0, 24)], plgpu.load(x_ref.at[pl.ds(0, 24)]))
+
+    def fn(x):
+        return _triton.call(copy24, out_shape=jax.ShapeDtypeStruct((48,), BF16), grid=(1,), args=(x,),
+                            interpret=False, num_warps=4, num_stages=1, name="copy24")
+
     with pytest.raises(Exception, match="power of 2"):
-        _lower_for_cuda(lambda a, b: mm_mod._matmul_pallas(a, b, jnp.dtype(BF16), interpret=False,
-                                                           blocks=(24, 64, 64, 4, 3)),
-                        S((48, 64), BF16), S((64, 64), BF16))
+        _lower_for_cuda(fn, S((48,), BF16))

@@ -6,25 +6,31 @@ import json
 import pytest
 from matplotlib.figure import Figure
 
-from inference_lab import economics, hardware, lessons, measure, plots
+from inference_lab import economics, hardware, measure, plots
+from inference_lab.lessons import arithmetic_intensity as intensity
+from inference_lab.lessons import batching, machine, setup_check
+from inference_lab.lessons import decode_is_bandwidth_bound as decode
+from inference_lab.lessons import on_your_machine as classroom
+from inference_lab.lessons import one_model_two_speeds as two_speeds
+from inference_lab.lessons import prefill_is_compute_bound as prefill
+from inference_lab.lessons import serving_economics as serving
 from inference_lab.config import ModelConfig
 
 H100 = hardware.PRESETS["H100_SXM"]
 CFG8B = ModelConfig.preset("llama3_8b")
-SIZES = dataclasses.replace(lessons.CPU_SIZES, prompt_len=32, prompt_lengths=(16, 32), prefill_lengths=(1, 32),
+SIZES = dataclasses.replace(machine.CPU_SIZES, prompt_len=32, prompt_lengths=(16, 32), prefill_lengths=(1, 32),
                             decode_contexts=(16, 48), context=16, batch_sizes=(1, 4), probe_batches=(1, 4),
                             rag_prompt=32, roofline_batches=(1, 4))
 
 
 @pytest.fixture(scope="module")
 def here():
-    machine = lessons.this_machine("tiny")
-    return dataclasses.replace(machine, sizes=SIZES)
+    return dataclasses.replace(machine.this_machine("tiny"), sizes=SIZES)
 
 
 @pytest.fixture(scope="module")
 def model(here):
-    return lessons.lesson_model(here)
+    return machine.lesson_model(here)
 
 
 def _png(fig, tmp_path, name="f"):
@@ -39,63 +45,63 @@ def test_machine_summary_names_device_kernels_and_versions(here):
     for word in ("device:", "kernels:", "tiny", "jax", "flax"):
         assert word in text
     assert here.spec.bandwidth > 0 and here.spec.peak_flops(here.dtype) > 0
-    assert "ridge" in lessons.ceilings_line(here.spec, here.dtype)
-    assert here.config.name in lessons.plan_line(here)
+    assert "ridge" in machine.ceilings_line(here.spec, here.dtype)
+    assert here.config.name in setup_check.plan_line(here)
 
 
 def test_pallas_kernels_match_their_twins_and_float64():
-    for check in (lessons.pallas_vs_reference, lessons.prefill_kernels_check, lessons.decode_kernel_check):
+    for check in (setup_check.pallas_vs_reference, prefill.prefill_kernels_check, decode.decode_kernel_check):
         errors = check()
         assert errors and all(0 <= e < 1e-4 for e in errors.values()), errors
 
 
 def test_decode_split_is_memory_bound_at_batch_one(tmp_path):
     cfg = ModelConfig.preset("base")
-    one = lessons.decode_split(cfg, H100, "bf16", batch=1, context=512)
+    one = setup_check.decode_split(cfg, H100, "bf16", batch=1, context=512)
     assert one["memory_s"] > 50 * one["compute_s"]
-    fig, text = lessons.decode_split_view(cfg, H100, "bf16", batch=1, context=512)
+    fig, text = setup_check.decode_split_view(cfg, H100, "bf16", batch=1, context=512)
     assert text.startswith("batch size 1:") and "memory-bound" in text
     _png(fig, tmp_path)
 
 
 def test_two_speeds_measures_both_phases(model, tmp_path):
-    result = lessons.two_speeds(model, prompt_len=32, new_tokens=4)
+    result = two_speeds.two_speeds(model, prompt_len=32, new_tokens=4)
     assert result.prefill_tokens_per_s > 0 and result.decode_tokens_per_s > 0
     assert result.ratio == pytest.approx(result.prefill_tokens_per_s / result.decode_tokens_per_s)
     assert "prompt length 32, new tokens 4" in result.line()
-    fig, text = lessons.two_speeds_view(model, 32, 4)
+    fig, text = two_speeds.two_speeds_view(model, 32, 4)
     assert text.startswith("prompt length 32, new tokens 4:")
     _png(fig, tmp_path)
-    _png(plots.two_speeds_bars(result, reference=lessons.REFERENCE_NODE), tmp_path, "bars")
+    _png(plots.two_speeds_bars(result, reference=two_speeds.REFERENCE_NODE), tmp_path, "bars")
 
 
 def test_sweeps_tables_and_views(model, here, tmp_path):
-    pre = lessons.prefill_sweep(model, (1, 32))
+    pre = prefill.prefill_sweep(model, (1, 32))
     assert len(pre.table().splitlines()) == 3 and [r.prompt_len for r in pre.records] == [1, 32]
-    fig, text = lessons.prefill_point_view(pre, here.spec, here.dtype, 32)
+    fig, text = prefill.prefill_point_view(pre, here.spec, here.dtype, 32)
     assert text.startswith("prompt length 32:")
     _png(fig, tmp_path, "pre")
 
-    dec = lessons.decode_context_sweep(model, (16, 48), steps=2)
+    dec = decode.decode_context_sweep(model, (16, 48), steps=2)
     assert [r.context for r in dec.records] == [16, 48]
-    fig, text = lessons.decode_point_view(dec, model.cfg, 48)
+    fig, text = decode.decode_point_view(dec, model.cfg, 48)
     assert text.startswith("prompt length (context) 48:") and "MBU" in text
     _png(fig, tmp_path, "dec")
     _png(plots.decode_time_vs_bytes(dec.records, here.spec, here.dtype), tmp_path, "tvb")
-    assert "context" in lessons.decode_bytes_table(model.cfg, 1, (16, 48))
+    assert "context" in decode.decode_bytes_table(model.cfg, 1, (16, 48))
 
-    batches = lessons.batch_sweep(model, (1, 4), context=16, steps=2)
+    batches = batching.batch_sweep(model, (1, 4), context=16, steps=2)
     assert batches.at(4).batch == 4 and "batch" in batches.table()
-    fig, text = lessons.batch_point_view(batches, here.spec, model.cfg, here.dtype, 4)
+    fig, text = batching.batch_point_view(batches, here.spec, model.cfg, here.dtype, 4)
     assert text.startswith("batch size 4:")
     _png(fig, tmp_path, "batch")
-    assert "measured knee" in lessons.knee_explanation(batches, here.spec, model.cfg, here.dtype)
+    assert "measured knee" in batching.knee_explanation(batches, here.spec, model.cfg, here.dtype)
     with pytest.raises(KeyError):
         batches.at(3)
 
 
 def test_depth_sweep_moves_more_bytes_per_layer(here, tmp_path):
-    depth = lessons.decode_depth_sweep(here, (1, 2), context=16, steps=2)
+    depth = decode.decode_depth_sweep(here, (1, 2), context=16, steps=2)
     shallow, deep = depth.records
     assert deep.bytes_per_step > 1.3 * shallow.bytes_per_step
     assert depth.label(deep) == "2 layers" and depth.table().splitlines()[0].lstrip().startswith("layers")
@@ -103,61 +109,61 @@ def test_depth_sweep_moves_more_bytes_per_layer(here, tmp_path):
 
 
 def test_roofline_points_and_rag_split(model, here, tmp_path):
-    points = lessons.roofline_points(model, (16, 32), (1, 4), context=16)
+    points = intensity.roofline_points(model, (16, 32), (1, 4), context=16)
     assert len(points.prefill) == 2 and len(points.decode) == 2
-    fig, text = lessons.roofline_batch_view(points, here.spec, here.dtype, model.cfg, 4)
+    fig, text = intensity.roofline_batch_view(points, here.spec, here.dtype, model.cfg, 4)
     assert text.startswith("batch size 4:") and "FLOP/byte" in text
     _png(fig, tmp_path)
-    split = lessons.rag_time_split(model, 32, ratios=(19, 47))
+    split = prefill.rag_time_split(model, 32, ratios=(19, 47))
     assert [row[0] for row in split.rows] == [19, 47] and "47:1" in split.table()
     assert split.rows[0][2] > split.rows[1][2]  # fewer output tokens at 47:1
 
 
 def test_analytic_tables():
-    table = lessons.intensity_terms_table(CFG8B, (512, 32768), batch=64)
+    table = intensity.intensity_terms_table(CFG8B, (512, 32768), batch=64)
     assert "512" in table and "32768" in table
-    tp = lessons.tensor_parallel_table(CFG8B, H100, batch=64, context=2048, degrees=(1, 2, 3, 4))
+    tp = batching.tensor_parallel_table(CFG8B, H100, batch=64, context=2048, degrees=(1, 2, 3, 4))
     assert "heads do not divide by 3" in tp and tp.count("GB") == 3
 
 
 def test_prices_fall_with_batch(model):
     price = economics.GPU_PRICES["H100_SXM"]
-    ratios = lessons.price_ratios(CFG8B, H100, batches=(1, 8, 64), prompt_len=2048, context=2048)
+    ratios = serving.price_ratios(CFG8B, H100, batches=(1, 8, 64), prompt_len=2048, context=2048)
     assert ratios[1] > ratios[8] > ratios[64] > 1
-    assert "output/input" in lessons.price_table(CFG8B, H100, price, batches=(1, 8), prompt_len=2048, context=2048)
-    measured = lessons.measured_price_ratios(model, price, batches=(1, 4), prompt_len=32)
+    assert "output/input" in serving.price_table(CFG8B, H100, price, batches=(1, 8), prompt_len=2048, context=2048)
+    measured = serving.measured_price_ratios(model, price, batches=(1, 4), prompt_len=32)
     assert set(measured.ratios) == {1, 4} and "batch" in measured.table()
-    fig, text = lessons.price_view(CFG8B, H100, price, 8, prompt_len=2048, context=2048)
+    fig, text = serving.price_view(CFG8B, H100, price, 8, prompt_len=2048, context=2048)
     assert text.startswith("batch size 8:")
 
 
 def test_serving_simulation_views(tmp_path):
     phases = economics.roofline_phases(CFG8B, H100, step_overhead_s=2e-4)
-    assert lessons.one_way_bandwidth(H100) == H100.interconnect_bandwidth / 2
+    assert serving.one_way_bandwidth(H100) == H100.interconnect_bandwidth / 2
     with pytest.raises(ValueError, match="interconnect"):
-        lessons.one_way_bandwidth(dataclasses.replace(H100, interconnect_bandwidth=None))
-    runs = lessons.serving_at(phases, 1024, spec=H100)
+        serving.one_way_bandwidth(dataclasses.replace(H100, interconnect_bandwidth=None))
+    runs = serving.serving_at(phases, 1024, spec=H100)
     assert set(runs) == {"colocated", "disaggregated"}
-    assert "disaggregated" in lessons.sim_summary(runs)
+    assert "disaggregated" in serving.sim_summary(runs)
     _png(plots.latency_distributions(runs), tmp_path, "lat")
-    load = lessons.prompt_load_sweep(phases, (512, 4096), spec=H100)
+    load = serving.prompt_load_sweep(phases, (512, 4096), spec=H100)
     d, c = load.disaggregated, load.colocated
     assert d[-1].ttft_p50 > d[0].ttft_p50 and d[-1].tpot_p50 < 1.3 * d[0].tpot_p50
     assert c[-1].tpot_p50 / c[0].tpot_p50 > d[-1].tpot_p50 / d[0].tpot_p50
     _png(plots.serving_plot(load.rows, x="prompt_len"), tmp_path, "serving")
-    fig, text = lessons.serving_view(phases, 512, spec=H100)
+    fig, text = serving.serving_view(phases, 512, spec=H100)
     assert text.startswith("prompt length 512:")
 
 
 def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
-    report = lessons.run_probe(here, tmp_path, new_tokens=2)
-    path = tmp_path / lessons.probe_filename(here)
+    report = classroom.run_probe(here, tmp_path, new_tokens=2)
+    path = tmp_path / classroom.probe_filename(here)
     assert json.loads(path.read_text())["schema_version"] == 1 and report["ratio"] > 0
     records = measure.load_records(tmp_path)
-    fig, text = lessons.classroom_view(records, 4)
+    fig, text = classroom.classroom_view(records, 4)
     assert text.startswith("batch size 4:")
     _png(fig, tmp_path)
-    assert lessons.probe_filename(here).startswith("probe-") and " " not in lessons.probe_filename(here)
+    assert classroom.probe_filename(here).startswith("probe-") and " " not in classroom.probe_filename(here)
 
 
 def test_lesson_figures(tmp_path):

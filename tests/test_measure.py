@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from inference_lab import hardware, measure, roofline
-from pallas_kernels import bench
+from pallas_kernels import ceilings
 from inference_lab.config import ModelConfig
 from inference_lab.hardware import HardwareSpec
 from inference_lab.model import Transformer
@@ -124,7 +124,7 @@ def test_measure_ceilings_cached(tmp_path, monkeypatch, capsys):
     def fail(*a, **k):
         raise AssertionError("measured again instead of reading the cache")
 
-    monkeypatch.setattr(bench, "device_ceilings", fail)
+    monkeypatch.setattr(ceilings, "device_ceilings", fail)
     again = hardware.measure_ceilings("float32", verbose=True)
     assert again == spec and capsys.readouterr().out == ""     # cached, method printed once
     with pytest.raises(AssertionError, match="measured again"):

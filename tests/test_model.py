@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from inference_lab.config import ModelConfig
-from inference_lab.model import PARTITION, Transformer, forward, head_counts
+from inference_lab.model import Transformer, forward, head_counts
+from inference_lab.parallel import PARTITION
 
 TINY = ModelConfig.preset("tiny")
 
@@ -70,7 +71,7 @@ def test_forward_matches_float64_numpy(tied):
 def test_interpret_equals_reference():
     """The Pallas kernels (interpreted) and the jnp references give the same logits:
     prefill of a ragged batch, then one decode step."""
-    from inference_lab.cache import KVCache
+    from inference_lab.kv_cache import KVCache
     from inference_lab.engine import decode_step, prefill
 
     tokens = np.random.default_rng(2).integers(0, TINY.vocab_size, (2, 7))

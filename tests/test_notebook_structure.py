@@ -1,4 +1,4 @@
-"""Every lesson keeps the shape the brief asks for (checked on the stored .ipynb files)."""
+"""Every lesson keeps the shape of docs/teaching.md (checked on the stored .ipynb files)."""
 
 import json
 import re

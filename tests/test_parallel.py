@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from inference_lab import parallel
+from inference_lab.lessons import tensor_parallel
 from inference_lab.config import ModelConfig
 
 SCRIPTS = Path(__file__).parent / "parallel_scripts"
@@ -25,7 +26,7 @@ TINY = ModelConfig.preset("tiny")
 @pytest.fixture(scope="module")
 def checks():
     """One 4-device child process runs every sharded model; the tests below read its JSON."""
-    return parallel.run_with_devices(4, [sys.executable, str(SCRIPTS / "sharded_checks.py")], timeout=300)
+    return tensor_parallel.run_with_devices(4, [sys.executable, str(SCRIPTS / "sharded_checks.py")], timeout=300)
 
 
 def test_sharded_logits_equal_one_device(checks):
@@ -115,7 +116,7 @@ def test_two_processes_form_one_mesh_and_match_one_process(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-2000:] for x in logs)
 
     from inference_lab import engine
-    from inference_lab.cache import KVCache
+    from inference_lab.kv_cache import KVCache
     from inference_lab.model import Transformer
 
     got = np.load(out)
@@ -129,7 +130,7 @@ def test_two_processes_form_one_mesh_and_match_one_process(tmp_path):
 def test_tp_lesson_rows():
     from inference_lab import hardware, roofline
 
-    rows = parallel.tp_lesson("tiny", (1, 2, 4), spec="H100_SXM", steps=4, repeats=2)
+    rows = tensor_parallel.tp_lesson("tiny", (1, 2, 4), spec="H100_SXM", steps=4, repeats=2)
     assert [r["tp"] for r in rows] == [1, 2, 4]
     total = 4 * TINY.num_params
     for r in rows:
@@ -143,5 +144,5 @@ def test_tp_lesson_rows():
     assert rows[0]["predicted_allreduce_s"] == 0 < rows[1]["predicted_allreduce_s"]
     # On an H100 node the tiny model's weights dominate: more devices, shorter predicted step.
     assert rows[0]["predicted_step_s"] > rows[1]["predicted_step_s"] > rows[2]["predicted_step_s"]
-    table = parallel.format_tp_rows(rows)
+    table = tensor_parallel.format_tp_rows(rows)
     assert table.count("\n") == 3 and "all-reduces" in table

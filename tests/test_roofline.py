@@ -1,4 +1,4 @@
-"""The roofline model: the brief's figures, the byte/FLOP bookkeeping, monotonicity, errors."""
+"""The roofline model: the reference figures, the byte/FLOP bookkeeping, monotonicity, errors."""
 
 from __future__ import annotations
 

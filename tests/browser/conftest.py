@@ -46,7 +46,7 @@ INSTALL_HINT = (
     "part of the dev extra; never `playwright install`)"
 )
 
-# Launch flags that keep a headless Chromium quiet and container-friendly (PLATFORM.md).
+# Launch flags that keep a headless Chromium quiet and container-friendly (docs/architecture.md).
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",

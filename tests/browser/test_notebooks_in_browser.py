@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-# The fixed list of lessons (ARCHITECTURE.md): three run end to end, five opened.
+# The fixed list of lessons (docs/architecture.md): three run end to end, five opened.
 RUN_END_TO_END = ["00_setup_check", "01_one_model_two_speeds", "05_batching"]
 OPEN_ONLY = [
     "02_prefill_is_compute_bound",

@@ -18,8 +18,8 @@ import json
 import jax
 import numpy as np
 
-from inference_lab import engine, parallel
-from inference_lab.cache import KVCache
+from inference_lab import engine, hlo, parallel
+from inference_lab.kv_cache import KVCache
 from inference_lab.config import ModelConfig
 from inference_lab.model import Transformer
 
@@ -59,9 +59,9 @@ for tp in (1, 2, 4):
     out["reference"][tp] = {"prefill": diff(pre, pre1), "decode": diff(dec, dec1),
                             "cache_spec": str(cache.k[0].sharding.spec)}
     out["bytes"][tp] = parallel.weight_bytes_per_device(model)
-    hlo = engine.compiled_decode_text(model, cache)
-    ops = [op for op, *_ in engine.hlo_ops(hlo)]
-    out["collectives"][tp] = {"all_reduces": engine.count_all_reduces(hlo),
+    text = hlo.compiled_decode_text(model, cache)
+    ops = [op for op, *_ in hlo.hlo_ops(text)]
+    out["collectives"][tp] = {"all_reduces": hlo.count_all_reduces(text),
                               "all_gathers": sum(op.startswith("all-gather") for op in ops)}
     if tp == 4:  # the rest of the public API on a sharded model
         prompts = [tokens[0].tolist(), tokens[1, :4].tolist()]

@@ -18,7 +18,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
 import numpy as np  # noqa: E402
 
 from inference_lab import engine, parallel  # noqa: E402
-from inference_lab.cache import KVCache  # noqa: E402
+from inference_lab.kv_cache import KVCache  # noqa: E402
 from inference_lab.config import ModelConfig  # noqa: E402
 from inference_lab.model import Transformer  # noqa: E402
 

@@ -1,0 +1,173 @@
+"""What every notebook starts from: this machine, the lesson's sizes on it, its model.
+
+Sizes are picked by device (:class:`LessonSizes`): the ``small`` preset in float32 on a CPU,
+so a notebook finishes in about half a minute on two cores, and the ``base`` preset (the
+Llama-3.2-1B shape) in bfloat16 on a GPU. ``INFERENCE_LAB_PRESET`` overrides the preset.
+Also here: the tables the lessons print from records, and how they show a kernel's code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import platform
+import sys
+
+import jax
+
+import pallas_kernels as pk
+from inference_lab import hardware
+from inference_lab.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class LessonSizes:
+    """How big each lesson's measurements are on this kind of device."""
+
+    prompt_len: int  # the one request of notebooks 01 and 06
+    prompt_lengths: tuple  # slider options of notebook 01
+    prefill_lengths: tuple  # prefill sweep of notebook 02 (first: decode-like, last: long)
+    decode_contexts: tuple  # context sweep of notebook 03
+    context: int  # decode context of the batch sweep (05) and the roofline points (04)
+    batch_sizes: tuple  # decode batch sweep (04, 05)
+    probe_batches: tuple  # probe and price measurements (06, 07)
+    rag_prompt: int  # prompt length of the RAG time split (02)
+    roofline_batches: tuple  # decode points on the roofline (04)
+    depth_layers: tuple = (4, 8, 16)  # model depths whose decode steps 03 times (bytes x4)
+
+
+CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(64, 256, 512), prefill_lengths=(1, 16, 64, 256),
+                        decode_contexts=(256, 1536), context=256, batch_sizes=(1, 2, 4, 8, 16, 32),
+                        probe_batches=(1, 8), rag_prompt=256, roofline_batches=(1, 8, 32))
+
+
+GPU_SIZES = LessonSizes(prompt_len=512, prompt_lengths=(128, 512, 2048), prefill_lengths=(1, 16, 128, 512, 2048),
+                        decode_contexts=(512, 2048, 8000), context=512,
+                        batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), probe_batches=(1, 8, 64),
+                        rag_prompt=4000, roofline_batches=(1, 8, 64, 256))
+
+
+DECODE_STEPS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What this notebook runs on: device, kernel mode, lesson preset, measured ceilings."""
+
+    device: str
+    backend: str
+    kernels: str  # the mode "auto" resolved to
+    kernels_why: str
+    config: ModelConfig
+    spec: hardware.HardwareSpec  # measured here, in the lesson dtype
+    sizes: LessonSizes
+
+    @property
+    def dtype(self) -> str:
+        return self.config.dtype
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.backend == "gpu"
+
+    def summary(self) -> str:
+        import flax
+
+        return "\n".join([
+            f"device:   {self.device} (jax backend '{self.backend}')",
+            f"kernels:  {self.kernels_why}",
+            f"model:    preset '{self.config.name}', {self.config.num_params / 1e6:,.0f}M parameters, {self.dtype}",
+            f"versions: python {platform.python_version()}, jax {jax.__version__}, flax {flax.__version__}",
+        ])
+
+
+@functools.lru_cache(maxsize=None)
+def this_machine(preset: str | None = None) -> Machine:
+    """The machine the notebook runs on, with its ceilings measured (cached on disk)."""
+    backend = jax.default_backend()
+    preset = preset or os.environ.get("INFERENCE_LAB_PRESET") or ("base" if backend == "gpu" else "small")
+    cfg = ModelConfig.preset(preset)
+    spec = hardware.measure_ceilings(cfg.dtype, verbose=False)
+    return Machine(device=jax.devices()[0].device_kind, backend=backend, kernels=pk.mode.resolve_mode("auto"),
+                   kernels_why=pk.mode.describe(), config=cfg, spec=spec,
+                   sizes=GPU_SIZES if backend == "gpu" else CPU_SIZES)
+
+
+@functools.lru_cache(maxsize=None)
+def _model(cfg: ModelConfig, kernels: str):
+    from flax import nnx
+
+    from inference_lab.model import Transformer
+
+    return Transformer(cfg, rngs=nnx.Rngs(0), kernels=kernels)
+
+
+def lesson_model(here: Machine, kernels: str = "auto"):
+    """The lesson's model (seeded weights; built once per process and shared by the cells)."""
+    return _model(here.config, kernels)
+
+
+def ceilings_line(spec, dtype) -> str:
+    return (f"{spec.name}: matmul {spec.peak_flops(dtype) / 1e9:,.1f} GFLOP/s ({dtype}), "
+            f"bandwidth {spec.bandwidth / 1e9:,.1f} GB/s, ridge {spec.ridge_point(dtype):,.1f} FLOP/byte\n"
+            f"  method: {spec.sources.get('flops', '?')}; {spec.sources.get('bandwidth', '?')}")
+
+
+def show_source(kernel_fn):
+    """Display a kernel's file, kernel body first (syntax-highlighted in JupyterLab)."""
+    from IPython.display import Code, display
+
+    module = sys.modules[kernel_fn.__module__]
+    source = inspect.getsource(module)
+    display(Code(source, language="python"))
+    if "online_softmax" in source:  # the attention kernels share their softmax update: show it too
+        from pallas_kernels import _online_softmax
+
+        display(Code(inspect.getsource(_online_softmax), language="python"))
+
+
+class Sweep:
+    """Records of one lesson sweep, with a printable table."""
+
+    def __init__(self, records, columns):
+        self.records = list(records)
+        self.columns = columns
+
+    def table(self) -> str:
+        head = "".join(f"{name:>{width}}" for name, width, _ in self.columns)
+        rows = ["".join(f"{fmt(r):>{width}}" for _, width, fmt in self.columns) for r in self.records]
+        return "\n".join([head] + rows)
+
+    def at(self, **where):
+        for r in self.records:
+            if all(getattr(r, k) == v for k, v in where.items()):
+                return r
+        raise KeyError(f"no record with {where}")
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+PREFILL_COLUMNS = [
+    ("prompt", 8, lambda r: f"{r.prompt_len}"),
+    ("ms", 10, lambda r: f"{r.seconds * 1e3:,.2f}"),
+    ("tok/s", 12, lambda r: f"{r.prefill_tokens_per_s:,.0f}"),
+    ("GFLOP/s", 11, lambda r: f"{r.flops / r.seconds / 1e9:,.1f}"),
+    ("FLOP/byte", 11, lambda r: f"{r.flops / r.bytes:,.1f}"),
+    ("MFU", 8, lambda r: _pct(r.mfu)),
+]
+
+
+DECODE_COLUMNS = [
+    ("batch", 7, lambda r: f"{r.batch}"),
+    ("context", 9, lambda r: f"{r.context}"),
+    ("step ms", 10, lambda r: f"{r.step_seconds * 1e3:,.2f}"),
+    ("tok/s", 11, lambda r: f"{r.decode_tokens_per_s:,.1f}"),
+    ("MB/step", 10, lambda r: f"{r.bytes_per_step / 1e6:,.1f}"),
+    ("GB/s", 8, lambda r: f"{r.bytes_per_step / r.step_seconds / 1e9:,.1f}"),
+    ("MBU", 8, lambda r: _pct(r.mbu)),
+    ("MFU", 8, lambda r: _pct(r.mfu)),
+]

@@ -1,0 +1,61 @@
+"""Notebook 02, prefill is compute-bound: the prefill kernels checked, FLOP/s against prompt
+length, and how a RAG request's time splits between reading and writing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+import pallas_kernels as pk
+from inference_lab import measure, plots, workload
+from inference_lab.lessons.machine import DECODE_STEPS, PREFILL_COLUMNS, Sweep, _pct
+from pallas_kernels.testing import flash_attention_f64, matmul_f64, rel_err
+
+
+def prefill_kernels_check(seed: int = 0) -> dict:
+    """The matmul and flash attention under the interpreter vs float64 NumPy (awkward sizes)."""
+    k = jax.random.split(jax.random.key(seed), 5)
+    a, b = jax.random.normal(k[0], (37, 100)), jax.random.normal(k[1], (100, 70))
+    q = jax.random.normal(k[2], (2, 45, 8, 32))
+    kk, vv = jax.random.normal(k[3], (2, 61, 2, 32)), jax.random.normal(k[4], (2, 61, 2, 32))
+    return {
+        "matmul 37x100 @ 100x70": rel_err(pk.matmul(a, b, mode="interpret"), matmul_f64(a, b)),
+        "flash attention T45 S61 GQA 8/2": rel_err(pk.flash_attention(q, kk, vv, causal=True, mode="interpret"),
+                                                   flash_attention_f64(q, kk, vv, causal=True)),
+    }
+
+
+def prefill_sweep(model, prompt_lengths) -> Sweep:
+    recs = [measure.measure_prefill(model, batch=1, prompt_len=int(t)) for t in prompt_lengths]
+    return Sweep(recs, PREFILL_COLUMNS)
+
+
+def prefill_point_view(sweep: Sweep, spec, dtype, prompt_len: int):
+    rec = sweep.at(prompt_len=prompt_len)
+    fig = plots.prefill_flops_vs_length(sweep.records, spec, dtype, highlight=prompt_len)
+    text = (f"prompt length {prompt_len}: {rec.flops / rec.seconds / 1e9:,.1f} GFLOP/s = {_pct(rec.mfu)} of the measured "
+            f"matmul peak; {rec.prefill_tokens_per_s:,.0f} tok/s")
+    return fig, text
+
+
+@dataclasses.dataclass
+class RagSplit:
+    rows: list  # (ratio, prompt tokens, output tokens, prefill s, decode s)
+
+    def table(self) -> str:
+        lines = [f"{'prompt:output':>14}{'prompt':>8}{'output':>8}{'prefill s':>11}{'decode s':>10}{'decode share':>14}"]
+        for ratio, p, o, ps, ds in self.rows:
+            lines.append(f"{f'{ratio}:1':>14}{p:>8}{o:>8}{ps:>11.3f}{ds:>10.3f}{ds / (ps + ds):>14.0%}")
+        return "\n".join(lines)
+
+
+def rag_time_split(model, prompt_tokens: int, ratios=workload.RAG_RATIO) -> RagSplit:
+    """Time of one RAG request's phases at the given prompt:output ratios, from measurements."""
+    pre = measure.measure_prefill(model, batch=1, prompt_len=prompt_tokens)
+    dec = measure.measure_decode(model, batch=1, context=prompt_tokens, steps=DECODE_STEPS)
+    rows = []
+    for ratio in ratios:
+        out = max(1, round(prompt_tokens / ratio))
+        rows.append((ratio, prompt_tokens, out, pre.seconds, dec.step_seconds * out))
+    return RagSplit(rows)

@@ -1,0 +1,56 @@
+"""Notebook 00, setup check: what this machine is, that the kernels compute the right
+numbers here, its two ceilings, and the predicted split of a decode step."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import pallas_kernels as pk
+from inference_lab import plots, roofline
+from inference_lab.lessons.machine import Machine
+from pallas_kernels.testing import rel_err
+
+
+def plan_line(here: Machine) -> str:
+    where = "GPU: timings on the compiled Pallas kernels" if here.kernels == "pallas" else \
+        "timings on XLA's kernels; the Pallas kernels are shown under the interpreter"
+    return (f"Later notebooks on this machine: preset '{here.config.name}' ({here.dtype}), {where}; "
+            f"decode batch sweep up to {max(here.sizes.batch_sizes)}, prompts up to {max(here.sizes.prefill_lengths)} tokens.")
+
+
+def _rand(key, shape):
+    return jax.random.normal(key, shape, jnp.float32)   # random values, never zeros
+
+
+def pallas_vs_reference(seed: int = 0) -> dict:
+    """Each Pallas kernel under the interpreter against its plain-jnp twin, at awkward sizes."""
+    k = jax.random.split(jax.random.key(seed), 8)
+    a, b = _rand(k[0], (37, 100)), _rand(k[1], (100, 70))
+    q, kk, vv = _rand(k[2], (2, 45, 8, 32)), _rand(k[3], (2, 61, 2, 32)), _rand(k[4], (2, 61, 2, 32))
+    dq, kc, vc = _rand(k[5], (3, 8, 32)), _rand(k[6], (3, 77, 2, 32)), _rand(k[7], (3, 77, 2, 32))
+    lengths = jnp.array([1, 40, 77], jnp.int32)
+    return {
+        "matmul": rel_err(pk.matmul(a, b, mode="interpret"), pk.reference.matmul(a, b)),
+        "flash_attention": rel_err(pk.flash_attention(q, kk, vv, mode="interpret"),
+                                   pk.reference.flash_attention(q, kk, vv)),
+        "decode_attention": rel_err(pk.decode_attention(dq, kc, vc, lengths, mode="interpret"),
+                                    pk.reference.decode_attention(dq, kc, vc, lengths)),
+    }
+
+
+def decode_split(cfg, spec, dtype, *, batch: int, context: int) -> dict:
+    """Predicted compute and memory time of one decode step (seconds)."""
+    cost = roofline.decode_cost(cfg, batch, context)
+    compute_s, memory_s = roofline.predict_terms(cost, spec, dtype)
+    return {"compute_s": compute_s, "memory_s": memory_s, "intensity": cost.intensity, "cost": cost}
+
+
+def decode_split_view(cfg, spec, dtype, *, batch: int, context: int):
+    split = decode_split(cfg, spec, dtype, batch=batch, context=context)
+    fig = plots.time_split_bars(split["compute_s"], split["memory_s"],
+                                title=f"{cfg.name} on {spec.name}, decode batch {batch}, context {context}")
+    bound = "memory-bound" if split["memory_s"] >= split["compute_s"] else "compute-bound"
+    text = (f"batch size {batch}: compute {split['compute_s'] * 1e3:.3g} ms vs memory {split['memory_s'] * 1e3:.3g} ms "
+            f"(intensity {split['intensity']:.1f} FLOP/byte, ridge {spec.ridge_point(dtype):.1f}): {bound}")
+    return fig, text

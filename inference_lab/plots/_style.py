@@ -1,0 +1,148 @@
+"""The look every lesson figure shares: colours with a meaning, log axes with plain ticks,
+and the small helpers that read records by attribute.
+
+Colours carry meaning throughout: blue = prefill, orange = decode, grey = the roofline;
+filled markers are measured, hollow ones predicted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from inference_lab import roofline
+
+PREFILL_COLOR = "#1f6fb4"
+DECODE_COLOR = "#e07b00"
+ROOF_COLOR = "#4a4a4a"
+GRID = dict(which="major", color="#dddddd", linewidth=0.8)
+GRID_MINOR = dict(which="minor", color="#f0f0f0", linewidth=0.5)
+DEVICE_MARKERS = "osD^vP*Xh<>"
+
+
+def _figure(ncols: int = 1, width: float = 7.0, height: float = 4.6):
+    fig = Figure(figsize=(width, height), layout="constrained", dpi=110)
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    for ax in axes:
+        ax.set_axisbelow(True)
+        ax.spines[["top", "right"]].set_visible(False)
+    return fig, axes
+
+
+def _style_log(ax, x=True, y=True):
+    if x:
+        ax.set_xscale("log")
+    if y:
+        ax.set_yscale("log")
+    ax.grid(True, **GRID)
+    ax.grid(True, **GRID_MINOR)
+
+
+def _plain_ticks(ax, axis="x"):
+    """Log axis ticks written as plain numbers (1, 8, 64 rather than 10^0 ...)."""
+    fmt = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_formatter(fmt)
+    target.set_minor_formatter(NullFormatter())
+
+
+def _length_ticks(ax, lengths):
+    """Ticks at the measured prompt lengths when there are few of them, plain numbers."""
+    lengths = sorted(set(lengths))
+    if 1 < len(lengths) <= 10:
+        ax.set_xticks(lengths)
+    _plain_ticks(ax, "x")
+
+
+def _base2_batches(ax, batches):
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(int(b) for b in batches))
+    if len(ticks) <= 12:
+        ax.set_xticks(ticks)
+    _plain_ticks(ax, "x")
+
+
+def _si(v: float) -> str:
+    """1.2e12 -> '1.2 T' (value and SI prefix, for labels and ticks)."""
+    for scale, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:,.3g} {p}"
+    return f"{v:,.3g} "
+
+
+def _si_ticks(ax, axis="y"):
+    """Log-axis ticks as 500, 2k, 40k, 1.5M. Minor ticks get labels only on short axes."""
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    lim = ax.get_ylim if axis == "y" else ax.get_xlim
+
+    def major(v, _):
+        return _si(v).replace(" ", "")
+
+    def minor(v, _):
+        lo, hi = lim()
+        if hi / max(lo, 1e-300) > 30:
+            return ""
+        mant = v / 10 ** math.floor(math.log10(v) + 1e-9)
+        return major(v, _) if round(mant) in (2, 5) else ""
+
+    target.set_major_formatter(FuncFormatter(major))
+    target.set_minor_formatter(FuncFormatter(minor))
+
+
+def _flops_unit(peak: float):
+    for scale, name in ((1e15, "PFLOP/s"), (1e12, "TFLOP/s"), (1e9, "GFLOP/s")):
+        if peak >= 3 * scale:
+            return scale, name
+    return 1e6, "MFLOP/s"
+
+
+def _is_decode(rec) -> bool:
+    return getattr(rec, "step_seconds", None) is not None or getattr(rec, "phase", None) == "decode"
+
+
+def _is_prefill(rec) -> bool:
+    return not _is_decode(rec) and getattr(rec, "prompt_len", None) is not None \
+        and getattr(rec, "seconds", None) is not None
+
+
+def _median_by(pairs):
+    groups = defaultdict(list)
+    for k, v in pairs:
+        if v is not None:
+            groups[k].append(float(v))
+    keys = sorted(groups)
+    return np.array(keys, dtype=float), np.array([np.median(groups[k]) for k in keys])
+
+
+def _records(records) -> list:
+    records = list(records or [])
+    for r in records:
+        if not (_is_decode(r) or _is_prefill(r)):
+            raise ValueError(
+                f"record {r!r} is neither a PrefillRecord (prompt_len, seconds) nor a "
+                "DecodeRecord (batch, step_seconds): pass measure.load_records(...) output"
+            )
+    return records
+
+
+def _prediction_args(recs, cfg, spec, name: str, kind: str):
+    """A figure needs ``kind`` records, or ``cfg`` and ``spec`` (both) to draw a prediction."""
+    if not recs and cfg is None:
+        raise ValueError(f"{name} needs {kind} records or cfg= and spec= for a prediction")
+    if (cfg is None) != (spec is None):
+        raise ValueError("pass cfg= and spec= together (the prediction needs both)")
+
+
+def _check_spec(spec, dtype):
+    roofline._check_spec(spec)
+    return spec.peak_flops(dtype)  # raises a clear ValueError for an unknown dtype
+
+
+def _palette(n):
+    base = ["#1f6fb4", "#e07b00", "#2a9d4b", "#c62d42", "#7b4fb0", "#8c564b", "#d6569f",
+            "#5f5f5f", "#9fa81c", "#17a9b8"]
+    return [base[i % len(base)] for i in range(n)]

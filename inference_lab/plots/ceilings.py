@@ -1,0 +1,203 @@
+"""Figures of the analytic model: the roofline, ridge points, intensity, the kitchen."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from inference_lab import roofline
+from inference_lab.plots._style import (
+    PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, _figure, _style_log, _plain_ticks, _length_ticks,
+    _si, _si_ticks, _flops_unit, _is_decode, _records, _check_spec, _palette)
+
+
+def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
+                  prefill_lengths: Sequence[int] = (128, 512, 4096),
+                  decode_batches: Sequence[int] = (1, 8, 64, 256), context: int = 1024,
+                  title: str | None = None) -> Figure:
+    """Log-log roofline of ``spec``: attainable FLOP/s against arithmetic intensity.
+
+    The roof is ``min(peak, intensity x bandwidth)``; the dotted line marks the ridge point.
+    Measured records (filled) sit at their own intensity and achieved FLOP/s, each joined to
+    the roof above it (hollow: what the roofline predicts at that intensity) by a thin line:
+    the gap a better kernel or engine could close. With ``cfg`` and no records the figure
+    shows predicted points for prefills of ``prefill_lengths`` (batch 1) and decode steps of
+    ``decode_batches`` at ``context``: where each phase sits before anything is measured.
+    """
+    peak = _check_spec(spec, dtype)
+    records = _records(records)
+    bw = spec.bandwidth
+    ridge = peak / bw
+    scale, unit = _flops_unit(peak)
+    fig, (ax,) = _figure(width=9.0)
+
+    # points: (intensity, achieved FLOP/s or None, phase, label)
+    points = []
+    for r in records:
+        if _is_decode(r):
+            f, b, t = r.flops_per_step, r.bytes_per_step, r.step_seconds
+            points.append((f / b, f / t, "decode", f"B={r.batch}"))
+        else:
+            f, b, t = r.flops, r.bytes, r.seconds
+            points.append((f / b, f / t, "prefill", f"T={r.prompt_len}"))
+    if cfg is not None and not records:
+        for T in prefill_lengths:
+            c = roofline.prefill_cost(cfg, 1, T)
+            points.append((c.intensity, None, "prefill", f"T={T}"))
+        for B in decode_batches:
+            c = roofline.decode_cost(cfg, B, context)
+            points.append((c.intensity, None, "decode", f"B={B}"))
+
+    xs = [p[0] for p in points] + [ridge]
+    lo = 10 ** math.floor(math.log10(max(min(xs) / 3, 1e-3)))
+    hi = 10 ** math.ceil(math.log10(max(xs) * 3))
+    x = np.logspace(math.log10(lo), math.log10(hi), 400)
+    roof = np.minimum(peak, x * bw)
+    ax.plot(x, roof / scale, color=ROOF_COLOR, lw=2.4, zorder=2,
+            label=f"roofline: {spec.name}, {dtype}\n{_si(peak)}FLOP/s, {_si(bw)}B/s")
+    ax.fill_between(x, roof / scale, (lo * bw) / scale / 10, color="#f2f2f2", zorder=0)
+    ax.axvline(ridge, color=ROOF_COLOR, ls=":", lw=1.2)
+    ax.text(lo * 1.3, peak / scale * 1.12, f"peak {peak / scale:,.0f} {unit}", fontsize=9, color=ROOF_COLOR)
+
+    seen = set()
+    for inten, achieved, phase, label in points:
+        color = PREFILL_COLOR if phase == "prefill" else DECODE_COLOR
+        marker = "o" if phase == "prefill" else "^"
+        on_roof = min(peak, inten * bw) / scale
+        pred_label = f"{phase}, predicted" if (phase, "p") not in seen else None
+        seen.add((phase, "p"))
+        ax.scatter([inten], [on_roof], s=60, facecolors="white", edgecolors=color, marker=marker,
+                   linewidths=1.6, zorder=4, label=pred_label)
+        if achieved is not None:
+            meas_label = f"{phase}, measured" if (phase, "m") not in seen else None
+            seen.add((phase, "m"))
+            ax.plot([inten, inten], [achieved / scale, on_roof], color=color, lw=0.8, alpha=0.6, zorder=3)
+            ax.scatter([inten], [achieved / scale], s=55, color=color, marker=marker, zorder=5,
+                       edgecolors="white", linewidths=0.6, label=meas_label)
+        ax.annotate(label, xy=(inten, on_roof if achieved is None else achieved / scale),
+                    xytext=(6, 4) if achieved is not None else (7, -12),
+                    textcoords="offset points", fontsize=8, color=color)
+
+    _style_log(ax)
+    ax.set_xlim(lo, hi)
+    ymin = min([(lo * bw)] + [p[1] for p in points if p[1]]) / scale / 2
+    ax.set_ylim(ymin, peak / scale * 2.5)
+    # Region names and the ridge, along the bottom where no point lives.
+    ax.text(ridge * 1.12, ymin * 1.3, f"ridge {ridge:,.0f} FLOP/byte", rotation=90, fontsize=9,
+            color=ROOF_COLOR, va="bottom", ha="left")
+    ax.text(ridge / 1.6, ymin * 1.3, "\u2190 memory-bound", fontsize=9, color="#777777",
+            ha="right", va="bottom")
+    ax.text(ridge * 2.2, ymin * 1.3, "compute-bound \u2192", fontsize=9, color="#777777",
+            ha="left", va="bottom")
+    _si_ticks(ax, "x")
+    _plain_ticks(ax, "y")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel(f"attainable performance ({unit})")
+    ax.set_title(title or f"Roofline of {spec.name}: where prefill and decode sit")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
+    return fig
+
+
+def ridge_comparison(specs: Sequence, dtypes: Sequence[str]) -> Figure:
+    """Ridge points (peak FLOP/s / bandwidth) of several chips, on a log axis."""
+    if len(specs) != len(dtypes):
+        raise ValueError("ridge_comparison needs one dtype per spec")
+    ridges = [s.ridge_point(d) for s, d in zip(specs, dtypes)]
+    fig, (ax,) = _figure(width=7.5, height=0.7 + 0.6 * len(specs))
+    colors = _palette(len(specs))
+    for i, (spec, dt, r) in enumerate(zip(specs, dtypes, ridges)):
+        ax.barh(i, r, color=colors[i], height=0.6)
+        ax.text(r, i, f"  {r:,.0f} FLOP/byte ({dt})", va="center", fontsize=9)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(specs)), [s.name for s in specs])
+    ax.invert_yaxis()
+    ax.set_xlim(min(ridges) / 2, max(ridges) * 8)
+    ax.grid(True, axis="x", **GRID)
+    ax.set_xlabel("ridge point (FLOP per byte; below it: memory-bound)")
+    ax.set_title("How much math a chip does per byte it fetches")
+    return fig
+
+
+def intensity_vs_context(cfg, *, batches: Sequence[int] = (1, 64),
+                         contexts: Sequence[int] = (256, 1024, 4096, 16384, 65536)) -> Figure:
+    """Decode arithmetic intensity against context, with and without the KV-cache term."""
+    fig, (ax,) = _figure()
+    shades = np.linspace(0.5, 1.0, len(batches))
+    for shade, b in zip(shades, batches):
+        color = tuple(shade * np.array([0xe0, 0x7b, 0x00]) / 255)
+        full = [roofline.decode_cost(cfg, b, c).intensity for c in contexts]
+        bare = roofline.forward_cost_no_attention(cfg, b).intensity
+        ax.plot(contexts, full, "-o", color=color, ms=6, mec="white", label=f"batch {b}: weights + KV + attention")
+        ax.axhline(bare, color=color, ls="--", lw=1.2, label=f"batch {b}: weights only (\u2248 {bare:.0f})")
+    _style_log(ax)
+    _length_ticks(ax, list(contexts))
+    _plain_ticks(ax, "y")
+    ax.set_xlabel("context (tokens in the KV cache)")
+    ax.set_ylabel("decode intensity (FLOP/byte)")
+    ax.set_title(f"{cfg.name}: long context drags decode intensity down")
+    ax.legend(fontsize=8, frameon=False)
+    return fig
+
+
+def time_split_bars(compute_s: float, memory_s: float, *, title: str | None = None) -> Figure:
+    """Two horizontal bars: the predicted compute time and memory time of one step.
+    The longer one is the step time (the roofline's max)."""
+    for name, v in (("compute_s", compute_s), ("memory_s", memory_s)):
+        if not v > 0:
+            raise ValueError(f"{name}={v!r} must be a positive number of seconds")
+    fig, (ax,) = _figure(width=7.5, height=2.6)
+    scale, unit = (1e-3, "ms") if max(compute_s, memory_s) >= 1e-3 else (1e-6, "\u00b5s")
+    bars = [("compute: FLOPs / peak FLOP/s (the stoves)", compute_s, PREFILL_COLOR),
+            ("memory: bytes / bandwidth (the van)", memory_s, DECODE_COLOR)]
+    longest = max(compute_s, memory_s)
+    for i, (label, value, color) in enumerate(bars):
+        ax.barh(i, value / scale, color=color, alpha=1.0 if value == longest else 0.45, height=0.6)
+        ax.text(value / scale, i, f"  {value / scale:,.3g} {unit}", va="center", fontsize=9)
+    ax.set_yticks([0, 1], [b[0] for b in bars], fontsize=9)
+    ax.set_xlim(0, longest / scale * 1.35)
+    ax.set_xlabel(f"predicted time per decode step ({unit})")
+    ax.grid(True, axis="x", **GRID)
+    ax.set_title(title or "Which ceiling sets the step time?", fontsize=10)
+    return fig
+
+
+def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Figure:
+    """The pantry (memory), the van (bandwidth) and the stoves (compute), drawn with this
+    model's bytes and this machine's ceilings."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    dtype = dtype or cfg.dtype
+    cost = roofline.decode_cost(cfg, batch, context)
+    compute_s, memory_s = roofline.predict_terms(cost, spec, dtype)
+    fig = Figure(figsize=(10, 3.8), dpi=110)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 4)
+    ax.axis("off")
+
+    def box(x, y, w, h, color, title, lines):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.08", fc=color, ec="#333333", lw=1.2))
+        ax.text(x + w / 2, y + h - 0.3, title, ha="center", va="top", fontsize=12, weight="bold")
+        ax.text(x + w / 2, y + h - 0.75, lines, ha="center", va="top", fontsize=9, linespacing=1.5)
+
+    weights = cost.parts.get("weights", 0) + cost.parts.get("embedding_rows", 0)
+    kvb = cost.parts.get("kv_read", 0)
+    box(0.2, 0.6, 2.9, 2.9, "#f3e3c3", "PANTRY = memory",
+        f"HBM on a GPU, DRAM on a CPU\n{spec.memory_bytes / 1e9:,.0f} GB here\n\nweights {weights / 1e6:,.0f} MB\n"
+        f"KV cache {kvb / 1e6:,.1f} MB" if spec.memory_bytes else
+        f"HBM on a GPU, DRAM on a CPU\n\nweights {weights / 1e6:,.0f} MB\nKV cache {kvb / 1e6:,.1f} MB")
+    box(6.9, 0.6, 2.9, 2.9, "#d6e6f5", "STOVES = compute",
+        f"tensor cores / vector units\n{spec.peak_flops(dtype) / 1e9:,.0f} GFLOP/s ({dtype})\n\n"
+        f"one decode step's cooking:\n{cost.flops / 1e6:,.0f} MFLOP = {compute_s * 1e3:,.3g} ms")
+    ax.add_patch(FancyArrowPatch((3.3, 2.05), (6.7, 2.05), arrowstyle="-|>", mutation_scale=30, lw=3,
+                                 color=DECODE_COLOR))
+    ax.text(5.0, 2.45, "ROAD + VAN = bandwidth", ha="center", fontsize=12, weight="bold", color=DECODE_COLOR)
+    ax.text(5.0, 1.7, f"{spec.bandwidth / 1e9:,.1f} GB/s\nhauling {cost.bytes / 1e6:,.0f} MB per step\n"
+            f"= {memory_s * 1e3:,.3g} ms per token", ha="center", va="top", fontsize=9)
+    verdict = (f"Decode, batch {batch}: the van takes {memory_s / compute_s:,.0f}x longer than the cooking."
+               if memory_s > compute_s else f"Decode, batch {batch}: the stoves are the bottleneck.")
+    ax.text(5.0, 0.25, verdict, ha="center", fontsize=10, style="italic")
+    return fig

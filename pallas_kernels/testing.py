@@ -1,0 +1,97 @@
+"""Helpers for checking kernels: poisoned outputs and float64 NumPy references.
+
+- :func:`poisoned_outputs` makes every kernel output start as NaN, so an element a kernel
+  forgets to write shows up in a comparison, under the interpreter *and* compiled on a GPU
+  (where a fresh buffer holds whatever the allocator left there, often the right answer from
+  a previous call). It wraps the ``pallas_call`` the kernels use for the duration of a
+  ``with`` block; outside one, nothing of it is on the kernels' path.
+- :func:`matmul_f64`, :func:`attention_f64`, :func:`decode_attention_f64`: the math in float64
+  NumPy, the ground truth the tests and the lessons compare against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax.numpy as jnp
+import numpy as np
+
+
+@contextlib.contextmanager
+def poisoned_outputs():
+    """Inside the block, every Pallas kernel's outputs start filled with NaN.
+
+    Each output not already aliased to an input gets an extra NaN-filled input aliased to it
+    (``input_output_aliases``); the kernel body never sees the extra refs.
+    """
+    from pallas_kernels import _triton
+
+    original = _triton.pallas_call
+
+    def poisoning_pallas_call(kernel, *, out_shape, input_output_aliases=None, **kwargs):
+        aliases = dict(input_output_aliases or {})
+        outs = (out_shape,) if not isinstance(out_shape, (tuple, list)) else tuple(out_shape)
+        fresh = [i for i in range(len(outs)) if i not in aliases.values()]
+
+        def call(*args):
+            n_in = len(args)
+            extra = tuple(jnp.full(outs[i].shape, np.nan if jnp.issubdtype(outs[i].dtype, jnp.floating)
+                                   else -1, outs[i].dtype) for i in fresh)
+            al = {**aliases, **{n_in + j: i for j, i in enumerate(fresh)}}
+
+            def body(*refs):
+                kernel(*refs[:n_in], *refs[n_in + len(extra):])
+
+            return original(body, out_shape=out_shape, input_output_aliases=al, **kwargs)(*args, *extra)
+
+        return call
+
+    _triton.pallas_call = poisoning_pallas_call
+    try:
+        yield
+    finally:
+        _triton.pallas_call = original
+
+
+def f64(x) -> np.ndarray:
+    """Any array (bf16 included) as float64 NumPy."""
+    return np.asarray(jnp.asarray(x, jnp.float32), dtype=np.float64)
+
+
+def rel_err(x, ref) -> float:
+    """Largest absolute difference, relative to the largest magnitude of ``ref``."""
+    x, ref = f64(x), f64(ref)
+    return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+def matmul_f64(a, b) -> np.ndarray:
+    return f64(a) @ f64(b)
+
+
+def attention_f64(q, k, v, visible, sm_scale=None) -> np.ndarray:
+    """Softmax attention in float64: q ``[B,T,Hq,D]``, k/v ``[B,S,Hkv,D]``, ``visible``
+    broadcastable to ``[B,T,S]`` (True where query t sees key s). Query head h uses KV head
+    ``h // (Hq // Hkv)``."""
+    q, k, v = f64(q), f64(k), f64(v)
+    g = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    s = np.einsum("bthd,bshd->bhts", q, k) * scale
+    s = np.where(np.broadcast_to(visible, (q.shape[0], q.shape[1], k.shape[1]))[:, None], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhts,bshd->bthd", p, v)
+
+
+def flash_attention_f64(q, k, v, causal=True, sm_scale=None) -> np.ndarray:
+    """:func:`attention_f64` with the kernels' causal rule: query i sees keys j <= i + S - T."""
+    t, s = q.shape[1], k.shape[1]
+    visible = np.arange(s)[None, :] <= np.arange(t)[:, None] + (s - t) if causal else np.ones((t, s), bool)
+    return attention_f64(q, k, v, visible[None], sm_scale)
+
+
+def decode_attention_f64(q, k_cache, v_cache, lengths, sm_scale=None) -> np.ndarray:
+    """One query per row: q ``[B,Hq,D]`` over the first ``lengths[b]`` keys of each cache row."""
+    s = k_cache.shape[1]
+    visible = (np.arange(s)[None, :] < np.asarray(lengths)[:, None])[:, None, :]
+    return attention_f64(np.asarray(f64(q))[:, None], k_cache, v_cache, visible, sm_scale)[:, 0]
