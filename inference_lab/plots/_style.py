@@ -16,9 +16,20 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from inference_lab import roofline
 
-PREFILL_COLOR = "#1f6fb4"
-DECODE_COLOR = "#e07b00"
+# Okabe and Ito's colour-blind-safe palette ("Color Universal Design", 2008): eight colours that
+# stay distinct under the common colour-vision deficiencies. Paired series also differ by marker
+# or line style, so every figure still reads in greyscale.
+OKABE_ITO = {"blue": "#0072B2", "vermillion": "#D55E00", "green": "#009E73", "orange": "#E69F00",
+             "sky_blue": "#56B4E9", "purple": "#CC79A7", "yellow": "#F0E442", "black": "#000000"}
+PREFILL_COLOR = OKABE_ITO["blue"]
+DECODE_COLOR = OKABE_ITO["vermillion"]
 ROOF_COLOR = "#4a4a4a"
+# The serving modes the simulator compares: colour, marker and line style each differ.
+MODE_STYLES = {
+    "colocated": {"color": OKABE_ITO["vermillion"], "marker": "o", "linestyle": "-"},
+    "chunked": {"color": OKABE_ITO["sky_blue"], "marker": "s", "linestyle": "--"},
+    "disaggregated": {"color": OKABE_ITO["green"], "marker": "^", "linestyle": ":"},
+}
 GRID = dict(which="major", color="#dddddd", linewidth=0.8)
 GRID_MINOR = dict(which="minor", color="#f0f0f0", linewidth=0.5)
 DEVICE_MARKERS = "osD^vP*Xh<>"
@@ -143,6 +154,5 @@ def _check_spec(spec, dtype):
 
 
 def _palette(n):
-    base = ["#1f6fb4", "#e07b00", "#2a9d4b", "#c62d42", "#7b4fb0", "#8c564b", "#d6569f",
-            "#5f5f5f", "#9fa81c", "#17a9b8"]
-    return [base[i % len(base)] for i in range(n)]
+    order = ["blue", "vermillion", "green", "orange", "sky_blue", "purple", "black", "yellow"]
+    return [OKABE_ITO[order[i % len(order)]] for i in range(n)]
