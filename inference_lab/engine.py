@@ -117,15 +117,24 @@ _sample_jit = jax.jit(_sample, static_argnames=("top_k",))
 
 
 # ----------------------------------------------------------------------------- checks
-def _as_tokens(tokens, name: str, ndim: int, vocab: int) -> np.ndarray:
-    arr = np.asarray(tokens)
+def _as_tokens(tokens, name: str, ndim: int, vocab: int):
+    """Token ids checked for shape and dtype; ids that come from the host are range-checked too.
+
+    A jax array already on the device (e.g. the token ``decode_step`` just sampled) is passed
+    through without reading its values: a range check would copy it to the host and wait for
+    the device on every step. Ids from the host (lists, NumPy) are checked against ``vocab``.
+    """
+    on_device = isinstance(tokens, jax.Array)
+    arr = tokens if on_device else np.asarray(tokens)
     if arr.ndim != ndim:
         want = "[B, T]" if ndim == 2 else "[B]"
-        raise ValueError(f"{name} has shape {arr.shape}; it must be {want} token ids")
+        raise ValueError(f"{name} has shape {tuple(arr.shape)}; it must be {want} token ids")
     if arr.size == 0:
         raise ValueError(f"{name} is empty; give at least one token per row")
     if not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{name} has dtype {arr.dtype}; token ids must be integers (int32)")
+    if on_device:
+        return arr.astype(jnp.int32)
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= vocab:
         raise ValueError(f"{name} holds ids in [{lo}, {hi}] but the vocabulary is 0..{vocab - 1}; "

@@ -162,13 +162,12 @@ def prefill_attention(p, h, kc, vc, *, positions, cfg, mode):
 
 
 def decode_attention(p, h, kc, vc, *, lengths, cfg, mode):
-    """One new token per row. h [B, D]; its K/V go to position ``lengths[b]`` of the caches
-    (a scatter into the donated buffers, in place), then it attends to ``lengths[b] + 1`` keys."""
+    """One new token per row. h [B, D]; its K/V go to position ``lengths[b]`` of the donated
+    caches, in place (inside the kernel on the Pallas path: no separate scatter), and it
+    attends to ``lengths[b] + 1`` keys."""
     q, k, v = _qkv(p, h, lengths, cfg, mode)                       # [B,Hq,Dh], [B,Hkv,Dh]
-    rows = jnp.arange(h.shape[0])
-    kc = kc.at[rows, lengths].set(k.astype(kc.dtype), mode="promise_in_bounds")
-    vc = vc.at[rows, lengths].set(v.astype(vc.dtype), mode="promise_in_bounds")
-    attn = pk.decode_attention(q, kc, vc, lengths + 1, mode=mode)  # [B, Hq, Dh]
+    attn, kc, vc = pk.decode_attention(q, kc, vc, lengths + 1, k_new=k.astype(kc.dtype),
+                                       v_new=v.astype(vc.dtype), mode=mode)   # [B, Hq, Dh]
     return _attention_out(p, attn, mode), kc, vc
 
 

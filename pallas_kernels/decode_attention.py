@@ -121,24 +121,28 @@ def plan(batch: int, s_max: int, hkv: int, d: int, *, num_sms: int | None = None
     return DecodeAttentionPlan(config, chunk, (cdiv(s_max, chunk), hkv, batch))   # no split starts past S_max
 
 
-def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, groups,
-                   group_rows, chunk, block_k, scale_log2):
+def _decode_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused, single):
     # lengths_ref: [B] int32; q_ref: [B, Hq, D]; k_ref, v_ref: [B, S_max, Hkv, D];
-    # acc_ref: [B, num_splits, Hq, D] f32; m_ref, l_ref: [B, num_splits, Hq] f32.
+    # fused: knew_ref, vnew_ref: [B, Hkv, D] (this step's K/V), written into the caches in place;
+    # single split: o_ref [B, Hq, D]; else acc_ref [B, splits, Hq, D], m_ref, l_ref [B, splits, Hq] f32.
+    lengths_ref, q_ref, k_ref, v_ref, *rest = refs
+    knew_ref, vnew_ref, *rest = rest if fused else (None, None, *rest)
+    *outs, k_out_ref, v_out_ref = rest if fused else (*rest, None, None)
     d = q_ref.shape[-1]
     split = pl.program_id(0)
     h = pl.program_id(1)
     b = pl.program_id(2)
     length = lengths_ref[b]
+    cached = length - 1 if fused else length          # keys read from the cache: [0, cached)
     start = split * chunk
-    end = jnp.minimum(start + chunk, length)          # this program's keys: [start, end)
+    end = jnp.minimum(start + chunk, cached)          # this program's keys: [start, end)
     n_keys = jnp.maximum(end - start, 0)
     n_full = n_keys // block_k                         # blocks with every key visible
     n_total = pl.cdiv(n_keys, block_k)                 # 0 when the chunk is past the row's end
 
     row_ok = jnp.arange(group_rows) < groups           # real query heads of the group
     q = _triton.masked_load(q_ref.at[b, pl.ds(h * groups, group_rows), :],
-                      _triton.block_mask(row_ok, None, (group_rows, d)))        # [group_rows, D]
+                            _triton.block_mask(row_ok, None, (group_rows, d)))  # [group_rows, D]
 
     def step(j, carry, masked):
         k0 = start + j * block_k
@@ -150,19 +154,41 @@ def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, m_ref, l_ref, *, g
                              preferred_element_type=jnp.float32) * scale_log2  # [group_rows, block_k]
         if masked:
             sc = jnp.where(k_ok[None, :], sc, -jnp.inf)
-        # The first block holds key `start` (< end), visible to every row: m stays finite.
+        # The first block holds key `start` (< end), visible to every row: m becomes finite.
         return online_softmax.update(carry, sc, v)
 
     carry = online_softmax.start(group_rows, d)
+    if fused:
+        # This step's K/V come in registers: split 0 folds them in first (one key every row sees,
+        # so m is finite from the start) and writes them to position length - 1 of the caches.
+        # No program reads that position from memory, so the write races with nothing.
+        first = split == 0
+        k_new = plgpu.load(knew_ref.at[b, pl.ds(h, 1), :])                   # [1, D]
+        v_new = plgpu.load(vnew_ref.at[b, pl.ds(h, 1), :])                   # [1, D]
+        s_new = jnp.sum(q.astype(jnp.float32) * k_new.astype(jnp.float32), axis=1) * scale_log2
+        in_rows, in_tile = jnp.full((group_rows,), first), jnp.full((group_rows, d), first)
+        carry = (jnp.where(in_tile, jnp.broadcast_to(v_new.astype(jnp.float32), (group_rows, d)),
+                           jnp.zeros((group_rows, d), jnp.float32)),
+                 jnp.where(in_rows, s_new, jnp.full_like(s_new, -jnp.inf)),
+                 jnp.where(in_rows, jnp.ones_like(s_new), jnp.zeros_like(s_new)))
+        only_first = jnp.full((1, d), first)
+        plgpu.store(k_out_ref.at[b, pl.ds(length - 1, 1), h, :], k_new, mask=only_first)
+        plgpu.store(v_out_ref.at[b, pl.ds(length - 1, 1), h, :], v_new, mask=only_first)
     carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
     acc, m_i, l_i = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), carry)
     heads = pl.ds(h * groups, group_rows)
-    plgpu.store(acc_ref.at[b, split, heads, :], acc, mask=_triton.block_mask(row_ok, None, (group_rows, d)))
-    plgpu.store(m_ref.at[b, split, heads], m_i, mask=row_ok)
-    plgpu.store(l_ref.at[b, split, heads], l_i, mask=row_ok)
+    rows_mask = _triton.block_mask(row_ok, None, (group_rows, d))
+    if single:  # one split: normalise here, no combine afterwards
+        (o_ref,) = outs
+        plgpu.store(o_ref.at[b, heads, :], (acc / l_i[:, None]).astype(o_ref.dtype), mask=rows_mask)
+    else:
+        acc_ref, m_ref, l_ref = outs
+        plgpu.store(acc_ref.at[b, split, heads, :], acc, mask=rows_mask)
+        plgpu.store(m_ref.at[b, split, heads], m_i, mask=row_ok)
+        plgpu.store(l_ref.at[b, split, heads], l_i, mask=row_ok)
 
 
-def _check(q, k_cache, v_cache, lengths, sm_scale):
+def _check(q, k_cache, v_cache, lengths, sm_scale, k_new=None, v_new=None):
     q, k_cache, v_cache, sm_scale = _checks.attention_operands(
         q, k_cache, v_cache, q_rank=3, q_layout="[B, Hq, D]", k_name="k_cache", v_name="v_cache",
         kv_layout="[B, S_max, Hkv, D]", sm_scale=sm_scale)
@@ -177,53 +203,88 @@ def _check(q, k_cache, v_cache, lengths, sm_scale):
         if lo < 1 or hi > s_max:
             raise ValueError(f"lengths must lie in 1..S_max={s_max}; got values from {lo} to {hi} "
                              "(every row needs at least one cached key and at most the cache size)")
-    return q, k_cache, v_cache, lengths.astype(jnp.int32), sm_scale
+    if (k_new is None) != (v_new is None):
+        raise ValueError("pass k_new and v_new together (this step's keys and values), or neither")
+    if k_new is not None:
+        want = (b, k_cache.shape[2], k_cache.shape[3])
+        k_new, v_new = _checks.as_array(k_new, "k_new"), _checks.as_array(v_new, "v_new")
+        for x, name in ((k_new, "k_new"), (v_new, "v_new")):
+            if x.shape != want:
+                raise ValueError(f"{name} has shape {tuple(x.shape)}; it must be [B, Hkv, D] = {want}")
+            _checks.check_same_dtype(k_cache, x, "k_cache", name)
+    return q, k_cache, v_cache, lengths.astype(jnp.int32), sm_scale, k_new, v_new
 
 
-def _run(q, k_cache, v_cache, lengths, *, sm_scale, interpret: bool, config: DecodeAttentionConfig | None):
-    """The kernel, then the combine of its splits."""
+def _run(q, k_cache, v_cache, lengths, k_new, v_new, *, sm_scale, interpret: bool,
+         config: DecodeAttentionConfig | None):
+    """The kernel, then (with several splits) the combine of their partial results."""
     b, hq, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     p = plan(b, s_max, hkv, d, config=config)
     c = p.config
     splits = p.num_splits
+    fused, single = k_new is not None, splits == 1
     groups = hq // hkv
     kernel = functools.partial(_decode_kernel, groups=groups, group_rows=pow2_block(groups, 1 << 30),
-                               chunk=p.chunk, block_k=c.block_k, scale_log2=sm_scale * LOG2E)
-    out_shape = (jax.ShapeDtypeStruct((b, splits, hq, d), jnp.float32),
-                 jax.ShapeDtypeStruct((b, splits, hq), jnp.float32),
-                 jax.ShapeDtypeStruct((b, splits, hq), jnp.float32))
-    acc, m, l = _triton.call(kernel, out_shape=out_shape, grid=p.grid, args=(lengths, q, k_cache, v_cache),
-                             interpret=interpret, num_warps=c.num_warps, num_stages=c.num_stages,
-                             name="decode_attention")
-    # Combine the splits (log-sum-exp in base 2). Split 0 always has keys, so m_max is finite.
-    m_max = jnp.max(m, axis=1, keepdims=True)               # [B, 1, Hq]
-    w = jnp.exp2(m - m_max)                                 # [B, splits, Hq]; 0 for empty splits
-    num = jnp.sum(w[..., None] * acc, axis=1)               # [B, Hq, D]
-    den = jnp.sum(w * l, axis=1)                            # [B, Hq]
-    return (num / den[..., None]).astype(q.dtype)
+                               chunk=p.chunk, block_k=c.block_k, scale_log2=sm_scale * LOG2E,
+                               fused=fused, single=single)
+    if single:
+        out_shape = [jax.ShapeDtypeStruct((b, hq, d), q.dtype)]
+    else:
+        out_shape = [jax.ShapeDtypeStruct((b, splits, hq, d), jnp.float32),
+                     jax.ShapeDtypeStruct((b, splits, hq), jnp.float32),
+                     jax.ShapeDtypeStruct((b, splits, hq), jnp.float32)]
+    args = [lengths, q, k_cache, v_cache]
+    aliases = {}
+    if fused:  # the caches come back as outputs, updated in place (their buffers are reused)
+        args += [k_new, v_new]
+        aliases = {2: len(out_shape), 3: len(out_shape) + 1}
+        out_shape += [jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+                      jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)]
+    outs = _triton.call(kernel, out_shape=tuple(out_shape), grid=p.grid, args=tuple(args), interpret=interpret,
+                        num_warps=c.num_warps, num_stages=c.num_stages, name="decode_attention",
+                        input_output_aliases=aliases)
+    if single:
+        out = outs[0]
+    else:
+        acc, m, l = outs[:3]
+        # Combine the splits (log-sum-exp in base 2). Split 0 always has a key, so m_max is finite.
+        m_max = jnp.max(m, axis=1, keepdims=True)               # [B, 1, Hq]
+        w = jnp.exp2(m - m_max)                                 # [B, splits, Hq]; 0 for empty splits
+        num = jnp.sum(w[..., None] * acc, axis=1)               # [B, Hq, D]
+        den = jnp.sum(w * l, axis=1)                            # [B, Hq]
+        out = (num / den[..., None]).astype(q.dtype)
+    return (out, outs[-2], outs[-1]) if fused else out
 
 
-def pallas_decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None,
+def pallas_decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None,
                             config: DecodeAttentionConfig | None = None, interpret: bool = False):
     """The Pallas kernel itself, without the mode decision (compiled, or under the
     interpreter): what :func:`decode_attention` runs in modes "pallas" and "interpret"."""
-    q, k_cache, v_cache, lengths, sm_scale = _check(q, k_cache, v_cache, lengths, sm_scale)
-    return _run(q, k_cache, v_cache, lengths, sm_scale=sm_scale, interpret=interpret,
+    q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = _check(q, k_cache, v_cache, lengths, sm_scale,
+                                                                  k_new, v_new)
+    return _run(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, interpret=interpret,
                 config=_checks.check_config(config, DecodeAttentionConfig))
 
 
-def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None, mode: str = "auto",
-                     config: DecodeAttentionConfig | None = None):
+def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None,
+                     mode: str = "auto", config: DecodeAttentionConfig | None = None):
     """One decode step of attention: q ``[B,Hq,D]`` over caches ``[B,S_max,Hkv,D]`` -> ``[B,Hq,D]``.
 
-    Row ``b`` attends to its first ``lengths[b]`` cached keys (1..S_max). ``sm_scale``
-    defaults to ``D ** -0.5``. ``mode``: "auto" | "pallas" | "interpret" | "reference".
-    ``config``: a :class:`DecodeAttentionConfig` instead of the one :func:`plan` picks.
+    Row ``b`` attends to its first ``lengths[b]`` cached keys (1..S_max). With ``k_new``,
+    ``v_new`` ``[B, Hkv, D]`` (this step's keys and values), they are first written to
+    position ``lengths[b] - 1`` of the caches, in place, and the call returns
+    ``(out, k_cache, v_cache)``: use the returned caches (inside ``jit`` with the caches
+    donated, no copy is made). ``sm_scale`` defaults to ``D ** -0.5``. ``mode``: "auto" |
+    "pallas" | "interpret" | "reference". ``config``: a :class:`DecodeAttentionConfig` instead
+    of the one :func:`plan` picks.
     """
-    q, k_cache, v_cache, lengths, sm_scale = _check(q, k_cache, v_cache, lengths, sm_scale)
+    q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = _check(q, k_cache, v_cache, lengths, sm_scale,
+                                                                  k_new, v_new)
     config = _checks.check_config(config, DecodeAttentionConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
-        return reference.decode_attention(q, k_cache, v_cache, lengths, sm_scale=sm_scale)
-    return _run(q, k_cache, v_cache, lengths, sm_scale=sm_scale, interpret=(mode == "interpret"), config=config)
+        return reference.decode_attention(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new,
+                                          sm_scale=sm_scale)
+    return _run(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, interpret=(mode == "interpret"),
+                config=config)

@@ -56,16 +56,23 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None):
     return out.reshape(b, t, hq, d).astype(q.dtype)
 
 
-def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None):
+def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None):
     """One query token per row: q [B,Hq,D] over caches [B,S_max,Hkv,D] -> [B,Hq,D].
 
-    Key ``j`` of row ``b`` is visible iff ``j < lengths[b]`` (lengths in 1..S_max).
+    Key ``j`` of row ``b`` is visible iff ``j < lengths[b]`` (lengths in 1..S_max). With
+    ``k_new``, ``v_new`` [B,Hkv,D] they are first written at ``lengths[b] - 1`` (a scatter,
+    in place when the caches are donated) and ``(out, k_cache, v_cache)`` is returned.
 
     Written as multiply-then-sum over the cache in its stored ``[B, S, Hkv, D]`` layout rather
     than as an einsum: XLA lowers that einsum to a dot whose operands it first transposes, a
     copy of the whole cache every decode step, which on a CPU cost as much as the attention
     itself. Products are exact in f32 and summed in f32, as in the kernels.
     """
+    if k_new is not None:
+        rows, pos = jnp.arange(q.shape[0]), lengths - 1
+        k_cache = k_cache.at[rows, pos].set(k_new, mode="promise_in_bounds")
+        v_cache = v_cache.at[rows, pos].set(v_new, mode="promise_in_bounds")
+        return decode_attention(q, k_cache, v_cache, lengths, sm_scale=sm_scale), k_cache, v_cache
     b, hq, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     sm_scale = d ** -0.5 if sm_scale is None else sm_scale

@@ -237,6 +237,42 @@ def test_decode_attention_splits(mode):
     assert_close(out, want, F32, mode, "decode with 4 splits")
 
 
+FUSED_SPLITS = [pytest.param(None, id="planned"), pytest.param(4, id="4-splits"), pytest.param(1, id="1-split")]
+
+
+@pytest.mark.parametrize("mode", ["reference"] + MODES)
+@pytest.mark.parametrize("splits", FUSED_SPLITS)
+def test_decode_attention_writes_new_kv_in_place(mode, splits):
+    """With k_new/v_new the kernel writes this step's K/V at lengths-1 and attends to them:
+    the same answer as writing them first, every other cache element unchanged."""
+    rng = np.random.default_rng(21)
+    b, hq, hkv, d, s_max = 3, 8, 2, 32, 64
+    q = rand(rng, (b, hq, d), F32)
+    kc, vc = rand(rng, (b, s_max, hkv, d), F32), rand(rng, (b, s_max, hkv, d), F32)
+    k_new, v_new = rand(rng, (b, hkv, d), F32), rand(rng, (b, hkv, d), F32)
+    lengths = jnp.asarray([1, 64, 30], jnp.int32)          # new key alone, at the end, in the middle
+    rows = np.arange(b)
+    want_k, want_v = np.asarray(kc).copy(), np.asarray(vc).copy()
+    want_k[rows, np.asarray(lengths) - 1] = np.asarray(k_new)
+    want_v[rows, np.asarray(lengths) - 1] = np.asarray(v_new)
+    config = None if splits is None else pk.DecodeAttentionConfig(block_k=16, num_splits=splits)
+    out, k2, v2 = pk.decode_attention(q, kc, vc, lengths, k_new=k_new, v_new=v_new, mode=mode, config=config)
+    np.testing.assert_array_equal(np.asarray(k2), want_k)
+    np.testing.assert_array_equal(np.asarray(v2), want_v)
+    assert_close(out, np_decode(q, want_k, want_v, lengths), F32, "pallas" if mode == "pallas" else "interpret",
+                 f"fused decode write, splits={splits}")
+
+
+def test_decode_attention_new_kv_argument_errors():
+    q, kc = jnp.ones((2, 4, 16)), jnp.ones((2, 8, 2, 16))
+    n = jnp.asarray([3, 8], jnp.int32)
+    _err(lambda: pk.decode_attention(q, kc, kc, n, k_new=jnp.ones((2, 2, 16))), "k_new", "v_new")
+    _err(lambda: pk.decode_attention(q, kc, kc, n, k_new=jnp.ones((2, 16)), v_new=jnp.ones((2, 16))),
+         "k_new", "[B, Hkv, D]")
+    _err(lambda: pk.decode_attention(q, kc, kc, n, k_new=jnp.ones((2, 2, 16), F16), v_new=jnp.ones((2, 2, 16))),
+         "k_new", "dtype")
+
+
 def test_decode_attention_under_jit_skips_value_checks():
     rng = np.random.default_rng(5)
     q, kc, vc = rand(rng, (2, 2, 16), F32), rand(rng, (2, 8, 1, 16), F32), rand(rng, (2, 8, 1, 16), F32)
