@@ -3,18 +3,26 @@
     python -m pallas_kernels.bench [--quick] [--json PATH] [--repeats N]
 
 First it measures this device's ceilings (a large matmul in the kernels' dtype; a
-bandwidth-bound elementwise pass over a large array, read + write bytes counted), then times
-each kernel and its peers and prints TFLOP/s (compute-bound shapes) or TB/s (memory-bound
-shapes) with the percentage of the measured ceiling.
+bandwidth-bound pass over a large array), then times each kernel and its peers and prints
+TFLOP/s (compute-bound shapes) or TB/s (memory-bound shapes) with the percentage of the
+measured ceiling.
 
-On an NVIDIA GPU the kernels run compiled (``mode="pallas"``) at the issue's target shapes
-(bf16): matmul 4096^3 and 8192^3, decode-shaped matmul (M = 1/16/64, K = N = 8192), causal
-flash attention B4 T4096 H16 D128, decode attention 32 query / 8 KV heads D128 B64 with 4096
-cached keys. Elsewhere there is no compiled Pallas: the kernels run under the interpreter on
-small shapes and the report says plainly that those numbers are not representative.
+On an NVIDIA GPU the kernels run compiled (``mode="pallas"``), in bf16, at:
+matmul 4096^3 and 8192^3; every decode projection of the ``base`` (Llama-3.2-1B) and
+``llama3_8b`` shapes at batch 1 and 64 (the weight streamed once: bandwidth-bound); causal
+flash attention B4 T4096 H16 D128; decode attention with 32 query / 8 KV heads of 128 at B64
+over 4,096 cached keys and at B1 over 32,768 (the case the length split exists for).
+Elsewhere there is no compiled Pallas: the kernels run under the interpreter on small shapes
+and the report says plainly that those numbers are not representative.
 
-Timing is honest: every function is jitted, warmed up, synchronised with
-``block_until_ready`` and timed as the median of several repeats, on random (non-zero) data.
+Honest timing: random (non-zero) inputs; every sample runs the function ``iters`` times
+inside ONE jitted loop (so a ~30 µs kernel is not timed together with ~10-30 µs of Python
+dispatch), after a warm-up, synchronised with ``block_until_ready``; the median sample /
+``iters`` is reported. Each iteration depends on the previous one (:func:`looped`), so XLA
+cannot hoist the call out of the loop.
+
+A failure of one of OUR kernels is an error: it is printed and the benchmark exits with 1
+(a missing or failing peer, e.g. cuDNN, is only reported).
 """
 
 from __future__ import annotations
@@ -25,11 +33,13 @@ import json
 import statistics
 import sys
 import time
+import traceback
 import warnings
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 import pallas_kernels as pk
 from pallas_kernels.ceilings import device_ceilings
@@ -41,18 +51,58 @@ NOT_REPRESENTATIVE = (
     "the interpreter and XLA:CPU, not the kernels on hardware. Run on an NVIDIA GPU for real figures."
 )
 
+# (K, N) of every matmul in one decode step, by model shape: the weights a step streams.
+DECODE_PROJECTIONS = {
+    "base": {"qkv": (2048, 3072), "o": (2048, 2048), "gate_up": (2048, 16384), "down": (8192, 2048),
+             "head": (2048, 128256)},
+    "llama3_8b": {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
+                  "head": (4096, 128256)},
+}
+TARGET_SAMPLE_S = 2e-3   # iterations per sample are chosen so a sample lasts about this long (GPU)
 
-def time_fn(fn: Callable, *args, repeats: int = 10, warmup: int = 2) -> float:
-    """Median seconds of ``jax.jit(fn)(*args)`` after ``warmup`` untimed calls."""
-    f = jax.jit(fn)
-    for _ in range(warmup):
-        jax.block_until_ready(f(*args))
+
+def _first_leaf(out):
+    return jax.tree.leaves(out)[0]
+
+
+def looped(fn: Callable, iters: int) -> Callable:
+    """``fn(*args)`` run ``iters`` times inside one jitted ``fori_loop``; returns a scalar.
+
+    The first argument is carried through the loop and each iteration adds ``0 * (a value of
+    the previous result)`` to one of its elements: a real data dependence (XLA does not fold
+    ``x * 0`` for floats), so the call cannot be computed once outside the loop, at the cost
+    of a one-element in-place update per call. An optimisation barrier is not enough: XLA:CPU
+    removes barriers before it hoists loop-invariant code.
+    """
+    def run(first, *rest):
+        def body(i, carry):
+            x, acc = carry
+            out = _first_leaf(fn(x, *rest)).reshape(-1)[0].astype(jnp.float32)
+            x = x.at[(0,) * x.ndim].add((out * 0).astype(x.dtype))
+            return x, acc + out
+
+        return lax.fori_loop(0, iters, body, (first, jnp.float32(0)))[1]
+
+    return jax.jit(run)
+
+
+def time_fn(fn: Callable, *args, repeats: int = 10, gpu: bool = False) -> tuple[float, int]:
+    """(median seconds per call, calls per sample) of ``fn(*args)``, timed in jitted loops."""
+    iters = 1
+    if gpu:  # size the loop so one sample lasts ~TARGET_SAMPLE_S
+        once = looped(fn, 1)
+        jax.block_until_ready(once(*args))
+        t0 = time.perf_counter()
+        jax.block_until_ready(once(*args))
+        iters = int(min(500, max(1, TARGET_SAMPLE_S // max(time.perf_counter() - t0, 1e-7))))
+    f = looped(fn, iters)
+    jax.block_until_ready(f(*args))   # compile + warm up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         jax.block_until_ready(f(*args))
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times) / iters, iters
 
 
 def _rand(key, shape, dtype):
@@ -93,20 +143,59 @@ def _try_import_jax_pallas_ops():
         return None, None
 
 
+class _Report:
+    """Collects rows, prints one line per case, remembers failures of our own kernels."""
+
+    def __init__(self, ceil: dict, repeats: int, gpu: bool, say):
+        self.ceil, self.repeats, self.gpu, self.say = ceil, repeats, gpu, say
+        self.rows: list[dict] = []
+        self.failures: list[str] = []
+
+    def record(self, kernel, shape, impl, fn, args, *, flops=None, nbytes=None, bound="compute", ours=False):
+        try:
+            t, iters = time_fn(fn, *args, repeats=self.repeats, gpu=self.gpu)
+        except Exception as e:  # noqa: BLE001 - a peer may be missing; ours may not fail
+            row = {"kernel": kernel, "shape": shape, "impl": impl, "ours": ours,
+                   "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            self.rows.append(row)
+            if ours:
+                self.failures.append(f"{kernel} {shape} {impl}: {row['error']}")
+                self.say(f"  {kernel:<18} {shape:<34} {impl:<22} FAILED: {row['error'][:200]}")
+                self.say(traceback.format_exc(limit=6))
+            else:
+                self.say(f"  {kernel:<18} {shape:<34} {impl:<22} unavailable ({row['error'][:80]})")
+            return
+        row = {"kernel": kernel, "shape": shape, "impl": impl, "ours": ours, "seconds": t,
+               "iters_per_sample": iters, "bound": bound}
+        if flops is not None:
+            row["tflops"] = flops / t / 1e12
+            row["pct_matmul_peak"] = 100 * flops / t / self.ceil["matmul_flops"]
+        if nbytes is not None:
+            row["tbps"] = nbytes / t / 1e12
+            row["pct_bandwidth"] = 100 * nbytes / t / self.ceil["bandwidth"]
+        self.rows.append(row)
+        if bound == "compute":
+            figure = f"{row['tflops']:8.2f} TFLOP/s {row['pct_matmul_peak']:5.1f}% of matmul peak"
+        else:
+            figure = f"{row['tbps']:8.3f} TB/s    {row['pct_bandwidth']:5.1f}% of bandwidth"
+        self.say(f"  {kernel:<18} {shape:<34} {impl:<22} {t * 1e3:9.4f} ms {figure}")
+
+
 def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -> dict:
-    """Run the benchmark; returns ``{"meta", "ceilings", "rows"}`` (rows: one per kernel x impl)."""
+    """Run the benchmark; returns ``{"meta", "ceilings", "rows", "failures"}``."""
     gpu = pallas_supported()
     mode = "pallas" if gpu else "interpret"
     dtype = jnp.bfloat16 if gpu else jnp.float32
+    dt_name = jnp.dtype(dtype).name
     if repeats is None:
-        repeats = (5 if quick else 20) if gpu else (2 if quick else 3)
+        repeats = (5 if quick else 10) if gpu else (2 if quick else 3)
     dev = jax.devices()[0]
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": getattr(dev, "device_kind", str(dev)), "platform": dev.platform,
         "jax": jax.__version__, "jaxlib": _jaxlib_version(),
-        "kernel_mode": mode, "dtype": jnp.dtype(dtype).name, "quick": quick,
-        "representative": gpu,
+        "kernel_mode": mode, "dtype": dt_name, "quick": quick, "representative": gpu,
+        "timing": "median of repeats; each sample = iters calls in one jitted fori_loop",
     }
     say = print if verbose else (lambda *a, **k: None)
     say(f"device: {meta['device']} ({dev.platform}), jax {jax.__version__}, kernels in mode={mode!r}")
@@ -115,55 +204,39 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
     ceil = _bench_ceilings(gpu, quick, dtype, max(3, repeats))
     say(f"ceilings: matmul {ceil['matmul_flops'] / 1e12:.3f} TFLOP/s [{ceil['matmul_method']}], "
         f"bandwidth {ceil['bandwidth'] / 1e12:.3f} TB/s [{ceil['bandwidth_method']}]")
-    rows: list[dict] = []
-
-    def record(kernel, shape, impl, fn, args, flops=None, nbytes=None, bound="compute"):
-        try:
-            t = time_fn(fn, *args, repeats=repeats)
-        except Exception as e:  # noqa: BLE001 - a missing peer is reported, not fatal
-            row = {"kernel": kernel, "shape": shape, "impl": impl, "error": f"{type(e).__name__}: {str(e)[:160]}"}
-            rows.append(row)
-            say(f"  {kernel:<18} {shape:<34} {impl:<22} unavailable ({row['error'][:80]})")
-            return
-        row = {"kernel": kernel, "shape": shape, "impl": impl, "seconds": t, "bound": bound}
-        if flops is not None:
-            row["tflops"] = flops / t / 1e12
-            row["pct_matmul_peak"] = 100 * flops / t / ceil["matmul_flops"]
-        if nbytes is not None:
-            row["tbps"] = nbytes / t / 1e12
-            row["pct_bandwidth"] = 100 * nbytes / t / ceil["bandwidth"]
-        rows.append(row)
-        if bound == "compute":
-            figure = f"{row['tflops']:8.2f} TFLOP/s {row['pct_matmul_peak']:5.1f}% of matmul peak"
-        else:
-            figure = f"{row['tbps']:8.3f} TB/s    {row['pct_bandwidth']:5.1f}% of bandwidth"
-        say(f"  {kernel:<18} {shape:<34} {impl:<22} {t * 1e3:9.3f} ms {figure}")
-
-    keys = iter(jax.random.split(jax.random.key(42), 64))
+    rep = _Report(ceil, repeats, gpu, say)
+    keys = iter(jax.random.split(jax.random.key(42), 256))
     itemsize = jnp.dtype(dtype).itemsize
     jax_attention, jax_decode = _try_import_jax_pallas_ops() if gpu else (None, None)
+    ours = f"pallas[{mode}]"
 
     # --- matmul, compute-bound (prefill-shaped)
-    sizes = [4096, 8192] if gpu else ([128] if quick else [256])
     say("matmul (compute-bound):")
-    for n in sizes:
+    for n in ([4096, 8192] if gpu else ([128] if quick else [256])):
         a, b = _rand(next(keys), (n, n), dtype), _rand(next(keys), (n, n), dtype)
-        shape = f"{n}x{n}x{n} {jnp.dtype(dtype).name}"
-        record("matmul", shape, f"pallas[{mode}]", lambda a, b: pk.matmul(a, b, mode=mode), (a, b), flops=2 * n ** 3)
-        record("matmul", shape, "xla jnp.dot", lambda a, b: pk.reference.matmul(a, b), (a, b), flops=2 * n ** 3)
+        shape = f"{n}x{n}x{n} {dt_name}"
+        rep.record("matmul", shape, ours, lambda a, b: pk.matmul(a, b, mode=mode), (a, b), flops=2 * n ** 3, ours=True)
+        rep.record("matmul", shape, "xla jnp.dot", lambda a, b: pk.reference.matmul(a, b), (a, b), flops=2 * n ** 3)
 
-    # --- matmul, memory-bound (decode-shaped: M = batch, weight K x N streamed once)
-    kn = 8192 if gpu else (256 if quick else 512)
+    # --- decode-shaped matmuls: M = batch, the weight K x N streamed once (bytes = the weight)
     say("decode-shaped matmul (bandwidth-bound; bytes = the weight):")
-    w = _rand(next(keys), (kn, kn), dtype)
-    for m in ([1, 16, 64] if gpu else [1, 16]):
-        x = _rand(next(keys), (m, kn), dtype)
-        shape = f"M{m} K{kn} N{kn} {jnp.dtype(dtype).name}"
-        nbytes = kn * kn * itemsize
-        record("matmul_decode", shape, f"pallas[{mode}]", lambda x, w: pk.matmul(x, w, mode=mode), (x, w),
-               nbytes=nbytes, bound="memory")
-        record("matmul_decode", shape, "xla jnp.dot", lambda x, w: pk.reference.matmul(x, w), (x, w),
-               nbytes=nbytes, bound="memory")
+    if gpu:
+        cases = [(f"{model} {name}", k, n) for model, projs in DECODE_PROJECTIONS.items()
+                 for name, (k, n) in projs.items()]
+        batches = [1, 64] if not quick else [1]
+    else:
+        cases, batches = [("square", 512, 512)] if not quick else [("square", 256, 256)], [1, 16]
+    for label, k, n in cases:
+        w = _rand(next(keys), (k, n), dtype)
+        for m in batches:
+            x = _rand(next(keys), (m, k), dtype)
+            shape = f"{label} M{m} K{k} N{n}"
+            nbytes = k * n * itemsize
+            rep.record("matmul_decode", shape, ours, lambda x, w: pk.matmul(x, w, mode=mode), (x, w),
+                       nbytes=nbytes, bound="memory", ours=True)
+            rep.record("matmul_decode", shape, "xla jnp.dot", lambda x, w: pk.reference.matmul(x, w), (x, w),
+                       nbytes=nbytes, bound="memory")
+        del w
 
     # --- flash attention (prefill), causal
     b_, t_, h_, d_ = (4, 4096, 16, 128) if gpu else ((1, 64, 2, 32) if quick else (1, 256, 4, 64))
@@ -172,48 +245,56 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
     shape = f"B{b_} T{t_} H{h_} D{d_} causal"
     scale = d_ ** -0.5
     say("causal flash attention (compute-bound; FLOPs of the visible pairs only):")
-    record("flash_attention", shape, f"pallas[{mode}]",
-           lambda q, k, v: pk.flash_attention(q, k, v, causal=True, mode=mode), (q, k, v), flops=flops)
-    record("flash_attention", shape, "xla dot_product_attn",
-           lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"),
-           (q, k, v), flops=flops)
-    if gpu:
-        record("flash_attention", shape, "cudnn dot_product_attn",
-               lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
+    rep.record("flash_attention", shape, ours, lambda q, k, v: pk.flash_attention(q, k, v, causal=True, mode=mode),
+               (q, k, v), flops=flops, ours=True)
+    rep.record("flash_attention", shape, "xla dot_product_attn",
+               lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"),
                (q, k, v), flops=flops)
-        if jax_attention is not None:
-            record("flash_attention", shape, "jax pallas ops mha",
-                   lambda q, k, v: jax_attention.mha(q, k, v, None, sm_scale=scale, causal=True),
+    if gpu:
+        rep.record("flash_attention", shape, "cudnn dot_product_attn",
+                   lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
                    (q, k, v), flops=flops)
+        if jax_attention is not None:
+            rep.record("flash_attention", shape, "jax pallas ops mha",
+                       lambda q, k, v: jax_attention.mha(q, k, v, None, sm_scale=scale, causal=True),
+                       (q, k, v), flops=flops)
+    del q, k, v
 
-    # --- decode attention over a KV cache
-    b_, hq, hkv, d_, s_ = (64, 32, 8, 128, 4096) if gpu else ((2, 8, 2, 32, 128) if quick else (4, 8, 2, 64, 512))
-    q = _rand(next(keys), (b_, hq, d_), dtype)
-    kc, vc = (_rand(next(keys), (b_, s_, hkv, d_), dtype) for _ in range(2))
-    lengths = jnp.full((b_,), s_, jnp.int32)
-    nbytes = 2 * b_ * s_ * hkv * d_ * itemsize
-    shape = f"B{b_} Hq{hq}/Hkv{hkv} D{d_} L{s_}"
+    # --- decode attention over a KV cache: many rows, and one long row (the length split)
     say("decode attention (bandwidth-bound; bytes = K + V read):")
-    record("decode_attention", shape, f"pallas[{mode}]",
-           lambda q, k, v, n: pk.decode_attention(q, k, v, n, mode=mode), (q, kc, vc, lengths),
-           nbytes=nbytes, bound="memory")
-    record("decode_attention", shape, "xla reference",
-           lambda q, k, v, n: pk.reference.decode_attention(q, k, v, n), (q, kc, vc, lengths),
-           nbytes=nbytes, bound="memory")
-    if gpu and jax_decode is not None:
-        record("decode_attention", shape, "jax pallas ops gqa",
-               lambda q, k, v, n: jax_decode.gqa(q, k, v, kv_seq_len=n, sm_scale=d_ ** -0.5),
-               (q, kc, vc, lengths), nbytes=nbytes, bound="memory")
+    if gpu:
+        decode_cases = [(64, 32, 8, 128, 4096), (1, 32, 8, 128, 32768)]
+    else:
+        decode_cases = [(2, 8, 2, 32, 128)] if quick else [(4, 8, 2, 64, 512), (1, 8, 2, 64, 2048)]
+    for b_, hq, hkv, d_, s_ in decode_cases:
+        q = _rand(next(keys), (b_, hq, d_), dtype)
+        kc, vc = (_rand(next(keys), (b_, s_, hkv, d_), dtype) for _ in range(2))
+        lengths = jnp.full((b_,), s_, jnp.int32)
+        nbytes = 2 * b_ * s_ * hkv * d_ * itemsize
+        shape = f"B{b_} Hq{hq}/Hkv{hkv} D{d_} L{s_}"
+        rep.record("decode_attention", shape, ours,
+                   lambda q, k, v, n: pk.decode_attention(q, k, v, n, mode=mode), (q, kc, vc, lengths),
+                   nbytes=nbytes, bound="memory", ours=True)
+        rep.record("decode_attention", shape, "xla reference",
+                   lambda q, k, v, n: pk.reference.decode_attention(q, k, v, n), (q, kc, vc, lengths),
+                   nbytes=nbytes, bound="memory")
+        if gpu and jax_decode is not None:
+            rep.record("decode_attention", shape, "jax pallas ops gqa",
+                       lambda q, k, v, n: jax_decode.gqa(q, k, v, kv_seq_len=n, sm_scale=d_ ** -0.5),
+                       (q, kc, vc, lengths), nbytes=nbytes, bound="memory")
+        del q, kc, vc
     if not gpu:
         say(NOT_REPRESENTATIVE)
-    return {"meta": meta, "ceilings": ceil, "rows": rows}
+    for failure in rep.failures:
+        say(f"ERROR: {failure}")
+    return {"meta": meta, "ceilings": ceil, "rows": rep.rows, "failures": rep.failures}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pallas_kernels.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and (on CPU) tinier shapes")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and cases (on CPU: tinier shapes)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per case (median reported)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed samples per case (median reported)")
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -224,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
         print(f"wrote {args.json}")
+    if result["failures"]:
+        print(f"{len(result['failures'])} of our kernels failed (see ERROR lines above)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One prepared run on a GPU machine: the GPU-marked tests, the kernel benchmarks and the probe.
+# One prepared run on a GPU machine (at most ~8 minutes): the GPU-marked tests, the kernel
+# benchmark and the probe on the base and llama3_8b shapes with a batch sweep to 256.
 # Runs with the machine's own python3 (jax + flax, nothing installable) and PYTHONPATH=.:
 #   make gpu-check           or   PYTHONPATH=. bash scripts/gpu_check.sh
-# Full results go under $OUT (default ./gpu-results); a short table is printed last.
+# Results go under $OUT (default ./gpu-results), at most 8 files: run.log (every step's output),
+# gpu_tests.xml, bench.json, probe_base.json, probe_llama3_8b.json, summary.txt.
+# The summary table is printed last. Exit code 1 if any step failed or timed out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="${PYTHONPATH:-.}"
@@ -10,49 +13,42 @@ export PYTHONUNBUFFERED=1
 OUT="${OUT:-gpu-results}"
 mkdir -p "$OUT"
 PY="${PY:-python3}"
-QUICK="${QUICK:-0}"   # QUICK=1: only the fastest parts (a rerun inside a short lease)
+QUICK="${QUICK:-0}"              # QUICK=1: tests and the base probe only (a rerun in a short lease)
+BASE="${GPU_CHECK_BASE:-base}"   # presets, overridable to rehearse the script on a CPU with "tiny"
+BIG="${GPU_CHECK_BIG:-llama3_8b}"
+BATCHES="${GPU_CHECK_BATCHES:-1,8,64,256}"
+LOG="$OUT/run.log"
+: > "$LOG"
 
 status=()
-step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, remember the exit code
-  local name=$1; shift
+failed=0
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, append to run.log, keep the exit code
+  local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  echo "=== $name: $*"
-  "$@" > "$OUT/$name.log" 2>&1
+  echo "=== $name (limit ${limit}s): $*" | tee -a "$LOG"
+  timeout --kill-after=10 "$limit" "$@" >> "$LOG" 2>&1
   local rc=$?
-  tail -n 25 "$OUT/$name.log"
-  status+=("$(printf '%-22s rc=%-3s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
+  [ "$rc" -eq 124 ] && echo "=== $name: TIMED OUT after ${limit}s" | tee -a "$LOG"
+  [ "$rc" -ne 0 ] && failed=1
+  status+=("$(printf '%-12s rc=%-4s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
 }
 
-step env        "$PY" -m inference_lab env
-step gpu_tests  "$PY" -m pytest -m gpu tests -q -p no:cacheprovider -x --junitxml="$OUT/gpu_tests.xml"
-step bench      "$PY" -m pallas_kernels.bench --json "$OUT/bench.json"
-step probe_base "$PY" -m inference_lab probe --preset base --prompt-len 2048 --batch 1,8,64,256 --new-tokens 32 --json "$OUT/probe_base.json"
+step env       20  "$PY" -m inference_lab env
+step gpu_tests 130 "$PY" -m pytest -m gpu tests -q -p no:cacheprovider -rs --junitxml="$OUT/gpu_tests.xml"
 if [ "$QUICK" != "1" ]; then
-  step probe_8b "$PY" -m inference_lab probe --preset llama3_8b --prompt-len 512 --batch 1,8,64 --new-tokens 32 --json "$OUT/probe_llama3_8b.json"
+  step bench   140 "$PY" -m pallas_kernels.bench --json "$OUT/bench.json"
+fi
+step probe_base 80 "$PY" -m inference_lab probe --preset "$BASE" --prompt-len 512 --batch "$BATCHES" \
+  --new-tokens 16 --repeats 3 --json "$OUT/probe_base.json"
+if [ "$QUICK" != "1" ]; then
+  step probe_8b 100 "$PY" -m inference_lab probe --preset "$BIG" --prompt-len 512 --batch "$BATCHES" \
+    --new-tokens 16 --repeats 3 --json "$OUT/probe_llama3_8b.json"
 fi
 
-echo
-echo "=== summary (logs and JSON in $OUT)"
-for line in "${status[@]}"; do echo "$line"; done
-"$PY" - "$OUT" <<'PYEOF'
-import json, sys, pathlib
-out = pathlib.Path(sys.argv[1])
-bench = out / "bench.json"
-if bench.exists():
-    rows = json.loads(bench.read_text()).get("rows", [])
-    print(f"{'kernel':<18}{'shape':<34}{'impl':<24}{'figure':>14}{'% ceiling':>11}")
-    for r in rows:
-        if "error" in r:
-            fig, pct = "unavailable", ""
-        elif r.get("bound") == "memory":
-            fig, pct = f"{r['tbps']:.3f} TB/s", f"{r['pct_bandwidth']:.0f}%"
-        else:
-            fig, pct = f"{r['tflops']:.1f} TFLOP/s", f"{r['pct_matmul_peak']:.0f}%"
-        print(f"{r['kernel']:<18}{r['shape'][:33]:<34}{r['impl'][:23]:<24}{fig:>14}{pct:>11}")
-for probe in sorted(out.glob("probe_*.json")):
-    p = json.loads(probe.read_text())
-    pre = p["prefill"]
-    print(f"{probe.stem}: prefill {pre['prefill_tokens_per_s']:.0f} tok/s (MFU {pre['mfu']}), "
-          + ", ".join(f"decode b{d['batch']} {d['decode_tokens_per_s']:.0f} tok/s MBU {d['mbu']}" for d in p["decode"])
-          + f", ratio {p['ratio']:.1f}")
-PYEOF
+{
+  echo
+  echo "=== steps (full output in $LOG)"
+  for line in "${status[@]}"; do echo "$line"; done
+  "$PY" scripts/gpu_summary.py "$OUT"
+} | tee "$OUT/summary.txt"
+exit "$failed"

@@ -1,34 +1,91 @@
-"""The kernel benchmark runs end to end (on CPU: tiny shapes, flagged as not representative)."""
+"""The kernel benchmark runs end to end (on CPU: tiny shapes, flagged as not representative),
+times inside jitted loops that XLA cannot shortcut, and fails loudly when our kernels fail."""
 
 from __future__ import annotations
 
 import json
 
+import jax
+import jax.numpy as jnp
 import pytest
 
+import pallas_kernels as pk
+from inference_lab import hlo
 from pallas_kernels import bench
 from pallas_kernels.mode import pallas_supported
 
+CPU_ONLY = pytest.mark.skipif(pallas_supported(), reason="the CPU path; on a GPU scripts/gpu_check.sh runs the full benchmark")
 
-@pytest.mark.skipif(pallas_supported(), reason="the CPU path; on a GPU scripts/gpu_check.sh runs the full benchmark")
+
+@CPU_ONLY
 def test_bench_quick_on_cpu(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert bench.main(["--quick", "--repeats", "1", "--json", str(path)]) == 0
     printed = capsys.readouterr().out
     assert "NOT REPRESENTATIVE" in printed
     result = json.loads(path.read_text())
-    assert result["meta"]["representative"] is False
+    assert result["meta"]["representative"] is False and result["failures"] == []
     assert result["ceilings"]["matmul_flops"] > 0 and result["ceilings"]["bandwidth"] > 0
     kernels = {row["kernel"] for row in result["rows"]}
     assert kernels == {"matmul", "matmul_decode", "flash_attention", "decode_attention"}
     timed = [row for row in result["rows"] if "seconds" in row]
-    assert all(row["seconds"] > 0 for row in timed)
+    assert len(timed) == len(result["rows"]) and all(row["seconds"] > 0 for row in timed)
     # Every kernel was timed both as Pallas (interpreted) and as XLA.
     for kernel in kernels:
         impls = {row["impl"] for row in timed if row["kernel"] == kernel}
         assert "pallas[interpret]" in impls and len(impls) >= 2, (kernel, impls)
 
 
+@CPU_ONLY
+def test_bench_exits_nonzero_when_our_kernel_fails(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(pk, "decode_attention", broken)
+    assert bench.main(["--quick", "--repeats", "1"]) == 1
+    out = capsys.readouterr()
+    assert "ERROR: decode_attention" in out.out and "kernel exploded" in out.out
+    assert "failed" in out.err
+
+
+def _dot_inside_loop(text: str) -> bool:
+    """Whether a dot is computed inside the program's while loop (its body or what it calls)."""
+    import re
+
+    comps, entry = hlo._computations(text)
+    bodies = [m.group(1) for line in comps[entry] for m in [re.search(r"body=%?([\w.\-]+)", line)] if m]
+    todo, seen = list(bodies), set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        for line in comps[name]:
+            if re.search(r"\sdot\(", line):
+                return True
+            todo += re.findall(r"(?:calls|body|to_apply)=%?([\w.\-]+)", line)
+    return False
+
+
+def test_loop_keeps_every_call_inside_the_loop():
+    """The timed loop cannot be shortcut: the dot stays in the while body, not hoisted out."""
+    from jax import lax
+
+    a, b = jnp.ones((64, 64)), jnp.ones((64, 64))
+    text = bench.looped(lambda a, b: a @ b, 7).lower(a, b).compile().as_text()
+    assert _dot_inside_loop(text), "the matmul was hoisted out of the timed loop"
+    assert float(bench.looped(lambda a, b: a @ b, 7)(a, b)) == 7 * 64.0
+    # Counter-check: a plain loop over the same call IS shortcut by XLA (the check can fail).
+    naive = jax.jit(lambda a, b: lax.fori_loop(0, 7, lambda i, acc: acc + (a @ b)[0, 0], 0.0))
+    assert not _dot_inside_loop(naive.lower(a, b).compile().as_text())
+
+
 def test_bench_rejects_bad_repeats():
     with pytest.raises(SystemExit):
         bench.main(["--repeats", "0"])
+
+
+def test_decode_projections_cover_both_models():
+    assert set(bench.DECODE_PROJECTIONS) == {"base", "llama3_8b"}
+    for projs in bench.DECODE_PROJECTIONS.values():
+        assert set(projs) == {"qkv", "o", "gate_up", "down", "head"}

@@ -109,6 +109,12 @@ def lesson_model(here: Machine, kernels: str = "auto"):
     return _model(here.config, kernels)
 
 
+def kernel_check_mode() -> str:
+    """How the lessons run the Pallas kernels to check their numbers: compiled where a GPU
+    compiles them, else under the interpreter (correct, slow, never used for timing)."""
+    return "pallas" if pk.mode.pallas_supported() else "interpret"
+
+
 def ceilings_line(spec, dtype) -> str:
     return (f"{spec.name}: matmul {spec.peak_flops(dtype) / 1e9:,.1f} GFLOP/s ({dtype}), "
             f"bandwidth {spec.bandwidth / 1e9:,.1f} GB/s, ridge {spec.ridge_point(dtype):,.1f} FLOP/byte\n"

@@ -9,19 +9,20 @@ import jax
 
 import pallas_kernels as pk
 from inference_lab import measure, plots, workload
-from inference_lab.lessons.machine import DECODE_STEPS, PREFILL_COLUMNS, Sweep, _pct
+from inference_lab.lessons.machine import DECODE_STEPS, PREFILL_COLUMNS, Sweep, _pct, kernel_check_mode
 from pallas_kernels.testing import flash_attention_f64, matmul_f64, rel_err
 
 
 def prefill_kernels_check(seed: int = 0) -> dict:
     """The matmul and flash attention under the interpreter vs float64 NumPy (awkward sizes)."""
+    mode = kernel_check_mode()   # compiled on a GPU, interpreted elsewhere
     k = jax.random.split(jax.random.key(seed), 5)
     a, b = jax.random.normal(k[0], (37, 100)), jax.random.normal(k[1], (100, 70))
     q = jax.random.normal(k[2], (2, 45, 8, 32))
     kk, vv = jax.random.normal(k[3], (2, 61, 2, 32)), jax.random.normal(k[4], (2, 61, 2, 32))
     return {
-        "matmul 37x100 @ 100x70": rel_err(pk.matmul(a, b, mode="interpret"), matmul_f64(a, b)),
-        "flash attention T45 S61 GQA 8/2": rel_err(pk.flash_attention(q, kk, vv, causal=True, mode="interpret"),
+        "matmul 37x100 @ 100x70": rel_err(pk.matmul(a, b, mode=mode), matmul_f64(a, b)),
+        "flash attention T45 S61 GQA 8/2": rel_err(pk.flash_attention(q, kk, vv, causal=True, mode=mode),
                                                    flash_attention_f64(q, kk, vv, causal=True)),
     }
 
