@@ -9,6 +9,6 @@ low-level entry point that assumes validated arguments::
     matmul.matmul(a, b, interpret=True)  # GPU interpret mode on a CPU
 """
 
-from pallas_kernels.mosaic import matmul
+from pallas_kernels.mosaic import decode_attention, flash_attention, matmul
 
-__all__ = ["matmul"]
+__all__ = ["matmul", "flash_attention", "decode_attention"]

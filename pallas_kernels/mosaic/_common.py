@@ -25,6 +25,16 @@ def device_num_sms() -> int:
     return H200_NUM_SMS
 
 
+def hopper_available() -> bool:
+    """True when the default device is an sm_90 GPU (Hopper: wgmma exists only there)."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:
+        return False
+    cc = getattr(dev, "compute_capability", None)
+    return dev.platform == "gpu" and cc is not None and str(cc).split(".")[0] == "9"
+
+
 def interpret_params(interpret):
     """What ``plgpu.kernel(interpret=...)`` takes: ``True`` -> default ``InterpretGPUParams()``
     (GPU interpret mode on a CPU), a ``plgpu.InterpretGPUParams`` (e.g. with

@@ -214,9 +214,12 @@ def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None,
         raise ValueError(f"k_cache has S_max={s_max} slots, not a multiple of 8: allocate the cache "
                          "with a multiple of 8 (TMA copies whole 8-row tiles), or use "
                          "pallas_kernels.decode_attention")
+    groups = hq // hkv
+    if groups > ROWS:
+        raise ValueError(f"q has {groups} query heads per KV head; the Mosaic GPU decode attention "
+                         f"holds at most {ROWS} in one tile (use pallas_kernels.decode_attention)")
     p = plan(b, s_max, hq, hkv, d, q.dtype, config=config)
     cfg = p.config
-    groups = hq // hkv
     gp = C.round_up(groups, 8)
     q4 = q.reshape(b, hkv, groups, d)
     if gp != groups:

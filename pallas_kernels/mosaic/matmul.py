@@ -74,9 +74,9 @@ DECODE_M = 64  # M up to this is "decode-shaped": one wgmma tile row holds the w
 
 @dataclasses.dataclass(frozen=True)
 class MosaicMatmulConfig:
-    """Tiles and pipeline depth. The CTA tile is ``tile_m x (2 * tile_n)`` (two consumer
-    warpgroups side by side in N). ``k_splits=None`` lets :func:`plan` choose; ``num_sms=None``
-    reads the device (132, an H200, when there is no GPU)."""
+    """Tiles and pipeline depth. The CTA tile is ``tile_m x (consumers * tile_n)``: one or two
+    consumer warpgroups side by side in N. ``k_splits=None`` lets :func:`plan` choose;
+    ``num_sms=None`` reads the device (132, an H200, when there is no GPU)."""
 
     tile_m: int = 128       # rows per consumer warpgroup (wgmma M: a multiple of 64)
     tile_n: int = 128       # columns per consumer warpgroup
@@ -85,6 +85,7 @@ class MosaicMatmulConfig:
     epi_m: int = 64         # epilogue sub-tile: epi_m rows x epi_n 2-byte columns
     epi_n: int = 64         # (half as many columns for an f32 output: same bytes)
     delay_release: int = 0  # wgmmas kept in flight before a slot is handed back (see docs)
+    consumers: int = 2      # consumer warpgroups (1 or 2)
     k_splits: int | None = None
     num_sms: int | None = None
 
@@ -95,8 +96,14 @@ class MosaicMatmulConfig:
             raise ValueError(f"tile_n={self.tile_n} must be a multiple of 8 and tile_k={self.tile_k} of 16")
         if self.tile_m % self.epi_m or self.tile_n % self.epi_n:
             raise ValueError("epi_m / epi_n must divide tile_m / tile_n")
+        if self.consumers not in (1, 2):
+            raise ValueError(f"consumers={self.consumers} must be 1 or 2")
         if not 0 <= self.delay_release < self.stages:
             raise ValueError(f"delay_release={self.delay_release} must lie in 0..stages-1")
+
+    @property
+    def cta_n(self) -> int:
+        return self.consumers * self.tile_n
 
 
 # Defaults by shape class (starting points, to be tuned on an H200). Decode: one 64-row tile,
@@ -141,14 +148,19 @@ class MatmulPlan:
         total = self.units * self.steps_per_split
         return total / (self.num_sms * self.units_per_cta[1] * self.steps_per_split)
 
+    @property
+    def partial_bytes(self) -> int:
+        """Bytes of f32 partial sums the kernel writes (and the reduction reads back)."""
+        return 0 if self.k_splits == 1 else self.k_splits * C.round_up(self.m, 8) * self.n * 4
+
     def smem_bytes(self, itemsize: int = 2) -> int:
         """Shared memory of one CTA: the TMA ring plus 2 warpgroups x 2 epilogue slots."""
         return smem_bytes(self.config, itemsize)
 
 
 def smem_bytes(c: MosaicMatmulConfig, itemsize: int = 2) -> int:
-    slabs = c.stages * (c.tile_m * c.tile_k + c.tile_k * 2 * c.tile_n) * itemsize
-    return slabs + 2 * 2 * c.epi_m * c.epi_n * 2
+    slabs = c.stages * (c.tile_m * c.tile_k + c.tile_k * c.cta_n) * itemsize
+    return slabs + c.consumers * 2 * c.epi_m * c.epi_n * 2
 
 
 def epi_cols(c: MosaicMatmulConfig, out_dtype) -> int:
@@ -165,9 +177,9 @@ def _split_options(config: MosaicMatmulConfig, m, n, k, itemsize, num_sms):
     would leave SMs without a unit sort last whenever the shape has enough K steps to avoid it.
     """
     m_tiles = C.cdiv(m, config.tile_m)
-    n_tiles = C.cdiv(n, 2 * config.tile_n)
+    n_tiles = C.cdiv(n, config.cta_n)
     k_steps = C.cdiv(k, config.tile_k)
-    weight_step = config.tile_k * 2 * config.tile_n * itemsize
+    weight_step = config.tile_k * config.cta_n * itemsize
     need = min(num_sms, m_tiles * n_tiles * k_steps)   # units for every SM to have one
     fixed = config.k_splits
     for s in ([fixed] if fixed else range(1, min(k_steps, MAX_K_SPLITS) + 1)):
@@ -183,7 +195,7 @@ def _split_options(config: MosaicMatmulConfig, m, n, k, itemsize, num_sms):
 
 
 MAX_K_SPLITS = 64
-DECODE_TILE_NS = (64, 32)   # per-warpgroup N tiles plan() may pick for decode shapes
+DECODE_CONSUMERS = (2, 1)   # decode CTA tiles plan() may pick: 64 x 128 (two consumers) or 64 x 64
 
 
 def plan(m: int, n: int, k: int, dtype=jnp.bfloat16, *, num_sms: int | None = None,
@@ -191,12 +203,12 @@ def plan(m: int, n: int, k: int, dtype=jnp.bfloat16, *, num_sms: int | None = No
     """The work decomposition for an ``[m, k] @ [k, n]`` matmul on ``num_sms`` SMs.
 
     Without a config, decode shapes (``m <= 64``) try the decode tiles with each N tile in
-    ``DECODE_TILE_NS`` and every K split, and keep the cheapest by the model in
+    ``DECODE_CONSUMERS`` and every K split, and keep the cheapest by the model in
     ``_split_options``; larger ``m`` uses ``PREFILL_CONFIG``. With a config only ``k_splits``
     (when None) is chosen. ``plan(...).config`` is the resolved config (``k_splits`` set).
     """
     if config is None:
-        candidates = ([dataclasses.replace(DECODE_CONFIG, tile_n=tn) for tn in DECODE_TILE_NS]
+        candidates = ([dataclasses.replace(DECODE_CONFIG, consumers=w) for w in DECODE_CONSUMERS]
                       if m <= DECODE_M else [PREFILL_CONFIG])
     else:
         candidates = [config]
@@ -206,13 +218,17 @@ def plan(m: int, n: int, k: int, dtype=jnp.bfloat16, *, num_sms: int | None = No
         ((key, cfg, s) for cfg in candidates
          for key, s in _split_options(cfg, m, n, k, itemsize, num_sms)),
         key=lambda t: t[0])
-    cfg = dataclasses.replace(cfg, k_splits=splits, num_sms=num_sms)
+    steps = C.cdiv(C.cdiv(k, cfg.tile_k), splits)
+    # Keeping a wgmma in flight across steps needs at least two steps per unit: with one, the
+    # producer could refill the slot of the next unit before its last wgmma is done (the
+    # interpreter catches this as a barrier that completes a phase nobody observed).
+    dr = cfg.delay_release if steps > cfg.delay_release else 0
+    cfg = dataclasses.replace(cfg, k_splits=splits, num_sms=num_sms, delay_release=dr)
     if smem_bytes(cfg, itemsize) > C.HOPPER_SMEM_BYTES:
         raise ValueError(f"config needs {smem_bytes(cfg, itemsize)} bytes of shared memory per CTA; "
                          f"Hopper allows {C.HOPPER_SMEM_BYTES}: lower stages or the tiles")
     m_tiles = C.cdiv(m, cfg.tile_m)
-    n_tiles = C.cdiv(n, 2 * cfg.tile_n)
-    steps = C.cdiv(C.cdiv(k, cfg.tile_k), splits)
+    n_tiles = C.cdiv(n, cfg.cta_n)
     units = m_tiles * n_tiles * splits
     return MatmulPlan(config=cfg, m=m, n=n, k=k, num_sms=num_sms, m_tiles=m_tiles,
                       n_tiles=n_tiles, k_splits=splits, steps_per_split=steps,
@@ -223,7 +239,7 @@ def _matmul_kernel(a_gmem, b_gmem, out_gmem, *, p: MatmulPlan):
     # a_gmem: [M, K]; b_gmem: [K, N]; out_gmem: [M, N] (out dtype) or [k_splits, M, N] f32.
     c = p.config
     tm, tn, tk = c.tile_m, c.tile_n, c.tile_k
-    cta_n = 2 * tn
+    cta_n = c.cta_n
     out_dtype = out_gmem.dtype
     a_tf = C.swizzled(tk, a_gmem.dtype)
     b_tf = C.swizzled(tn, b_gmem.dtype)      # each consumer slices whole swizzle tiles
@@ -242,7 +258,7 @@ def _matmul_kernel(a_gmem, b_gmem, out_gmem, *, p: MatmulPlan):
                                 memory_space=plgpu.SMEM, delay_release=c.delay_release),
             ],
             wg_axis="wg",
-            num_compute_wgs=2,
+            num_compute_wgs=c.consumers,
             max_concurrent_steps=c.stages,
             compute_context=compute_context,
         )
@@ -252,11 +268,11 @@ def _matmul_kernel(a_gmem, b_gmem, out_gmem, *, p: MatmulPlan):
     @functools.partial(
         pl.run_scoped,
         ring=make_pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem),
-        out_smem=plgpu.SMEM((2, 2, c.epi_m, epi_n), out_dtype, transforms=out_tf),
+        out_smem=plgpu.SMEM((c.consumers, 2, c.epi_m, epi_n), out_dtype, transforms=out_tf),
         collective_axes="wg",
     )
     def _scope(ring, out_smem):
-        wg = lax.axis_index("wg")                  # 0, 1: consumers; 2: producer
+        wg = lax.axis_index("wg")                  # 0 .. consumers-1: consumers; last: producer
 
         @plgpu.nd_loop((p.m_tiles, p.n_tiles, p.k_splits), collective_axes="sm")
         def _unit(info):
@@ -349,7 +365,7 @@ def matmul(a, b, *, out_dtype=None, config: MosaicMatmulConfig | None = None,
         out_type=out_type,
         grid=p.grid,
         grid_names=("sm",),
-        num_threads=3,
+        num_threads=p.config.consumers + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=C.interpret_params(interpret),
