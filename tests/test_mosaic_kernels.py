@@ -195,7 +195,7 @@ def test_matmul_decode_plans_give_every_sm_weight_to_stream(num_sms):
     its ring of slabs fills the SM's shared memory, so a second CTA would not fit). The
     measures that matter: every SM gets at least one unit of weight, the busiest SM streams
     at most 1/0.75 of the average, each weight byte is read once, and the f32 partial sums
-    of a K split never move more bytes than the weight itself."""
+    of a K split stay below half the weight's bytes (below 7% at batch 1)."""
     for name, (k, n) in LLAMA_PROJECTIONS.items():
         for m in range(1, 65):
             p = mm.plan(m, n, k, BF16, num_sms=num_sms)
@@ -204,32 +204,34 @@ def test_matmul_decode_plans_give_every_sm_weight_to_stream(num_sms):
             assert p.units_per_cta[0] >= 1, what
             assert p.balance >= 0.75, what
             assert p.m_tiles == 1, what            # decode: the weight is streamed exactly once
-            assert p.partial_bytes <= k * n * 2, what
+            assert p.partial_bytes <= (0.5 if m > 1 else 0.07) * k * n * 2, what
             assert p.smem_bytes() <= _common.HOPPER_SMEM_BYTES, what
 
 
 # ------------------------------------------------------------------ flash attention
 SMALL_FLASH = fa.MosaicFlashConfig(block_q=64, block_kv=64, stages=2)
 FLASH_CASES = [
-    # (B, T, S, Hq, Hkv, D, causal, dtype)
-    (1, 1, 130, 4, 1, 64, False, F16),      # T = 1, S > T, GQA 4, not causal, ragged S (-> 136)
-    (1, 37, 200, 8, 1, 128, True, BF16),    # GQA 8, D = 128, ragged T and S, causal offset 163
-    (1, 130, 130, 1, 1, 64, True, BF16),    # GQA 1, two query tiles; the lower warpgroup skips
-]                                           # blocks past its diagonal
+    # (B, T, S, Hq, Hkv, D, causal, dtype, sm_scale)
+    (1, 1, 130, 4, 1, 64, False, F16, None),    # T = 1, S > T, GQA 4, not causal, ragged S (-> 136)
+    (1, 37, 200, 8, 1, 128, True, BF16, None),  # GQA 8, D = 128, ragged T and S, causal offset 163
+    (1, 130, 130, 1, 1, 64, True, BF16, 0.3),   # GQA 1, two query tiles; the lower warpgroup
+]                                               # skips blocks past its diagonal
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("b,t,s,hq,hkv,d,causal,dtype", FLASH_CASES)
-def test_flash_attention_matches_float64(mode, b, t, s, hq, hkv, d, causal, dtype):
+@pytest.mark.parametrize("b,t,s,hq,hkv,d,causal,dtype,sm_scale", FLASH_CASES)
+def test_flash_attention_matches_float64(mode, b, t, s, hq, hkv, d, causal, dtype, sm_scale):
     rng = np.random.default_rng(t * 100 + s + d)
     q = rand(rng, (b, t, hq, d), dtype)
     k, v = rand(rng, (b, s, hkv, d), dtype), rand(rng, (b, s, hkv, d), dtype)
-    out = fa.flash_attention(q, k, v, causal=causal, config=SMALL_FLASH, interpret=interpret_flag(mode))
+    out = fa.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, config=SMALL_FLASH,
+                             interpret=interpret_flag(mode))
     assert out.shape == q.shape and out.dtype == q.dtype
     what = f"flash B{b} T{t} S{s} H{hq}/{hkv} D{d} causal={causal}"
     assert_no_races(mode, what)
-    assert_close(out, np_flash(q, k, v, causal, d ** -0.5), what)
-    assert_close(out, f64(reference.flash_attention(q, k, v, causal=causal)), what + " vs reference")
+    assert_close(out, np_flash(q, k, v, causal, sm_scale or d ** -0.5), what)
+    ref = reference.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+    assert_close(out, f64(ref), what + " vs reference")
 
 
 def test_flash_attention_plan_and_rejections():

@@ -17,19 +17,22 @@ Grid and why
   share it, and one *chunk* of ``chunk`` cache positions (flash-decoding: the length is split
   across SMs so that even one long sequence fills the GPU; :func:`plan` picks ``splits`` so
   that ``splits * Hkv * B`` covers the SMs, with chunks of at least ``MIN_CHUNK`` keys).
-- The G query heads are the rows of the wgmma tile: q is viewed as ``[B, Hkv, G, D]`` (free)
-  and one TMA copy brings the group's rows into a 64-row tile; the rows past G fall outside
-  the array and TMA fills them with zeros. Each K/V block is loaded once for the whole group.
+- The G query heads are the rows of the wgmma tile: q is viewed as ``[B, Hkv, G, D]`` (free;
+  G is padded to ``Gp``, a multiple of 8, see Edges) and one TMA copy brings the group's rows
+  into a 64-row tile; the rows past ``Gp`` fall outside the array and TMA fills them with
+  zeros. Each K/V block is loaded once for the whole group.
 - Two warpgroups (``plgpu.emit_pipeline_warp_specialized``): a producer that issues TMA copies
   of ``[block_k, D]`` K and V blocks (each with its own barrier) into a ``stages``-deep ring,
   and one consumer that runs ``S = Q K^T`` (wgmma), the online softmax in f32 and
-  ``acc += P V`` (wgmma). One consumer suffices: per block the arithmetic is tiny next to
-  the time the block takes to arrive.
+  ``acc += P V`` (wgmma; P goes through a shared-memory tile because GPU interpret mode's
+  wgmma takes no register operand). One consumer suffices: per block the arithmetic is tiny
+  next to the time the block takes to arrive. Tensor cores on a 64-row tile of which only G
+  rows are real waste arithmetic, not bandwidth, and bandwidth is the limit here.
 - Work follows each row's real length: the pipeline's length is the traced
   ``cdiv(min(chunk_end, lengths[b]) - chunk_start, block_k)``, so a chunk at or past the end
   of a row loads nothing; only the block holding the row's last key is masked.
-- Each CTA writes an unnormalised partial: ``acc [G, D]``, running max ``m`` and sum ``l``
-  (f32, base-2 logs). A few fused jnp ops combine the splits with the log-sum-exp rule:
+- Each CTA writes an unnormalised partial: ``acc`` (its first ``Gp`` rows; the TMA store drops
+  the rest), running max ``m`` and sum ``l`` (f32, base-2 logs). A few fused jnp ops combine the splits with the log-sum-exp rule:
   ``M = max_s m_s``, ``w_s = 2^(m_s - M)``, ``out = sum_s w_s acc_s / sum_s w_s l_s``
   (split 0 always holds key 0, so ``M`` is finite; empty splits weigh 0).
 

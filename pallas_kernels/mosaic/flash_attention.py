@@ -25,8 +25,8 @@ Grid and why
 - Per key block a consumer runs: ``S = Q K^T`` (wgmma, f32), scale by
   ``sm_scale * log2(e)``, mask (only on blocks that cross the causal diagonal or the end of
   S), the online softmax (running max ``m``, sum ``l``, accumulator rescaled by
-  ``2^(m_old - m_new)``), then ``acc += P V`` (wgmma with P from registers). At the end
-  ``acc / l`` goes back through the Q tile's shared memory to a TMA store.
+  ``2^(m_old - m_new)``), then ``acc += P V`` (wgmma). At the end ``acc / l`` goes back
+  through the Q tile's shared memory to a TMA store.
 - **Only visible key blocks are loaded**: the producer's loop length is
   ``cdiv(min(S, last_row + 1 + S - T), block_kv)`` for the CTA's last row (a traced bound,
   so the pipeline's grid is dynamic). The lower consumer skips the wgmmas of blocks that lie
@@ -37,12 +37,21 @@ What of FlashAttention-3 is here, and what is not
 Here: producer/consumer warp specialisation with register reallocation (``setmaxnreg``),
 TMA loads into a multi-stage ring, wgmma for both matmuls, separate K and V barriers, and
 *pingpong* scheduling between the two consumer warpgroups (``pingpong=True``): a two-arrival
-barrier staggers them by half an iteration so one warpgroup's softmax (exp2 on the SFU) runs
-while the other's wgmmas use the tensor core. Not here: *intra*-warpgroup pipelining (issuing
-block j+1's ``Q K^T`` before block j's softmax), because it needs two score tiles live in
-registers and hand-placed wgmma waits that Pallas' accumulator refs do not express cleanly;
-FP8 with block quantisation and incoherent processing (this tier is bf16/f16); a persistent
-tile scheduler (plain grid here); the backward pass.
+barrier staggers them by half an iteration so one warpgroup's softmax (exp2) runs while the
+other's wgmmas use the tensor core. Whether the stagger pays off here is unmeasured (no GPU).
+
+Different: FA3 feeds P to the second wgmma straight from registers. GPU interpret mode's
+wgmma only takes shared-memory operands, so the default (``p_in_registers=False``) writes P
+to a ``[block_q, block_kv]`` shared-memory tile first (16 KiB per consumer, extra shared-memory
+traffic); ``p_in_registers=True`` is FA3's path, which lowers for sm_90 (tested) but no CPU
+run can check numerically.
+
+Not here: *intra*-warpgroup pipelining (issuing block j+1's ``Q K^T`` before block j's
+softmax): the warp-specialised pipeline helper hands the body one K/V slot at a time, so it
+would need a hand-written producer/consumer loop with explicit slot indexing, and two score
+tiles live in registers. Also not here: FP8 with block quantisation and incoherent processing
+(this tier is bf16/f16), a persistent tile scheduler (plain grid), the backward pass. GQA
+heads of a group run in separate CTAs and share K/V through L2 (FA3's "pack GQA" is not done).
 
 Edges
 -----

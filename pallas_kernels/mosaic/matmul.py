@@ -4,55 +4,62 @@ Layout and math
 ---------------
 ``a`` is ``[M, K]`` and ``b`` is ``[K, N]``, both row-major bf16 or f16 (the tensor cores' input
 types); ``out[i, j] = sum_k a[i, k] * b[k, j]`` accumulated in f32 by the tensor cores and cast
-once to ``out_dtype`` (default: the input dtype). ``b`` is the weight in a model's projections;
+once to ``out_dtype`` (default: the input dtype). ``b`` is the weight of a model's projection:
 nothing here copies, pads or transposes it.
 
 Work units, grid and why
 ------------------------
-- The output is cut into CTA tiles of ``tile_m x 2*tile_n``. A *work unit* is one CTA tile and
-  one contiguous range of K (a *K split*): ``units = m_tiles * n_tiles * k_splits``.
-- The grid is **persistent**: ``min(num_sms, units)`` CTAs, one per SM, and CTA ``c`` takes units
-  ``c, c + grid, c + 2*grid, ...`` (``plgpu.nd_loop``). A CTA's shared memory and barriers are
-  set up once and reused for every unit it owns, so there is no per-tile launch and the next
-  tile's loads can queue behind the current tile's epilogue.
-- Each CTA runs three warpgroups (``plgpu.emit_pipeline_warp_specialized``): a *producer*
-  warpgroup that only issues TMA copies of ``[tile_m, tile_k]`` slabs of ``a`` and
-  ``[tile_k, 2*tile_n]`` slabs of ``b`` into a ring of ``stages`` shared-memory buffers, with
-  few registers (40 per thread), and two *consumer* warpgroups that each own half of the tile
-  (``tile_m x tile_n``), issue ``wgmma`` on the shared slabs into an f32 register accumulator,
-  and hand each slot back to the producer once its wgmma is done. With ``delay_release = 1`` a
-  consumer keeps one wgmma in flight while it waits for the next slab, so the tensor core is
-  never idle between K steps.
+- The output is cut into CTA tiles of ``tile_m x (consumers * tile_n)``. A *work unit* is one
+  CTA tile and one contiguous range of K (a *K split*): ``units = m_tiles * n_tiles * k_splits``.
+- The grid is **persistent**: ``min(num_sms, units)`` CTAs, one per SM; CTA ``c`` runs units
+  ``c, c + grid, c + 2*grid, ...`` (``plgpu.nd_loop``). Shared memory and barriers are set up
+  once per CTA and reused by every unit it runs.
+- Each CTA runs ``consumers + 1`` warpgroups (``plgpu.emit_pipeline_warp_specialized``): a
+  *producer* that only issues TMA copies of ``[tile_m, tile_k]`` slabs of ``a`` and
+  ``[tile_k, consumers * tile_n]`` slabs of ``b`` into a ring of ``stages`` shared-memory slots,
+  with few registers (40 per thread, ``setmaxnreg``), and one or two *consumers*, each owning
+  ``tile_m x tile_n`` of the tile, that issue ``wgmma`` on the shared slabs into an f32
+  register accumulator and hand each slot back to the producer once their wgmma is done.
+  ``delay_release=1`` would keep one wgmma in flight across steps (the tensor core never waits
+  for the hand-back); it is off by default because with the helper's slot recycling across
+  units the producer may refill a slot whose last wgmma is still reading (the interpreter
+  catches it outright when a unit has a single step; plan() then turns it off).
 - Epilogue: each consumer casts its accumulator, writes it to shared memory in
-  ``epi_m x epi_n`` sub-tiles (two slots, so writing one overlaps the TMA store of the other),
+  ``epi_m x epi_n`` sub-tiles (two slots, so filling one overlaps the TMA store of the other)
   and stores them with TMA.
-- Decode shapes (``M <= 64``: M is the batch) have one tile row, so without help there would be
-  only ``N / (2*tile_n)`` units: 24 for the fused QKV projection of Llama-3.2-1B, far fewer
-  than 132 SMs, and most SMs would stream no weight at all. :func:`plan` therefore also splits
-  K: it picks the number of K splits that minimises a simple model of the time (the weight
-  bytes of the busiest CTA, plus one pipeline fill per unit, plus the partial sums it has to
-  write and re-read), which in practice gives every SM weight to stream (see the tests). With
-  more than one split each unit writes an f32 partial ``[k_splits, M, N]`` and one fused XLA
-  reduction sums them and casts; with one split the kernel writes ``out_dtype`` directly.
-- Why persistent CTAs and not "2 CTAs per SM": a CTA here already holds ``stages`` slabs in
-  flight (up to ~200 KiB of shared memory, the whole SM), so a second resident CTA would not
-  fit; the measure that matters for a weight-streaming matmul is that **every SM gets weight
-  tiles** and that the busiest SM does not stream much more than the average
-  (``MatmulPlan.balance``).
+- Decode shapes (``M <= 64``: M is the batch) have a single tile row, so tiling N alone would
+  give 24 units for the fused QKV projection of Llama-3.2-1B (N = 3072 in 128-wide tiles):
+  108 of 132 SMs would stream no weight. :func:`plan` therefore tries CTA tiles 64 x 128 (two
+  consumers) and 64 x 64 (one) and every K split, and keeps the cheapest by a small model of
+  the time (the weight bytes of the busiest SM, one pipeline fill per unit, and the SM's share
+  of the partial sums a split writes and re-reads), preferring the splits that give every SM
+  at least one unit. With more than one split each unit writes an f32 partial
+  ``[k_splits, M, N]`` and one fused XLA reduction sums them and casts: an extra launch, and
+  partials of up to half the weight's bytes (written, then read again) for the small 1B
+  projections at M = 64, at most 6% at M = 1. With one split the kernel writes ``out_dtype``
+  directly.
+- Why not "2 CTAs per SM": the CTA is persistent and its ring of slabs takes most of an SM's
+  227 KiB of shared memory, so a second CTA would not be resident anyway. What matters for a
+  weight-streaming matmul is that **every SM gets weight tiles** and that the busiest SM does
+  not stream much more than the average (``MatmulPlan.balance``, >= 0.79 for every decode
+  projection of Llama-3.2-1B and Llama-3-8B on 132 and 108 SMs: see the tests).
 
 Edges (M, N, K not multiples of the tiles)
 ------------------------------------------
-Handled by **TMA's out-of-bounds handling**, not by masks and not by padding: a TMA load whose
-box crosses the end of a dimension fills the missing elements with zeros (``OOBFillMode.ZEROS``),
-and a TMA store drops the elements that fall outside the array. A zero in ``a`` *or* ``b`` adds
-nothing to the dot product, so ragged K is exact; rows/columns past M or N are computed from
-zeros and never stored. The tails cost no HBM traffic (TMA does not read outside the array).
-TMA does need every row of ``a``, ``b`` and the output to start on a 16-byte boundary, so this
-kernel requires ``K`` and ``N`` to be multiples of 8 elements (true of every model projection);
-it raises a ``ValueError`` otherwise (the Triton-style ``pallas_kernels.matmul`` takes any shape).
+Handled by **TMA's out-of-bounds handling**, not by masks: a TMA load whose box crosses the
+end of a dimension fills the missing elements with zeros (``OOBFillMode.ZEROS``), and a TMA
+store drops the elements outside the array. A zero in ``a`` *or* ``b`` adds nothing to a dot
+product, so the last K split may run past K; rows and columns past M or N are computed from
+zeros and never stored; none of it reads HBM. Two constraints come from Mosaic GPU's swizzled
+TMA copies, which view the global array as whole ``8 x swizzle-width`` tiles:
+- K and N must be multiples of the swizzle width (64 for 2-byte types with 128-byte swizzle):
+  true of every model projection; otherwise a ``ValueError`` points at the Triton tier.
+- M is padded to a multiple of 8 rows when it is not (a copy of the activation ``a``, at most
+  7 rows, never of the weight), and the output's extra rows are sliced off.
 
-What is not here: 2-CTA clusters with TMA multicast of the shared operand, an L2-friendly
-tile order (units run in row-major order), stream-K (units are whole K splits), FP8.
+Not here: 2-CTA clusters with TMA multicast of the shared operand, an L2-aware tile order
+(units run in row-major order), stream-K (units are whole K splits), split-K reduction inside
+the kernel (GPU interpret mode has no TMA reduce-add to test it with), FP8.
 """
 
 from __future__ import annotations
