@@ -114,7 +114,7 @@ class MosaicMatmulConfig:
 
 
 # Defaults by shape class (starting points, to be tuned on an H200). Decode: one 64-row tile,
-# narrow N tiles, a deep ring: the weight stream is all that matters. Prefill: 128 x 256 CTA
+# narrow N tiles (plan() may drop to one consumer: 64 columns), a deep ring: the weight stream is all that matters. Prefill: 128 x 256 CTA
 # tiles, the shape class jax's own Hopper matmul example is tuned around; 4 stages = 192 KiB
 # of slabs plus 32 KiB of epilogue buffers fits the 227 KiB a Hopper CTA may use.
 DECODE_CONFIG = MosaicMatmulConfig(tile_m=64, tile_n=64, tile_k=64, stages=6, epi_m=64, epi_n=32)
@@ -161,7 +161,7 @@ class MatmulPlan:
         return 0 if self.k_splits == 1 else self.k_splits * C.round_up(self.m, 8) * self.n * 4
 
     def smem_bytes(self, itemsize: int = 2) -> int:
-        """Shared memory of one CTA: the TMA ring plus 2 warpgroups x 2 epilogue slots."""
+        """Shared memory of one CTA: the TMA ring plus 2 epilogue slots per consumer."""
         return smem_bytes(self.config, itemsize)
 
 
@@ -209,8 +209,8 @@ def plan(m: int, n: int, k: int, dtype=jnp.bfloat16, *, num_sms: int | None = No
          config: MosaicMatmulConfig | None = None) -> MatmulPlan:
     """The work decomposition for an ``[m, k] @ [k, n]`` matmul on ``num_sms`` SMs.
 
-    Without a config, decode shapes (``m <= 64``) try the decode tiles with each N tile in
-    ``DECODE_CONSUMERS`` and every K split, and keep the cheapest by the model in
+    Without a config, decode shapes (``m <= 64``) try the decode tiles with each consumer
+    count in ``DECODE_CONSUMERS`` (CTA tiles 64 x 128 and 64 x 64) and every K split, and keep the cheapest by the model in
     ``_split_options``; larger ``m`` uses ``PREFILL_CONFIG``. With a config only ``k_splits``
     (when None) is chosen. ``plan(...).config`` is the resolved config (``k_splits`` set).
     """
