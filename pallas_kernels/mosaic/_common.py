@@ -1,0 +1,69 @@
+"""Small helpers shared by the Mosaic GPU kernels: SM count, interpret parameters, dtype check."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+# Streaming multiprocessors of an H200 (and an H100 SXM): the default SM count when no GPU is
+# present, so that plans made on a CPU describe the machine the kernels are written for.
+H200_NUM_SMS = 132
+# Largest dynamic shared memory one CTA may use on Hopper (sm_90): 227 KiB.
+HOPPER_SMEM_BYTES = 227 * 1024
+MMA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def device_num_sms() -> int:
+    """SMs of the default device if it is a GPU, else :data:`H200_NUM_SMS`."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:  # no backend at all
+        return H200_NUM_SMS
+    if dev.platform == "gpu" and getattr(dev, "core_count", None):
+        return int(dev.core_count)
+    return H200_NUM_SMS
+
+
+def hopper_available() -> bool:
+    """True when the default device is an sm_90 GPU (Hopper: wgmma exists only there)."""
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError:
+        return False
+    cc = getattr(dev, "compute_capability", None)
+    return dev.platform == "gpu" and cc is not None and str(cc).split(".")[0] == "9"
+
+
+def interpret_params(interpret):
+    """What ``plgpu.kernel(interpret=...)`` takes: ``True`` -> default ``InterpretGPUParams()``
+    (GPU interpret mode on a CPU), a ``plgpu.InterpretGPUParams`` (e.g. with
+    ``detect_races=True``) as is, ``False`` -> ``None`` (compile for the GPU)."""
+    if isinstance(interpret, plgpu.InterpretGPUParams):
+        return interpret
+    return plgpu.InterpretGPUParams() if interpret else None
+
+
+def check_mma_dtype(x, name: str, kernel: str) -> None:
+    """The tensor-core tier takes bf16/f16 only; say so in one line naming the fix."""
+    if jnp.dtype(x.dtype) not in MMA_DTYPES:
+        raise ValueError(
+            f"{name} has dtype {x.dtype}; the Mosaic GPU {kernel} takes bfloat16 or float16 "
+            f"(cast with .astype(jnp.bfloat16), or use pallas_kernels.{kernel} for float32)"
+        )
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(a: int, b: int) -> int:
+    return cdiv(a, b) * b
+
+
+def swizzled(minor_elems: int, dtype) -> tuple:
+    """SMEM transforms (8-row tiling + the widest swizzle) for a tile whose rows hold
+    ``minor_elems`` elements of ``dtype``: the layout TMA writes and wgmma reads."""
+    itemsize = jnp.dtype(dtype).itemsize
+    swizzle = plgpu.find_swizzle(minor_elems * itemsize * 8)
+    return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
