@@ -7,7 +7,8 @@ bandwidth-bound pass over a large array), then times each kernel and its peers a
 TFLOP/s (compute-bound shapes) or TB/s (memory-bound shapes) with the percentage of the
 measured ceiling.
 
-On an NVIDIA GPU the kernels run compiled (``mode="pallas"``), in bf16, at:
+On an NVIDIA GPU the kernels run compiled, in bf16 (on a Hopper-class GPU both tiers, the
+Triton-style kernels and the Mosaic GPU ones, side by side with XLA and cuDNN), at:
 matmul 4096^3 and 8192^3; every decode projection of the ``base`` (Llama-3.2-1B) and
 ``llama3_8b`` shapes at batch 1 and 64 (the weight streamed once: bandwidth-bound); causal
 flash attention B4 T4096 H16 D128; decode attention with 32 query / 8 KV heads of 128 at B64
@@ -43,7 +44,7 @@ from jax import lax
 
 import pallas_kernels as pk
 from pallas_kernels.ceilings import device_ceilings
-from pallas_kernels.mode import pallas_supported
+from pallas_kernels.mode import mosaic_supported, pallas_supported
 
 NOT_REPRESENTATIVE = (
     "NOT REPRESENTATIVE: no GPU here, so the Pallas kernels run under the interpreter "
@@ -185,6 +186,8 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
     """Run the benchmark; returns ``{"meta", "ceilings", "rows", "failures"}``."""
     gpu = pallas_supported()
     mode = "pallas" if gpu else "interpret"
+    # Our kernels' tiers, side by side: on a Hopper-class GPU both compiled tiers, elsewhere one.
+    tiers = (["triton", "mosaic"] if mosaic_supported() else ["triton"]) if gpu else ["interpret"]
     dtype = jnp.bfloat16 if gpu else jnp.float32
     dt_name = jnp.dtype(dtype).name
     if repeats is None:
@@ -194,11 +197,11 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": getattr(dev, "device_kind", str(dev)), "platform": dev.platform,
         "jax": jax.__version__, "jaxlib": _jaxlib_version(),
-        "kernel_mode": mode, "dtype": dt_name, "quick": quick, "representative": gpu,
+        "kernel_mode": mode, "tiers": tiers, "dtype": dt_name, "quick": quick, "representative": gpu,
         "timing": "median of repeats; each sample = iters calls in one jitted fori_loop",
     }
     say = print if verbose else (lambda *a, **k: None)
-    say(f"device: {meta['device']} ({dev.platform}), jax {jax.__version__}, kernels in mode={mode!r}")
+    say(f"device: {meta['device']} ({dev.platform}), jax {jax.__version__}, our kernels: {', '.join(tiers)}")
     if not gpu:
         say(NOT_REPRESENTATIVE)
     ceil = _bench_ceilings(gpu, quick, dtype, max(3, repeats))
@@ -208,14 +211,15 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
     keys = iter(jax.random.split(jax.random.key(42), 256))
     itemsize = jnp.dtype(dtype).itemsize
     jax_attention, jax_decode = _try_import_jax_pallas_ops() if gpu else (None, None)
-    ours = f"pallas[{mode}]"
 
     # --- matmul, compute-bound (prefill-shaped)
     say("matmul (compute-bound):")
     for n in ([4096, 8192] if gpu else ([128] if quick else [256])):
         a, b = _rand(next(keys), (n, n), dtype), _rand(next(keys), (n, n), dtype)
         shape = f"{n}x{n}x{n} {dt_name}"
-        rep.record("matmul", shape, ours, lambda a, b: pk.matmul(a, b, mode=mode), (a, b), flops=2 * n ** 3, ours=True)
+        for t in tiers:
+            rep.record("matmul", shape, f"pallas[{t}]", lambda a, b, t=t: pk.matmul(a, b, mode=t), (a, b),
+                       flops=2 * n ** 3, ours=True)
         rep.record("matmul", shape, "xla jnp.dot", lambda a, b: pk.reference.matmul(a, b), (a, b), flops=2 * n ** 3)
 
     # --- decode-shaped matmuls: M = batch, the weight K x N streamed once (bytes = the weight)
@@ -232,8 +236,9 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
             x = _rand(next(keys), (m, k), dtype)
             shape = f"{label} M{m} K{k} N{n}"
             nbytes = k * n * itemsize
-            rep.record("matmul_decode", shape, ours, lambda x, w: pk.matmul(x, w, mode=mode), (x, w),
-                       nbytes=nbytes, bound="memory", ours=True)
+            for t in tiers:
+                rep.record("matmul_decode", shape, f"pallas[{t}]", lambda x, w, t=t: pk.matmul(x, w, mode=t), (x, w),
+                           nbytes=nbytes, bound="memory", ours=True)
             rep.record("matmul_decode", shape, "xla jnp.dot", lambda x, w: pk.reference.matmul(x, w), (x, w),
                        nbytes=nbytes, bound="memory")
         del w
@@ -245,8 +250,10 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
     shape = f"B{b_} T{t_} H{h_} D{d_} causal"
     scale = d_ ** -0.5
     say("causal flash attention (compute-bound; FLOPs of the visible pairs only):")
-    rep.record("flash_attention", shape, ours, lambda q, k, v: pk.flash_attention(q, k, v, causal=True, mode=mode),
-               (q, k, v), flops=flops, ours=True)
+    for t in tiers:
+        rep.record("flash_attention", shape, f"pallas[{t}]",
+                   lambda q, k, v, t=t: pk.flash_attention(q, k, v, causal=True, mode=t), (q, k, v),
+                   flops=flops, ours=True)
     rep.record("flash_attention", shape, "xla dot_product_attn",
                lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"),
                (q, k, v), flops=flops)
@@ -272,9 +279,10 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
         lengths = jnp.full((b_,), s_, jnp.int32)
         nbytes = 2 * b_ * s_ * hkv * d_ * itemsize
         shape = f"B{b_} Hq{hq}/Hkv{hkv} D{d_} L{s_}"
-        rep.record("decode_attention", shape, ours,
-                   lambda q, k, v, n: pk.decode_attention(q, k, v, n, mode=mode), (q, kc, vc, lengths),
-                   nbytes=nbytes, bound="memory", ours=True)
+        for t in tiers:
+            rep.record("decode_attention", shape, f"pallas[{t}]",
+                       lambda q, k, v, n, t=t: pk.decode_attention(q, k, v, n, mode=t), (q, kc, vc, lengths),
+                       nbytes=nbytes, bound="memory", ours=True)
         rep.record("decode_attention", shape, "xla reference",
                    lambda q, k, v, n: pk.reference.decode_attention(q, k, v, n), (q, kc, vc, lengths),
                    nbytes=nbytes, bound="memory")

@@ -49,6 +49,7 @@ from pallas_kernels import _checks, _triton, device, reference
 from pallas_kernels import _online_softmax as online_softmax
 from pallas_kernels._triton import cdiv, pow2_block
 from pallas_kernels.mode import resolve_mode
+from pallas_kernels.mosaic import decode_attention as mosaic_decode
 
 LOG2E = math.log2(math.e)
 PROGRAMS_PER_SM = 8      # decode attention is bandwidth-bound: keep many loads in flight per SM
@@ -275,16 +276,27 @@ def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm
     ``v_new`` ``[B, Hkv, D]`` (this step's keys and values), they are first written to
     position ``lengths[b] - 1`` of the caches, in place, and the call returns
     ``(out, k_cache, v_cache)``: use the returned caches (inside ``jit`` with the caches
-    donated, no copy is made). ``sm_scale`` defaults to ``D ** -0.5``. ``mode``: "auto" |
-    "pallas" | "interpret" | "reference". ``config``: a :class:`DecodeAttentionConfig` instead
-    of the one :func:`plan` picks.
+    donated, no copy is made). ``sm_scale`` defaults to ``D ** -0.5``. ``mode``: see
+    :mod:`pallas_kernels.mode`. ``config``: a :class:`DecodeAttentionConfig` (Triton tier) or
+    ``mosaic.decode_attention.MosaicDecodeConfig`` (Hopper tier) instead of the one the tier's
+    ``plan`` picks.
     """
     q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = _check(q, k_cache, v_cache, lengths, sm_scale,
                                                                   k_new, v_new)
-    config = _checks.check_config(config, DecodeAttentionConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
         return reference.decode_attention(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new,
                                           sm_scale=sm_scale)
+    tier = _checks.pick_tier(mode, config, DecodeAttentionConfig, mosaic_decode.MosaicDecodeConfig,
+                             lambda: mosaic_decode.unsupported(q, k_cache))
+    if tier == "mosaic":
+        # The Hopper kernel does not write the new K/V itself yet: an XLA scatter does, first.
+        if k_new is not None:
+            rows, pos = jnp.arange(q.shape[0]), lengths - 1
+            k_cache = k_cache.at[rows, pos].set(k_new, mode="promise_in_bounds")
+            v_cache = v_cache.at[rows, pos].set(v_new, mode="promise_in_bounds")
+        out = mosaic_decode.decode_attention(q, k_cache, v_cache, lengths, sm_scale=sm_scale, config=config,
+                                             interpret=(mode == "mosaic_interpret"))
+        return (out, k_cache, v_cache) if k_new is not None else out
     return _run(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, interpret=(mode == "interpret"),
                 config=config)

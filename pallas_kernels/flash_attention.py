@@ -44,6 +44,7 @@ from pallas_kernels import _checks, _triton, reference
 from pallas_kernels import _online_softmax as online_softmax
 from pallas_kernels._triton import cdiv, pow2_block
 from pallas_kernels.mode import resolve_mode
+from pallas_kernels.mosaic import flash_attention as mosaic_flash
 
 LOG2E = math.log2(math.e)
 
@@ -191,12 +192,17 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None, mode: str = "auto",
 
     ``causal`` (default True) is aligned to the end: query ``i`` sees keys
     ``j <= i + (S - T)``. ``sm_scale`` defaults to ``D ** -0.5``. Softmax in f32; products
-    accumulate in f32. ``mode``: "auto" | "pallas" | "interpret" | "reference". ``config``:
-    a :class:`FlashAttentionConfig` instead of the one :func:`plan` picks.
+    accumulate in f32. ``mode``: see :mod:`pallas_kernels.mode`. ``config``: a
+    :class:`FlashAttentionConfig` (Triton tier) or ``mosaic.flash_attention.MosaicFlashConfig``
+    (Hopper tier) instead of the one the tier's ``plan`` picks.
     """
     q, k, v, sm_scale = _check(q, k, v, sm_scale)
-    config = _checks.check_config(config, FlashAttentionConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
         return reference.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+    tier = _checks.pick_tier(mode, config, FlashAttentionConfig, mosaic_flash.MosaicFlashConfig,
+                             lambda: mosaic_flash.unsupported(q, k, v))
+    if tier == "mosaic":
+        return mosaic_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, config=config,
+                                            interpret=(mode == "mosaic_interpret"))
     return _run(q, k, v, causal=causal, sm_scale=sm_scale, interpret=(mode == "interpret"), config=config)

@@ -47,6 +47,7 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels import _checks, _triton, device, reference
 from pallas_kernels._triton import cdiv, pow2_block
 from pallas_kernels.mode import resolve_mode
+from pallas_kernels.mosaic import matmul as mosaic_matmul
 
 GROUP_M = 8                # tile-rows per group in the program order (L2 reuse)
 SMEM_BUDGET = 160 * 1024   # bytes the pipelined slabs may use (fits Ampere's 163 KB and Hopper's 227 KB)
@@ -255,13 +256,18 @@ def matmul(a, b, *, out_dtype=None, mode: str = "auto", config: MatmulConfig | N
     """``a [M, K] @ b [K, N] -> [M, N]`` for any M, N, K (float32, bfloat16 or float16).
 
     Accumulates in f32 (f32 inputs at full precision) and returns ``out_dtype`` (default: the
-    input dtype). ``mode``: "auto" | "pallas" | "interpret" | "reference" (see
-    :mod:`pallas_kernels.mode`). ``config``: a :class:`MatmulConfig` to use instead of the
-    one :func:`plan` picks (ignored by the reference). The module docstring explains the grid.
+    input dtype). ``mode``: "auto" | "pallas" | "triton" | "mosaic" | "interpret" |
+    "mosaic_interpret" | "reference" (see :mod:`pallas_kernels.mode`). ``config``: a
+    :class:`MatmulConfig` (Triton tier) or ``mosaic.matmul.MosaicMatmulConfig`` (Hopper tier)
+    to use instead of the one the tier's ``plan`` picks (ignored by the reference). The
+    module docstring explains the grid.
     """
     a, b, out_dtype = _check(a, b, out_dtype)
-    config = _checks.check_config(config, MatmulConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
         return reference.matmul(a, b, out_dtype=out_dtype)
+    tier = _checks.pick_tier(mode, config, MatmulConfig, mosaic_matmul.MosaicMatmulConfig,
+                             lambda: mosaic_matmul.unsupported(a, b, out_dtype, config))
+    if tier == "mosaic":
+        return mosaic_matmul.matmul(a, b, out_dtype=out_dtype, config=config, interpret=(mode == "mosaic_interpret"))
     return _run(a, b, out_dtype, interpret=(mode == "interpret"), config=config)

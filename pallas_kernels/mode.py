@@ -1,14 +1,20 @@
 """The one place that decides how the kernels execute.
 
-Every kernel takes ``mode=`` and hands it to :func:`resolve_mode`, which turns it into one
-of three concrete modes:
+Every kernel takes ``mode=`` and hands it to :func:`resolve_mode`, which turns it into one of
+these concrete modes:
 
-- ``"pallas"``: compiled Pallas, lowered through Triton, on an NVIDIA GPU of compute
-  capability 8.0 or newer (Ampere, Ada, Hopper, ...). Anywhere else it is an error.
-- ``"interpret"``: the same Pallas kernels run by the Pallas interpreter, on any machine.
+- ``"pallas"``: compiled Pallas on an NVIDIA GPU of compute capability 8.0 or newer, the best
+  tier the chip has (:func:`compiled_tier`): on Hopper (9.0) and newer the Mosaic GPU tier
+  (``pallas_kernels.mosaic``: TMA, wgmma, warp specialisation) wherever a call's shape and
+  dtype fit it, the Triton tier for the rest; on Ampere and Ada (8.x) the Triton tier.
+- ``"triton"``: the Triton-style kernels compiled, on any GPU of compute capability >= 8.0.
+- ``"mosaic"``: the Mosaic GPU kernels compiled, on compute capability >= 9.0 only; a call
+  whose shape or dtype that tier cannot take is an error (``"pallas"`` would fall back).
+- ``"interpret"``: the Triton-style kernels under the Pallas interpreter, on any machine.
   Correct but slow: it times the interpreter, never the hardware.
-- ``"reference"``: the plain-``jnp`` twins in :mod:`pallas_kernels.reference`, compiled
-  by XLA.
+- ``"mosaic_interpret"``: the Mosaic GPU kernels under GPU interpret mode (shared memory,
+  barriers, TMA and wgmma simulated), on any machine. For correctness only.
+- ``"reference"``: the plain-``jnp`` twins in :mod:`pallas_kernels.reference`, compiled by XLA.
 
 ``"auto"`` picks the fastest correct choice here: ``"pallas"`` where it compiles, otherwise
 ``"reference"``. The environment variable ``PALLAS_KERNELS_MODE`` overrides what ``"auto"``
@@ -21,47 +27,66 @@ from __future__ import annotations
 import functools
 import os
 
-MODES = ("auto", "pallas", "interpret", "reference")
+MODES = ("auto", "pallas", "triton", "mosaic", "interpret", "mosaic_interpret", "reference")
 ENV_VAR = "PALLAS_KERNELS_MODE"
-MIN_COMPUTE_CAPABILITY = (8, 0)
+MIN_COMPUTE_CAPABILITY = (8, 0)      # Pallas' Triton lowering: Ampere and newer
+MOSAIC_COMPUTE_CAPABILITY = (9, 0)   # Mosaic GPU (wgmma, TMA): Hopper and newer
 
 
 def _check_name(mode: str, where: str) -> str:
     if not isinstance(mode, str) or mode.lower() not in MODES:
-        raise ValueError(
-            f"{where}={mode!r} is not a kernel mode; use one of {', '.join(MODES)}"
-        )
+        raise ValueError(f"{where}={mode!r} is not a kernel mode; use one of {', '.join(MODES)}")
     return mode.lower()
 
 
 @functools.lru_cache(maxsize=1)
-def _gpu_support() -> tuple[bool, str]:
-    """(can compiled Pallas run here, why) for the default jax backend."""
+def _gpu() -> tuple[tuple[int, int] | None, str]:
+    """(compute capability of the default device or None, its description)."""
     import jax
 
     try:
         devices = jax.devices()
     except RuntimeError as e:  # no backend at all: treat as no GPU
-        return False, f"jax found no devices ({e})"
+        return None, f"jax found no devices ({e})"
     dev = devices[0]
     if dev.platform != "gpu":
-        return False, f"the default jax device is {dev.platform.upper()} ({dev.device_kind}), not an NVIDIA GPU"
+        return None, f"the default jax device is {dev.platform.upper()} ({dev.device_kind}), not an NVIDIA GPU"
     kind = getattr(dev, "device_kind", "GPU")
     cc = getattr(dev, "compute_capability", None)
     if cc is None:
-        return False, f"{kind} reports no CUDA compute capability (not an NVIDIA GPU?)"
+        return None, f"{kind} reports no CUDA compute capability (not an NVIDIA GPU?)"
     major, minor = (int(x) for x in str(cc).split(".")[:2])
-    if (major, minor) < MIN_COMPUTE_CAPABILITY:
-        return False, (
-            f"{kind} has compute capability {major}.{minor}; Pallas' Triton lowering needs "
-            f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer"
-        )
-    return True, f"{kind} (compute capability {major}.{minor}) compiles Pallas through Triton"
+    return (major, minor), f"{kind} (compute capability {major}.{minor})"
+
+
+def _gpu_support() -> tuple[bool, str]:
+    """(can compiled Pallas run here, why) for the default jax backend."""
+    cc, what = _gpu()
+    if cc is None:
+        return False, what
+    if cc < MIN_COMPUTE_CAPABILITY:
+        return False, (f"{what}: Pallas' Triton lowering needs compute capability "
+                       f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer")
+    return True, f"{what} compiles Pallas"
 
 
 def pallas_supported() -> bool:
     """True where compiled Pallas kernels can run on the default device."""
     return _gpu_support()[0]
+
+
+def mosaic_supported() -> bool:
+    """True where the Mosaic GPU tier compiles (compute capability >= 9.0)."""
+    cc = _gpu()[0]
+    return pallas_supported() and cc is not None and cc >= MOSAIC_COMPUTE_CAPABILITY
+
+
+def compiled_tier() -> str | None:
+    """The tier ``"pallas"`` prefers here: ``"mosaic"`` on Hopper and newer, ``"triton"`` on
+    Ampere and Ada, None where nothing compiles."""
+    if not pallas_supported():
+        return None
+    return "mosaic" if mosaic_supported() else "triton"
 
 
 def _auto() -> tuple[str, str]:
@@ -72,26 +97,57 @@ def _auto() -> tuple[str, str]:
             return chosen, f"{ENV_VAR}={override} overrides the automatic choice"
     ok, why = _gpu_support()
     if ok:
-        return "pallas", why
+        tier = ("the Mosaic GPU tier where a call's shape fits it, the Triton tier elsewhere"
+                if compiled_tier() == "mosaic" else "the Triton tier")
+        return "pallas", f"{why}: {tier}"
     return "reference", why + "; so XLA runs the plain-jnp reference kernels"
 
 
 def resolve_mode(mode: str = "auto") -> str:
-    """Turn a mode string into ``"pallas"``, ``"interpret"`` or ``"reference"``.
+    """Turn a mode string into one of ``"pallas"``, ``"triton"``, ``"mosaic"``,
+    ``"interpret"``, ``"mosaic_interpret"`` or ``"reference"``.
 
-    Raises ``ValueError`` for an unknown name, or for ``"pallas"`` where it cannot compile.
+    Raises ``ValueError`` for an unknown name, or for a compiled mode this device cannot run.
     """
     mode = _check_name(mode, "mode")
     if mode == "auto":
         mode = _auto()[0]
-    if mode == "pallas":
+    if mode in ("pallas", "triton"):
         ok, why = _gpu_support()
         if not ok:
-            raise ValueError(
-                f"mode='pallas' cannot run here: {why}; use mode='interpret' to run the "
-                "Pallas kernels under the interpreter, or mode='auto'"
-            )
+            raise ValueError(f"mode={mode!r} cannot run here: {why}; use mode='interpret' to run the "
+                             "Pallas kernels under the interpreter, or mode='auto'")
+    if mode == "mosaic" and not mosaic_supported():
+        raise ValueError(f"mode='mosaic' cannot run here: {_gpu()[1]} is not a Hopper-class GPU (compute "
+                         "capability >= 9.0); use mode='mosaic_interpret' to run the Mosaic GPU kernels "
+                         "under GPU interpret mode, or mode='pallas'")
     return mode
+
+
+def tier(mode: str) -> str:
+    """Which kernels a resolved mode runs: ``"mosaic"``, ``"triton"`` or ``"reference"`` (for
+    ``"pallas"``, the tier this device prefers; single calls may fall back to Triton)."""
+    mode = _check_name(mode, "mode")
+    if mode == "auto":
+        mode = _auto()[0]
+    if mode == "pallas":
+        return compiled_tier() or "triton"
+    return {"mosaic": "mosaic", "mosaic_interpret": "mosaic", "reference": "reference"}.get(mode, "triton")
+
+
+def use_mosaic(mode: str, unsupported_because: str | None) -> bool:
+    """For a resolved ``mode``: should this call run the Mosaic GPU tier?
+
+    ``"mosaic"``/``"mosaic_interpret"`` always do (a shape the tier cannot take is a
+    ``ValueError`` with the reason); ``"pallas"`` does on Hopper-class GPUs when the shape fits
+    (else the Triton tier runs); every other mode never does.
+    """
+    if mode in ("mosaic", "mosaic_interpret"):
+        if unsupported_because:
+            raise ValueError(f"mode={mode!r} cannot run this call: {unsupported_because}; "
+                             "use mode='pallas' (falls back to the Triton tier) or mode='triton'")
+        return True
+    return mode == "pallas" and unsupported_because is None and compiled_tier() == "mosaic"
 
 
 def describe() -> str:

@@ -175,9 +175,9 @@ def test_matmul_plan_grid_for_h200_and_a100():
         assert p.smem_bytes() <= _common.HOPPER_SMEM_BYTES
     # Decode, 1B fused QKV at batch 1: 48 CTA tiles of 64 columns (one consumer), K split 8
     # ways on 132 SMs (384 units, 2.9 per SM) and 4 ways on 108 (192 units).
-    p = mm.plan(1, 3072, 2048, BF16, num_sms=132)
+    p = mm.plan(1, 2048, 3072, BF16, num_sms=132)
     assert (p.config.consumers, p.n_tiles, p.k_splits, p.grid) == (1, 48, 8, (132,))
-    p = mm.plan(1, 3072, 2048, BF16, num_sms=108)
+    p = mm.plan(1, 2048, 3072, BF16, num_sms=108)
     assert (p.config.consumers, p.n_tiles, p.k_splits, p.grid) == (1, 48, 4, (108,))
 
 
@@ -198,7 +198,7 @@ def test_matmul_decode_plans_give_every_sm_weight_to_stream(num_sms):
     of a K split stay below half the weight's bytes (below 7% at batch 1)."""
     for name, (k, n) in LLAMA_PROJECTIONS.items():
         for m in range(1, 65):
-            p = mm.plan(m, n, k, BF16, num_sms=num_sms)
+            p = mm.plan(m, k, n, BF16, num_sms=num_sms)
             what = f"{name} M={m} on {num_sms} SMs: {p}"
             assert p.grid == (num_sms,) and p.units >= num_sms, what
             assert p.units_per_cta[0] >= 1, what
@@ -321,3 +321,44 @@ def test_decode_attention_lowers_for_sm90(d):
                            S((4, 32, d), BF16), S((4, 4096, 8, d), BF16), S((4, 4096, 8, d), BF16),
                            S((4,), jnp.int32))
     assert "mosaic_gpu" in text
+
+
+# ---------------------------------------------------------------- the public API picks the tier
+def test_public_kernels_run_the_mosaic_tier_in_mosaic_interpret_mode():
+    """pk.matmul / flash_attention / decode_attention with mode="mosaic_interpret" run the
+    Hopper kernels (one small case each), including the decode step's in-place K/V write."""
+    import pallas_kernels as pk
+    from pallas_kernels import testing
+
+    rng = np.random.default_rng(7)
+    r = lambda *shape: jnp.asarray(rng.standard_normal(shape), BF16)  # noqa: E731
+    a, b = r(3, 128), r(128, 64)
+    np.testing.assert_allclose(testing.f64(pk.matmul(a, b, mode="mosaic_interpret")), testing.matmul_f64(a, b),
+                               rtol=2e-2, atol=2e-2 * 12)
+    q, k, v = r(1, 16, 4, 64), r(1, 24, 1, 64), r(1, 24, 1, 64)
+    out = pk.flash_attention(q, k, v, mode="mosaic_interpret")
+    assert testing.rel_err(out, testing.flash_attention_f64(q, k, v)) < 2e-2
+    q, kc, vc = r(2, 4, 64), r(2, 16, 1, 64), r(2, 16, 1, 64)
+    k_new, v_new = r(2, 1, 64), r(2, 1, 64)
+    lengths = jnp.asarray([1, 16], jnp.int32)
+    out, k2, v2 = pk.decode_attention(q, kc, vc, lengths, k_new=k_new, v_new=v_new, mode="mosaic_interpret")
+    want_k = np.asarray(kc).copy()
+    want_k[[0, 1], [0, 15]] = np.asarray(k_new)
+    np.testing.assert_array_equal(np.asarray(k2), want_k)
+    assert testing.rel_err(out, testing.decode_attention_f64(q, k2, v2, lengths)) < 2e-2
+
+
+def test_mode_and_config_errors_name_the_tier():
+    import pallas_kernels as pk
+
+    a = jnp.ones((4, 64), jnp.float32)
+    with pytest.raises(ValueError, match="mode='mosaic_interpret' cannot run this call: a has dtype float32"):
+        pk.matmul(a, a.T, mode="mosaic_interpret")
+    with pytest.raises(ValueError, match="config is a MosaicMatmulConfig but mode='interpret'"):
+        pk.matmul(a, a.T, mode="interpret", config=mm.PREFILL_CONFIG)
+    with pytest.raises(ValueError, match="config is a MatmulConfig but mode='mosaic_interpret'"):
+        pk.matmul(a.astype(BF16), a.T.astype(BF16), mode="mosaic_interpret", config=pk.MatmulConfig(16, 16, 16))
+    if not pk.mode.mosaic_supported():
+        with pytest.raises(ValueError, match="mode='mosaic' cannot run here"):
+            pk.mode.resolve_mode("mosaic")
+    assert pk.mode.tier("mosaic_interpret") == "mosaic" and pk.mode.tier("interpret") == "triton"

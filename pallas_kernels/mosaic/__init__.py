@@ -5,7 +5,7 @@ its grid, tiles and pipeline and exposes a frozen config dataclass, ``plan(...)`
 low-level entry point that assumes validated arguments::
 
     from pallas_kernels.mosaic import matmul
-    matmul.plan(1, 3072, 2048).grid      # the modules, not the functions, live here
+    matmul.plan(1, 2048, 3072).grid      # the modules, not the functions, live here
     matmul.matmul(a, b, interpret=True)  # GPU interpret mode on a CPU
 """
 

@@ -6,23 +6,16 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-# Streaming multiprocessors of an H200 (and an H100 SXM): the default SM count when no GPU is
-# present, so that plans made on a CPU describe the machine the kernels are written for.
-H200_NUM_SMS = 132
+from pallas_kernels import device
+
 # Largest dynamic shared memory one CTA may use on Hopper (sm_90): 227 KiB.
 HOPPER_SMEM_BYTES = 227 * 1024
 MMA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def device_num_sms() -> int:
-    """SMs of the default device if it is a GPU, else :data:`H200_NUM_SMS`."""
-    try:
-        dev = jax.devices()[0]
-    except RuntimeError:  # no backend at all
-        return H200_NUM_SMS
-    if dev.platform == "gpu" and getattr(dev, "core_count", None):
-        return int(dev.core_count)
-    return H200_NUM_SMS
+    """SMs of the default device if it is a GPU, else the H200's 132 (:mod:`pallas_kernels.device`)."""
+    return device.num_sms()
 
 
 def hopper_available() -> bool:

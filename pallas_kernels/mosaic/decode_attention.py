@@ -201,6 +201,19 @@ def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, q_smem, p_
     pipeline(k_ref.at[b, kv, h, :], v_ref.at[b, kv, h, :])
 
 
+def unsupported(q, k_cache) -> str | None:
+    """Why this tier cannot take these operands (a one-line reason), or None when it can."""
+    if jnp.dtype(q.dtype) not in C.MMA_DTYPES:
+        return f"q has dtype {q.dtype}; the Mosaic GPU decode attention takes bfloat16 or float16"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]}: the Mosaic GPU decode attention supports {HEAD_DIMS}"
+    if k_cache.shape[1] % 8:
+        return f"S_max={k_cache.shape[1]} is not a multiple of 8 (TMA copies whole 8-row tiles)"
+    if q.shape[1] // k_cache.shape[2] > ROWS:
+        return f"{q.shape[1] // k_cache.shape[2]} query heads per KV head; the Mosaic GPU tile holds {ROWS}"
+    return None
+
+
 def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None,
                      config: MosaicDecodeConfig | None = None, interpret=False):
     """One decode step: q ``[B,Hq,D]`` over caches ``[B,S_max,Hkv,D]`` -> ``[B,Hq,D]`` on Hopper.

@@ -273,6 +273,15 @@ def _flash_kernel(q_ref, k_ref, v_ref, o_ref, q_smem, p_smem, q_bar, sched_bar, 
     pipeline(k_ref.at[b, :, kvh, :], v_ref.at[b, :, kvh, :])
 
 
+def unsupported(q, k, v) -> str | None:
+    """Why this tier cannot take these operands (a one-line reason), or None when it can."""
+    if jnp.dtype(q.dtype) not in C.MMA_DTYPES:
+        return f"q has dtype {q.dtype}; the Mosaic GPU flash attention takes bfloat16 or float16"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]}: the Mosaic GPU flash attention supports {HEAD_DIMS}"
+    return None
+
+
 def flash_attention(q, k, v, *, causal=True, sm_scale=None,
                     config: MosaicFlashConfig | None = None, interpret=False):
     """Attention of q ``[B,T,Hq,D]`` over k, v ``[B,S,Hkv,D]`` on Hopper (bf16/f16, D 64 or 128).

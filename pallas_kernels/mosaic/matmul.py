@@ -205,7 +205,7 @@ MAX_K_SPLITS = 64
 DECODE_CONSUMERS = (2, 1)   # decode CTA tiles plan() may pick: 64 x 128 (two consumers) or 64 x 64
 
 
-def plan(m: int, n: int, k: int, dtype=jnp.bfloat16, *, num_sms: int | None = None,
+def plan(m: int, k: int, n: int, dtype=jnp.bfloat16, *, num_sms: int | None = None,
          config: MosaicMatmulConfig | None = None) -> MatmulPlan:
     """The work decomposition for an ``[m, k] @ [k, n]`` matmul on ``num_sms`` SMs.
 
@@ -337,6 +337,21 @@ def len_of_swizzle_row(minor_elems: int, dtype) -> int:
     return plgpu.find_swizzle(minor_elems * itemsize * 8) // itemsize
 
 
+def unsupported(a, b, out_dtype=None, config: MosaicMatmulConfig | None = None) -> str | None:
+    """Why this tier cannot take ``a @ b`` (a one-line reason), or None when it can."""
+    for x, name in ((a, "a"), (b, "b")):
+        if jnp.dtype(x.dtype) not in C.MMA_DTYPES:
+            return f"{name} has dtype {x.dtype}; the Mosaic GPU matmul takes bfloat16 or float16"
+    m, k = a.shape
+    n = b.shape[1]
+    out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
+    k_mult, n_mult = tma_multiples(plan(m, k, n, a.dtype, config=config).config, a.dtype, out_dtype)
+    if k % k_mult or n % n_mult:
+        return (f"K={k} and N={n} must be multiples of {k_mult} and {n_mult} for the Mosaic GPU "
+                "matmul's swizzled TMA copies")
+    return None
+
+
 def matmul(a, b, *, out_dtype=None, config: MosaicMatmulConfig | None = None,
            interpret=False):
     """``a [M, K] @ b [K, N]`` on Hopper tensor cores (bf16/f16 in, f32 accumulation).
@@ -351,7 +366,7 @@ def matmul(a, b, *, out_dtype=None, config: MosaicMatmulConfig | None = None,
     m, k = a.shape
     n = b.shape[1]
     out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
-    p = plan(m, n, k, a.dtype, config=config)
+    p = plan(m, k, n, a.dtype, config=config)
     k_mult, n_mult = tma_multiples(p.config, a.dtype, out_dtype)
     for name, size, mult in (("K (a.shape[1])", k, k_mult), ("N (b.shape[1])", n, n_mult)):
         if size % mult:
