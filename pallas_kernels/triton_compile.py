@@ -1,6 +1,9 @@
 """Compile this repository's Pallas kernels for real NVIDIA GPUs on a machine without one.
 
-    python -m pallas_kernels.triton_compile [--target sm_90|sm_80|all] [--json PATH]
+    python -m pallas_kernels.triton_compile [--target sm_90|sm_80|all] [--json PATH] [--markdown]
+
+(the kernel benchmark's GPU shapes; every kernel the model launches: ``make triton-report``,
+i.e. ``python -m inference_lab.triton_report``, which builds on this module).
 
 On an NVIDIA GPU, ``pallas_call`` lowers to Triton IR (TTIR) that XLA hands to its own copy
 of Triton. Here the same TTIR is produced on a CPU and given to the ``triton`` package
@@ -120,12 +123,18 @@ def _require_triton():
     return triton
 
 
-def triton_available() -> bool:
+def triton_problem() -> str | None:
+    """None when the ``triton`` package here is the series these checks are written for
+    (``TRITON_PIN``'s major.minor), otherwise why not: absent, or another version (the GPU image
+    carries torch's Triton, whose parser and ptxas may not take this jaxlib's Triton IR)."""
     try:
-        _require_triton()
-    except TritonUnavailable:
-        return False
-    return True
+        version = _require_triton().__version__
+    except TritonUnavailable as e:
+        return str(e)
+    if version.split(".")[:2] != TRITON_PIN.split(".")[:2]:
+        return (f"triton {version} is installed; these checks are written for triton "
+                f"{TRITON_PIN} (pip install triton=={TRITON_PIN}, or make setup)")
+    return None
 
 
 # The Triton that XLA bundles is built from a commit of Triton's main branch, not a release, and
@@ -661,6 +670,8 @@ def main(argv: list[str] | None = None, cases: Callable[[], list] = benchmark_ca
     except TritonUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if problem := triton_problem():   # another triton version: try anyway, and say so
+        print(f"warning: {problem}", file=sys.stderr)
     say = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     result = report(cases(), targets, progress=say)
     print_report(result, markdown=args.markdown)

@@ -23,9 +23,7 @@ from pallas_kernels import triton_compile as tc
 
 ROOT = Path(__file__).resolve().parent.parent
 S, BF16 = jax.ShapeDtypeStruct, jnp.bfloat16
-needs_triton = pytest.mark.skipif(
-    not tc.triton_available(),
-    reason=f"the `triton` package is not installed: pip install triton=={tc.TRITON_PIN} (no GPU needed)")
+needs_triton = pytest.mark.skipif(tc.triton_problem() is not None, reason=str(tc.triton_problem()))
 
 
 def _flash(causal):
@@ -120,11 +118,19 @@ def test_cli_writes_json(tmp_path, capsys):
 
 def test_missing_triton_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)   # import triton -> ImportError
-    assert not tc.triton_available()
+    assert "pip install triton==3.9.0" in tc.triton_problem()
     with pytest.raises(tc.TritonUnavailable, match=r"pip install triton==3\.9\.0"):
         tc.compile_kernel(tc.Kernel("k", "", 4, 3, (1, 1, 1), (), ()))
     assert tc.versions()["triton"] is None and tc.version_warning() is None
     assert tc.main(["--quiet"], cases=lambda: []) == 2
+
+
+@needs_triton
+def test_another_triton_version_is_named(monkeypatch):
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")   # e.g. torch's Triton on the GPU image
+    assert "triton 3.6.0 is installed" in tc.triton_problem()
 
 
 def test_pallas_kernels_imports_without_triton():
