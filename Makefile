@@ -17,13 +17,14 @@ export PYTHON
 # because the GPU image has pytest but no nbval.
 NBVAL_FLAGS := --nbval-lax --nbval-current-env -p no:cacheprovider
 
-.PHONY: help setup lab test unit-test notebook-test browser-test notebooks gpu-check bench probe clean check-python
+.PHONY: help setup lab test unit-test notebook-test browser-test notebooks gpu-check bench probe triton-report clean check-python
 
 help:
 	@echo "make lab        set up, then open the curriculum in JupyterLab"
 	@echo "make test       set up, then run every test (unit, notebooks under nbval, browser)"
 	@echo "make notebooks  re-execute the notebooks in place so they are stored with outputs"
 	@echo "make gpu-check  on a GPU machine: GPU tests, kernel benchmarks and the probe"
+	@echo "make triton-report  no GPU needed: compile every kernel the model launches for sm_90 and sm_80"
 	@echo "options: PYTHON=/path/to/python3.12  ACCEL=cpu|cuda12|cuda13"
 
 check-python:
@@ -80,6 +81,13 @@ bench: setup
 
 probe: setup
 	$(PY) -m inference_lab probe
+
+# Every kernel the model launches (base and llama3_8b, prefill and decode, batch 1 and 64) and the
+# benchmark's shapes, compiled by Triton for Hopper and Ampere on this machine: grid, warps, stages,
+# shared memory, registers, spills. About 3 minutes on 2 cores; no GPU needed (docs/benchmarks.md).
+triton-report: setup
+	@mkdir -p test-artifacts
+	$(PY) -m inference_lab.triton_report --target all --json test-artifacts/triton-report.json
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache test-artifacts

@@ -29,7 +29,7 @@ def _pins(lines) -> dict[str, str]:
         line = line.strip()
         if "==" in line and not line.startswith("#"):
             name, version = line.split("==", 1)
-            pins[_name(name)] = version.strip()
+            pins[_name(name)] = version.split(";")[0].strip()   # drop an environment marker
     return pins
 
 

@@ -403,7 +403,7 @@ def _lower_for_cuda(fn, *args):
 
     An abstract H200 stands in for the missing device; this runs the whole Pallas->Triton
     lowering (which rejects non-power-of-two blocks and ops Triton lacks) but not Triton's
-    own compilation to PTX (shared-memory limits are only checked on a GPU)."""
+    own compilation to PTX (that and the shared-memory limits: tests/test_triton_compile.py)."""
     from jax._src import mesh as mesh_lib  # private: AbstractDevice has no public export yet
 
     device = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=None, platform="cuda")

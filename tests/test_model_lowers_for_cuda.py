@@ -3,8 +3,9 @@
 No GPU is needed to check that every kernel the model calls, at the real shapes of the
 ``base`` (Llama-3.2-1B) and ``llama3_8b`` presets, passes Pallas' Triton lowering (power-of-two
 blocks, supported ops, dot sizes): an abstract H200 stands in for the device and weights are
-abstract shapes (nothing is allocated). Triton's own compile to PTX still needs a GPU (the
-``gpu``-marked tests and ``make gpu-check``).
+abstract shapes (nothing is allocated). Triton's own compile to PTX and the device limits are
+checked on a CPU too, with the ``triton`` package (``tests/test_triton_compile.py``, ``make
+triton-report``); running the kernels needs a GPU (``gpu``-marked tests, ``make gpu-check``).
 """
 
 import warnings
