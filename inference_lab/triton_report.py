@@ -5,7 +5,7 @@
 
 For the ``base`` (Llama-3.2-1B) and ``llama3_8b`` presets, the model's prefill (batch 1 with a
 2048-token prompt, batch 64 with 512 tokens) and one decode step at the same batch and cache
-(prompt + 64 slots) are lowered for CUDA with ``mode="pallas"``, plus the kernel benchmark's
+(prompt + 64 slots) are lowered for CUDA with ``mode="triton"``, plus the kernel benchmark's
 GPU shapes; each unique kernel is compiled with Triton and printed with its grid, warps,
 stages, shared memory, registers and spills (:mod:`pallas_kernels.triton_compile` does the
 work and says what it proves). Weights and caches are abstract shapes
@@ -53,10 +53,10 @@ def model_cases(presets=PRESETS, shapes=SHAPES, *, n_layers: int | None = None) 
             lengths = S((batch,), jnp.int32)
 
             def prefill(p, tokens, n, k, v, cfg=cfg):
-                return M.prefill_forward(p, tokens, n, k, v, cfg=cfg, mode="pallas")
+                return M.prefill_forward(p, tokens, n, k, v, cfg=cfg, mode="triton")
 
             def decode(p, tokens, n, k, v, cfg=cfg):
-                return M.decode_forward(p, tokens, n, k, v, cfg=cfg, mode="pallas")
+                return M.decode_forward(p, tokens, n, k, v, cfg=cfg, mode="triton")
 
             ctx = f"{preset} B{batch}"
             cases.append((f"{ctx} prefill T{prompt}", prefill,

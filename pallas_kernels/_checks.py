@@ -116,15 +116,21 @@ def check_config(config, cls, name: str = "config"):
     return config
 
 
+def check_config_type(config, triton_config, mosaic_config):
+    """``config`` must be None or a config of one of the two tiers."""
+    if config is not None and not isinstance(config, (triton_config, mosaic_config)):
+        raise ValueError(f"config must be a {triton_config.__name__} or a {mosaic_config.__name__} (or None); "
+                         f"got {type(config).__name__}")
+    return config
+
+
 def pick_tier(mode: str, config, triton_config, mosaic_config, unsupported) -> str:
     """``"mosaic"`` or ``"triton"``: which kernels a call in (resolved, non-reference) ``mode``
     runs, with ``config`` (None, a Triton-tier or a Mosaic-tier config) checked against it.
     ``unsupported()`` returns why the Mosaic tier cannot take this call, or None."""
     from pallas_kernels import mode as mode_mod
 
-    if config is not None and not isinstance(config, (triton_config, mosaic_config)):
-        raise ValueError(f"config must be a {triton_config.__name__} or a {mosaic_config.__name__} (or None); "
-                         f"got {type(config).__name__}")
+    check_config_type(config, triton_config, mosaic_config)
     if isinstance(config, mosaic_config):
         if mode in ("triton", "interpret") or (mode == "pallas" and mode_mod.compiled_tier() != "mosaic"):
             raise ValueError(f"config is a {mosaic_config.__name__} but mode={mode!r} runs the Triton tier here; "

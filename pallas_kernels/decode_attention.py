@@ -53,7 +53,7 @@ from pallas_kernels.mosaic import decode_attention as mosaic_decode
 
 LOG2E = math.log2(math.e)
 PROGRAMS_PER_SM = 8      # decode attention is bandwidth-bound: keep many loads in flight per SM
-MIN_SPLIT_KEYS = 256     # never split the cache into chunks shorter than this
+MIN_SPLIT_KEYS = 128     # never split the cache into chunks shorter than this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,6 +283,7 @@ def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm
     """
     q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = _check(q, k_cache, v_cache, lengths, sm_scale,
                                                                   k_new, v_new)
+    _checks.check_config_type(config, DecodeAttentionConfig, mosaic_decode.MosaicDecodeConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
         return reference.decode_attention(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new,

@@ -197,6 +197,7 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None, mode: str = "auto",
     (Hopper tier) instead of the one the tier's ``plan`` picks.
     """
     q, k, v, sm_scale = _check(q, k, v, sm_scale)
+    _checks.check_config_type(config, FlashAttentionConfig, mosaic_flash.MosaicFlashConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
         return reference.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)

@@ -154,7 +154,9 @@ def _plan_cached(m, k, n, itemsize, sms) -> MatmulPlan:
         candidates = [(pow2_block(n, bn), pow2_block(k, bk // scale_k))]
     plans = []
     for cbn, cbk in candidates:
-        split = _split_for(m, k, n, bm, cbn, cbk, target)
+        # Split K only for decode shapes: their f32 partials (split x M x N) are tiny next to the
+        # weight; for a prefill they would be as large as the output, written several times.
+        split = _split_for(m, k, n, bm, cbn, cbk, target) if max_m == 64 else 1
         plans.append(_make_plan(m, k, n, MatmulConfig(bm, cbn, cbk, split, warps,
                                                       _fit_stages(bm, cbn, cbk, stages, itemsize))))
     enough = [p for p in plans if p.programs >= target]
@@ -263,6 +265,7 @@ def matmul(a, b, *, out_dtype=None, mode: str = "auto", config: MatmulConfig | N
     module docstring explains the grid.
     """
     a, b, out_dtype = _check(a, b, out_dtype)
+    _checks.check_config_type(config, MatmulConfig, mosaic_matmul.MosaicMatmulConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
         return reference.matmul(a, b, out_dtype=out_dtype)

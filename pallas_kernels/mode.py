@@ -24,6 +24,7 @@ kernels under the interpreter).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -39,9 +40,31 @@ def _check_name(mode: str, where: str) -> str:
     return mode.lower()
 
 
-@functools.lru_cache(maxsize=1)
+_ASSUMED: list = []   # (compute capability, description) pushed by assume_gpu()
+
+
+@contextlib.contextmanager
+def assume_gpu(device_kind: str = "NVIDIA H200", compute_capability: tuple[int, int] = (9, 0)):
+    """Inside the block, the kernels act as if the default device were this GPU: for lowering
+    them for CUDA on a machine without one (an abstract device and
+    ``lowering_platforms=("cuda",)``; nothing can run). Used by the CUDA lowering tests and
+    :mod:`pallas_kernels.triton_compile`."""
+    major, minor = compute_capability
+    _ASSUMED.append(((int(major), int(minor)), f"{device_kind} (compute capability {major}.{minor}, "
+                                               "assumed for lowering: nothing runs)"))
+    try:
+        yield
+    finally:
+        _ASSUMED.pop()
+
+
 def _gpu() -> tuple[tuple[int, int] | None, str]:
     """(compute capability of the default device or None, its description)."""
+    return _ASSUMED[-1] if _ASSUMED else _real_gpu()
+
+
+@functools.lru_cache(maxsize=1)
+def _real_gpu() -> tuple[tuple[int, int] | None, str]:
     import jax
 
     try:

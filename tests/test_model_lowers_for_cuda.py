@@ -27,12 +27,12 @@ S = jax.ShapeDtypeStruct
 def abstract_h200(monkeypatch):
     from jax._src import mesh as mesh_lib  # private: AbstractDevice has no public export yet
 
-    # "pallas" mode checks for a real GPU; here the lowering target is an abstract one.
-    monkeypatch.setattr(mode_mod, "_gpu_support", lambda: (True, "abstract NVIDIA H200 (lowering only)"))
     # Draw weights with jax (traceable) so eval_shape builds the parameter tree without data.
     monkeypatch.setattr(M._Initializer, "HOST_MAX_PARAMS", 0)
     device = mesh_lib.AbstractDevice(device_kind="NVIDIA H200", num_cores=None, platform="cuda")
-    return mesh_lib.AbstractMesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=device)
+    # The compiled modes check for a real GPU; here the lowering target is an abstract H200.
+    with mode_mod.assume_gpu("NVIDIA H200", (9, 0)):
+        yield mesh_lib.AbstractMesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=device)
 
 
 def _lowered(mesh, fn, *args) -> str:
@@ -44,6 +44,7 @@ def _lowered(mesh, fn, *args) -> str:
 @pytest.mark.parametrize("preset", ["base", "llama3_8b"])
 @pytest.mark.parametrize("batch,prompt_len", [(1, 2048), (64, 512)])
 def test_prefill_and_decode_lower_for_cuda(abstract_h200, preset, batch, prompt_len):
+    tier = "triton"
     cfg = ModelConfig.preset(preset, n_layers=2)  # every layer has the same shapes
     params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
     cache = [S((batch, prompt_len + 64, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
@@ -52,10 +53,10 @@ def test_prefill_and_decode_lower_for_cuda(abstract_h200, preset, batch, prompt_
     expected = 5 * cfg.n_layers + 1
 
     def prefill(p, tokens, n, k, v):
-        return M.prefill_forward(p, tokens, n, k, v, cfg=cfg, mode="pallas")
+        return M.prefill_forward(p, tokens, n, k, v, cfg=cfg, mode=tier)
 
     def decode(p, tokens, n, k, v):
-        return M.decode_forward(p, tokens, n, k, v, cfg=cfg, mode="pallas")
+        return M.decode_forward(p, tokens, n, k, v, cfg=cfg, mode=tier)
 
     text = _lowered(abstract_h200, prefill, params, S((batch, prompt_len), jnp.int32), lengths, cache, cache)
     assert hlo.count_pallas_calls(text) == expected
@@ -63,3 +64,18 @@ def test_prefill_and_decode_lower_for_cuda(abstract_h200, preset, batch, prompt_
     assert hlo.count_pallas_calls(text) == expected
     # The decode-attention kernel writes the new K/V into the caches itself: no scatter kernels.
     assert "stablehlo.scatter" not in text
+
+
+def test_pallas_mode_picks_the_mosaic_tier_on_hopper(abstract_h200):
+    """On an (abstract) H200, "pallas" runs the Mosaic GPU tier for the model's bf16 shapes:
+    every matmul and attention lowers to a Mosaic GPU custom call, none to Triton."""
+    cfg = ModelConfig.preset("base", n_layers=1)
+    params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
+    cache = [S((1, 576, cfg.n_kv_heads, cfg.head_dim), jnp.bfloat16)] * cfg.n_layers
+
+    def decode(p, tokens, n, k, v):
+        return M.decode_forward(p, tokens, n, k, v, cfg=cfg, mode="pallas")
+
+    text = _lowered(abstract_h200, decode, params, S((1,), jnp.int32), S((1,), jnp.int32), cache, cache)
+    assert hlo.count_pallas_calls(text) == 0
+    assert text.count("mosaic_gpu") >= 5 * cfg.n_layers + 1

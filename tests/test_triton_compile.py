@@ -1,7 +1,7 @@
 """Every kernel compiles with Triton for Hopper (sm_90) and Ampere (sm_80) on this CPU, and fits.
 
 The kernels are lowered for an abstract NVIDIA GPU through the public functions
-(``mode="pallas"``), their Triton IR is compiled to PTX and a cubin by the ``triton`` package,
+(``mode="triton"``), their Triton IR is compiled to PTX and a cubin by the ``triton`` package,
 and each must compile and fit the device's shared memory and registers
 (:mod:`pallas_kernels.triton_compile`). What this does not prove (speed, numerics, and XLA's
 own bundled Triton agreeing) is said there. Skipped with the reason where ``triton`` is absent.
@@ -20,6 +20,7 @@ from jax.experimental.pallas import triton as plgpu
 
 import pallas_kernels as pk
 from pallas_kernels import triton_compile as tc
+from pallas_kernels.triton_compile import compiler as tc_compiler
 
 ROOT = Path(__file__).resolve().parent.parent
 S, BF16 = jax.ShapeDtypeStruct, jnp.bfloat16
@@ -27,15 +28,15 @@ needs_triton = pytest.mark.skipif(tc.triton_problem() is not None, reason=str(tc
 
 
 def _flash(causal):
-    return lambda q, k, v: pk.flash_attention(q, k, v, causal=causal, mode="pallas")
+    return lambda q, k, v: pk.flash_attention(q, k, v, causal=causal, mode="triton")
 
 
 def _decode(q, k, v, n):
-    return pk.decode_attention(q, k, v, n, mode="pallas")
+    return pk.decode_attention(q, k, v, n, mode="triton")
 
 
 def _matmul(a, b):
-    return pk.matmul(a, b, mode="pallas")
+    return pk.matmul(a, b, mode="triton")
 
 
 # Every kernel at a shape of each class it has: a prefill and a decode matmul, flash attention
@@ -72,15 +73,17 @@ def test_capture_reads_launch_parameters():
     (k,) = tc.capture_kernels(_matmul, S((300, 512), BF16), S((512, 640), BF16), context="mm")
     assert (k.name, k.context) == ("matmul", "mm")
     assert k.num_warps in (1, 2, 4, 8, 16) and k.num_stages >= 1
-    assert k.grid[1:] == (1, 1) and k.programs == k.grid[0] >= 1   # the matmul's 1-D grid
-    assert k.operands == ("300x512xbf16", "512x640xbf16") and k.results == ("300x640xbf16",)
+    p = pk.matmul_plan(300, 512, 640, BF16, num_sms=132)   # the grid (tiles, K splits) it plans
+    assert k.grid == p.grid + (1,) and k.programs == p.programs >= 1
+    assert k.operands == ("300x512xbf16", "512x640xbf16")
+    assert k.results == ((f"{p.grid[1]}x300x640xf32",) if p.grid[1] > 1 else ("300x640xbf16",))
     # Two calls of the same kernel at the same shapes are one unique kernel.
     ks = tc.capture_kernels(lambda a, b: _matmul(a, b) + _matmul(a, b), S((64, 256), BF16), S((256, 256), BF16))
     assert len(ks) == 2 and len(tc.unique(ks)) == 1
     # Outside abstract_gpu, "pallas" mode is refused again on this machine.
     if not pk.mode.pallas_supported():
         with pytest.raises(ValueError, match="cannot run here"):
-            pk.matmul(jnp.ones((16, 16)), jnp.ones((16, 16)), mode="pallas")
+            pk.matmul(jnp.ones((16, 16)), jnp.ones((16, 16)), mode="triton")
 
 
 def _one_dot(a_ref, b_ref, o_ref):
@@ -142,11 +145,11 @@ def test_pallas_kernels_imports_without_triton():
 
 def test_limits_and_occupancy_arithmetic():
     k = tc.Kernel("k", "", 8, 3, (100, 1, 1), (), ())
-    errors, notes, flags = tc._check_limits(k, tc.TARGETS["sm_90"], 220 * 1024, 255, 8, 8)
+    errors, notes, flags = tc_compiler._check_limits(k, tc.TARGETS["sm_90"], 220 * 1024, 255, 8, 8)
     assert not errors and set(flags) == {"smem near limit", "regs at limit", "SPILLS", "grid < SMs"}
-    errors, *_ = tc._check_limits(k, tc.TARGETS["sm_80"], 170 * 1024, 255, 0, 0)
+    errors, *_ = tc_compiler._check_limits(k, tc.TARGETS["sm_80"], 170 * 1024, 255, 0, 0)
     assert errors and "163 KB" in errors[0]
-    errors, *_ = tc._check_limits(tc.Kernel("k", "", 16, 3, (1, 1, 1), (), ()), tc.TARGETS["sm_90"], 0, 255, 0, 0)
+    errors, *_ = tc_compiler._check_limits(tc.Kernel("k", "", 16, 3, (1, 1, 1), (), ()), tc.TARGETS["sm_90"], 0, 255, 0, 0)
     assert errors and "registers per SM" in errors[0]     # 255 x 512 threads > 64 K
     c = tc.Compiled(k, tc.TARGETS["sm_90"], shared=64 * 1024, registers=128, spill_stores=0, spill_loads=0,
                     stack=0, ptx_version="9.4", ptx_target="sm_90a", ptxas="", triton_version="",
