@@ -1,8 +1,8 @@
 """Read a real engine's serving benchmark: the result file of ``vllm bench serve --save-result``.
 
-The format is the one ``vllm/benchmarks/serve.py`` writes (checked against vLLM's source on
-its main branch, November 2026; the same field names as the ``benchmarks/benchmark_serving.py``
-script of 2024-2025 and the v0.10-v0.11 ``vllm bench serve`` docs). One run is one JSON
+The format is the one ``vllm/benchmarks/serve.py`` writes on vLLM's main branch (read in
+November 2026); its metric names are those of the ``BenchmarkMetrics`` of vLLM 0.10 and 0.11 and
+of the older ``benchmarks/benchmark_serving.py``. One run is one JSON
 object; ``--append-result`` puts several in one file, one after the other; a folder of them is
 read in name order (vLLM's ``*.pytorch.json`` side files are skipped).
 
