@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class SLO:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)
                                   or not math.isfinite(v) or v <= 0):
                 raise ValueError(f"SLO {f.name}={v!r} must be a positive number of milliseconds or None")
         if all(getattr(self, f.name) is None for f in dataclasses.fields(self)):
@@ -76,7 +77,7 @@ class SLO:
         return ok
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass(kw_only=True, eq=False)
 class ServingTrace:
     """Per-request timings (seconds) of one serving run, simulated or measured.
 

@@ -58,7 +58,7 @@ throughput). On an H100 a dense bf16 model turns compute-bound near 300 tokens p
 ridge point), so 512 keeps each iteration within about twice a pure decode step."""
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass(kw_only=True, eq=False)
 class SimResult(ServingTrace):
     """A simulated run: the :class:`ServingTrace` metrics plus what the servers did.
 
