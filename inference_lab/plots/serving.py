@@ -100,8 +100,12 @@ def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = N
                     continue
                 ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls=st["linestyle"], lw=lw, ms=6,
                         mfc=face, label=f"{name}, p{q}")
+    log_x = x not in ("rate", "prompt_len")
+    xs_all = sorted({r[x] for r in rows if r[x] is not None and math.isfinite(r[x])})
     for ax, (_, ylabel, t) in zip(axes, panels):
-        _style_log(ax, x=x not in ("rate", "prompt_len"))
+        _style_log(ax, x=False)
+        if log_x:
+            _base2_batches(ax, xs_all)  # log base 2, ticks at the values swept, plain numbers
         _si_ticks(ax, "y")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
