@@ -22,8 +22,8 @@ _LAZY = {
     "generate": "inference_lab.engine",
 }
 _SUBMODULES = ("config", "tokenizer", "model", "kv_cache", "parallel", "engine", "hlo", "hardware",
-               "roofline", "measure", "records", "economics", "simulator", "probe", "plots", "widgets",
-               "lessons")
+               "roofline", "measure", "records", "economics", "simulator", "serving_metrics", "vllm_bench",
+               "probe", "plots", "widgets", "lessons")
 
 __all__ = list(_LAZY) + list(_SUBMODULES)
 

@@ -4,7 +4,8 @@
    phase costs ``$ / 3600 / (tokens/s) * 1e6`` per million of those tokens. Prefill is
    compute-bound even for one request, so input tokens are cheap at any batch; decode is
    cheap per token only when many sequences share each weight read. The ratio of the two
-   prices, derived from a datasheet (:func:`predicted_token_prices`) or from your own records
+   prices, derived from a datasheet (:func:`predicted_token_prices`, with the fraction of peak
+   FLOP/s prefill reaches stated as ``prefill_mfu``) or from your own records
    (:func:`measured_token_prices`), is why providers charge 3-5x more for output.
 
 The serving simulation (prefill and decode sharing GPUs or split into pools) lives in
@@ -22,15 +23,16 @@ import numpy as np
 from inference_lab import roofline
 from inference_lab.hardware import PRESETS
 from inference_lab.simulator import (  # noqa: F401  (re-exported: economics.simulate, ...)
-    RAG_RATIO, PhaseModel, Requests, SimResult, load_sweep, measured_phases, roofline_phases,
-    sample_requests, simulate, simulate_requests)
+    DEFAULT_CHUNK_TOKENS, MODES, RAG_RATIO, SLO, PhaseModel, Requests, ServingTrace, SimResult,
+    load_sweep, measured_phases, roofline_phases, sample_requests, simulate, simulate_requests)
 from inference_lab.workload import _positive
 
 __all__ = [
     "GpuPrice", "GPU_PRICES", "cost_per_million_tokens", "token_prices",
     "predicted_token_prices", "price_ratio_vs_batch", "measured_token_prices",
     "PhaseModel", "roofline_phases", "measured_phases", "sample_requests", "Requests",
-    "simulate", "simulate_requests", "SimResult", "load_sweep", "RAG_RATIO",
+    "simulate", "simulate_requests", "SimResult", "load_sweep", "RAG_RATIO", "SLO",
+    "ServingTrace", "MODES", "DEFAULT_CHUNK_TOKENS",
 ]
 
 # ============================================================================= prices
@@ -92,34 +94,53 @@ def token_prices(dollars_per_gpu_hour: float, prefill_tokens_per_s: float,
     return {"input_per_million": inp, "output_per_million": out, "ratio": out / inp}
 
 
+def _efficiency(name, value) -> float:
+    value = _positive(name, value)
+    if value > 1:
+        raise ValueError(f"{name}={value!r} must be a fraction in (0, 1]: the share of the datasheet peak reached")
+    return value
+
+
 def predicted_token_prices(cfg, spec, *, batch: int, context: int, prompt_len: int | None = None,
                            prefill_batch: int = 1, dollars_per_gpu_hour: float | None = None,
-                           dtype=None) -> dict:
+                           dtype=None, prefill_mfu: float = 1.0, decode_mbu: float = 1.0) -> dict:
     """:func:`token_prices` from the roofline: decode at ``batch`` sequences of ``context``
     tokens, prefill of ``prefill_batch`` prompts of ``prompt_len`` (default: ``context``).
 
-    The price defaults to the example in :data:`GPU_PRICES` for a preset spec.
+    ``prefill_mfu``: the fraction of the datasheet FLOP/s prefill reaches (1.0: the roofline
+    itself, which no engine reaches); ``decode_mbu``: the same for decode's bandwidth. Each
+    phase takes ``max(flops / (peak * mfu), bytes / (bandwidth * mbu))``. The price defaults
+    to the example in :data:`GPU_PRICES` for a preset spec.
     """
     price = _price(spec, dollars_per_gpu_hour)
+    prefill_mfu, decode_mbu = _efficiency("prefill_mfu", prefill_mfu), _efficiency("decode_mbu", decode_mbu)
     prompt_len = context if prompt_len is None else prompt_len
-    pre = roofline.predicted_prefill_tokens_per_s(cfg, spec, prefill_batch, prompt_len, dtype)
-    dec = roofline.predicted_decode_tokens_per_s(cfg, spec, batch, context, dtype)
+    dt = roofline._dtype(cfg, dtype)
+    c, m = roofline.predict_terms(roofline.prefill_cost(cfg, prefill_batch, prompt_len), spec, dt)
+    pre = prefill_batch * prompt_len / max(c / prefill_mfu, m)
+    c, m = roofline.predict_terms(roofline.decode_cost(cfg, batch, context), spec, dt)
+    dec = batch / max(c, m / decode_mbu)
     out = token_prices(price, pre, dec)
-    out.update(batch=batch, context=context, prompt_len=prompt_len,
-               prefill_tokens_per_s=pre, decode_tokens_per_s=dec, dollars_per_gpu_hour=price)
+    out.update(batch=batch, context=context, prompt_len=prompt_len, prefill_tokens_per_s=pre,
+               decode_tokens_per_s=dec, dollars_per_gpu_hour=price, prefill_mfu=prefill_mfu,
+               decode_mbu=decode_mbu)
     return out
 
 
 def price_ratio_vs_batch(cfg, spec, batches: Iterable[int], *, context: int,
-                         prompt_len: int | None = None, dtype=None) -> list[float]:
+                         prompt_len: int | None = None, dtype=None, prefill_mfu: float = 1.0,
+                         decode_mbu: float = 1.0) -> list[float]:
     """Output/input price ratio predicted at each decode batch size (prefill at batch 1).
 
     Falls steeply with batch while decode is memory-bound (the weight read is shared), then
-    levels off where each sequence's own KV-cache read dominates: that floor, set by the
-    context length, is where providers' 3-5x comes from.
+    levels off where each sequence's own KV-cache read dominates: a floor set by the context
+    length. At the roofline (``prefill_mfu=1``) that floor sits above the 3-5x providers
+    charge; the ratio scales with ``prefill_mfu / decode_mbu``, and real prefill runs well
+    below the datasheet peak, which brings the floor into the band.
     """
     return [predicted_token_prices(cfg, spec, batch=b, context=context, prompt_len=prompt_len,
-                                   dollars_per_gpu_hour=1.0, dtype=dtype)["ratio"] for b in batches]
+                                   dollars_per_gpu_hour=1.0, dtype=dtype, prefill_mfu=prefill_mfu,
+                                   decode_mbu=decode_mbu)["ratio"] for b in batches]
 
 
 def measured_token_prices(records: Iterable, dollars_per_gpu_hour: float) -> list[dict]:

@@ -222,3 +222,19 @@ def test_invalid_arguments_raise(phases):
         economics.predicted_token_prices(CFG, hardware.PRESETS["L4"], batch=1, context=128)
     with pytest.raises(ValueError, match="batch"):
         economics.predicted_token_prices(CFG, H100, batch=0, context=128)
+
+
+def test_the_price_ratio_scales_with_the_prefill_mfu_assumed():
+    """At the roofline (prefill at 100% MFU) the floor stays above the 3-5x band; at half the
+    peak FLOP/s, input tokens cost twice as much and the floor drops into the band."""
+    full = economics.price_ratio_vs_batch(CFG, H100, [512], context=2048)[0]
+    half = economics.price_ratio_vs_batch(CFG, H100, [512], context=2048, prefill_mfu=0.5)[0]
+    assert full > 5 and 3 <= half <= 5
+    assert half == pytest.approx(0.5 * full, rel=1e-9)  # prefill stays compute-bound
+    slow_decode = economics.predicted_token_prices(CFG, H100, batch=8, context=2048, decode_mbu=0.5)
+    assert slow_decode["ratio"] == pytest.approx(
+        2 * economics.predicted_token_prices(CFG, H100, batch=8, context=2048)["ratio"], rel=1e-9)
+    with pytest.raises(ValueError, match="prefill_mfu"):
+        economics.predicted_token_prices(CFG, H100, batch=8, context=2048, prefill_mfu=0)
+    with pytest.raises(ValueError, match="decode_mbu"):
+        economics.predicted_token_prices(CFG, H100, batch=8, context=2048, decode_mbu=2)

@@ -133,8 +133,8 @@ def test_prices_fall_with_batch(model):
     assert "output/input" in serving.price_table(CFG8B, H100, price, batches=(1, 8), prompt_len=2048, context=2048)
     measured = serving.measured_price_ratios(model, price, batches=(1, 4), prompt_len=32)
     assert set(measured.ratios) == {1, 4} and "batch" in measured.table()
-    fig, text = serving.price_view(CFG8B, H100, price, 8, prompt_len=2048, context=2048)
-    assert text.startswith("batch size 8:")
+    fig, text = serving.price_view(CFG8B, H100, price, 8, 0.5, prompt_len=2048, context=2048)
+    assert text.startswith("batch size 8, prefill at 50% MFU:")
 
 
 def test_serving_simulation_views(tmp_path):
@@ -143,7 +143,7 @@ def test_serving_simulation_views(tmp_path):
     with pytest.raises(ValueError, match="interconnect"):
         serving.one_way_bandwidth(dataclasses.replace(H100, interconnect_bandwidth=None))
     runs = serving.serving_at(phases, 1024, spec=H100)
-    assert set(runs) == {"colocated", "disaggregated"}
+    assert set(runs) == {"colocated", "chunked", "disaggregated"}
     assert "disaggregated" in serving.sim_summary(runs)
     _png(plots.latency_distributions(runs), tmp_path, "lat")
     load = serving.prompt_load_sweep(phases, (512, 4096), spec=H100)

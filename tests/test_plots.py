@@ -129,4 +129,36 @@ def test_economics_figures(tmp_path):
                                 output_len=(8, 32), interconnect_bandwidth=450e9)
     fig = plots.serving_plot(rows)
     _check(fig, tmp_path, "serving", log_x=False, log_y=True, units=("requests/s", "ms"))
-    assert "(tokens/s" in fig.axes[1].get_ylabel()
+    assert [ax.get_title() for ax in fig.axes] == ["Time to first token", "TPOT: each request's mean gap",
+                                                   "ITL: every gap"]
+    assert all("(ms)" in ax.get_ylabel() for ax in fig.axes)
+
+
+def test_serving_figures_tell_modes_apart_without_colour(tmp_path):
+    """Every mode differs in marker and line style too, and a real vLLM run sits beside them."""
+    from inference_lab import simulator, vllm_bench
+    from inference_lab.serving_metrics import SLO
+    from pathlib import Path
+
+    phases = economics.roofline_phases(ModelConfig.preset("llama3_8b"), hardware.PRESETS["H100_SXM"])
+    rows = economics.load_sweep(phases, [2.0, 4.0], modes=simulator.MODES, n_requests=80,
+                                prompt_len=(256, 2048), output_len=(8, 32), interconnect_bandwidth=450e9)
+    (run,) = vllm_bench.load_vllm_bench(Path(__file__).parent / "fixtures" / "vllm_bench_serve.json")
+    fig = plots.serving_plot(rows + [run.summary()])
+    lines = fig.axes[1].get_lines()
+    styles = {(ln.get_marker(), ln.get_linestyle()) for ln in lines}
+    assert len(styles) == 4  # three modes and the measured run, each its own marker and line style
+    res = {m: economics.simulate(phases, rate=2.0, n_requests=80, mode=m, interconnect_bandwidth=450e9)
+           for m in simulator.MODES}
+    fig = plots.latency_distributions({**res, "vllm (measured)": run})
+    assert len(fig.axes) == 3 and "gap" in fig.axes[2].get_xlabel()
+    _check(fig, tmp_path, "cdf", log_x=True, log_y=False, units=("ms",))
+    slo = SLO(ttft_ms=200, tpot_ms=20)
+    grows = [dict(r.with_slo(slo).summary(), rate=2.0, config=m) for m, r in res.items()]
+    fig = plots.goodput_plot(grows, slo=str(slo))
+    assert "(requests/s" in fig.axes[0].get_ylabel() and "TTFT <= 200 ms" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="slo"):
+        plots.goodput_plot([dict(r.summary(), rate=2.0, config=m) for m, r in res.items()])
+    fig = plots.pool_balance_plot(["1P3D", "2P2D", "3P1D"], [10, 20, 30], [60, 40, 20])
+    assert any("best: 2P2D" in t.get_text() for t in fig.axes[0].texts)
+    _check(fig, tmp_path, "pools", log_x=False, log_y=False, units=("x prefill", "requests/s"))

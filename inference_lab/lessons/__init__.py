@@ -9,7 +9,7 @@
 | ``04_arithmetic_intensity``       | :mod:`.arithmetic_intensity`            |
 | ``05_batching``                   | :mod:`.batching`, :mod:`.tensor_parallel` |
 | ``06_on_your_machine``            | :mod:`.on_your_machine`                 |
-| ``07_serving_economics``          | :mod:`.serving_economics`               |
+| ``07_serving_economics``          | :mod:`.serving_economics`, :mod:`.serving_pools` |
 
 :mod:`.machine` is what they share: this machine, its lesson sizes and model, record tables.
 

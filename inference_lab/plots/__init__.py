@@ -10,7 +10,7 @@ fields), so plots never depend on where records came from.
 - :mod:`~inference_lab.plots.ceilings`: the roofline, ridge points, intensity, the kitchen
 - :mod:`~inference_lab.plots.phases`: measured prefill and decode
 - :mod:`~inference_lab.plots.classroom`: many machines on one chart
-- :mod:`~inference_lab.plots.serving`: prices and simulated serving latency
+- :mod:`~inference_lab.plots.serving`: prices, serving latency and goodput (simulated or a vLLM run), pool sizes
 """
 
 from inference_lab.plots._style import DECODE_COLOR, PREFILL_COLOR, ROOF_COLOR
@@ -19,9 +19,10 @@ from inference_lab.plots.phases import (decode_bytes_bars, decode_throughput_plo
                                         prefill_flops_vs_length, request_timeline, ttft_plot, two_speeds_bars)
 from inference_lab.plots.ceilings import (intensity_vs_context, kitchen, ridge_comparison, roofline_plot,
                                           time_split_bars)
-from inference_lab.plots.serving import latency_distributions, price_ratio_plot, serving_plot
+from inference_lab.plots.serving import (goodput_plot, latency_distributions, pool_balance_plot, price_ratio_plot,
+                                         serving_plot)
 
 __all__ = ["roofline_plot", "ridge_comparison", "intensity_vs_context", "time_split_bars", "kitchen",
            "request_timeline", "two_speeds_bars", "ttft_plot", "prefill_flops_vs_length", "decode_bytes_bars",
            "decode_time_vs_bytes", "decode_throughput_plot", "classroom_plot", "price_ratio_plot",
-           "serving_plot", "latency_distributions", "PREFILL_COLOR", "DECODE_COLOR", "ROOF_COLOR"]
+           "serving_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "PREFILL_COLOR", "DECODE_COLOR", "ROOF_COLOR"]

@@ -1,29 +1,43 @@
-"""Figures of serving economics: the price ratio, and latency under load from the simulator."""
+"""Figures of serving economics: the price ratio, latency under load from the simulator (or a
+real engine's ``vllm bench serve`` run beside it), goodput, and the balance of xPyD pools.
+
+Serving modes are told apart by colour, marker and line style together (``MODE_STYLES``);
+medians are hollow markers on thin lines, p99s filled markers on thick ones.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from inference_lab import economics
 from inference_lab.plots._style import (
-    ROOF_COLOR, GRID, _figure, _style_log, _base2_batches, _si_ticks, _palette)
+    DECODE_COLOR, DEVICE_MARKERS, GRID, MODE_STYLES, PREFILL_COLOR, _figure, _style_log, _base2_batches,
+    _si_ticks)
+
+_LINESTYLES = ("-", "--", ":", "-.")
 
 
 def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
                      contexts: Sequence[int] = (512, 2048, 8192), dtype=None,
-                     band: tuple[float, float] = (3, 5), title: str | None = None) -> Figure:
-    """Predicted output/input price ratio against decode batch, one line per context length,
-    with the 3-5x band providers charge shaded."""
+                     band: tuple[float, float] = (3, 5), title: str | None = None,
+                     prefill_mfu: float | Sequence[float] = 1.0) -> Figure:
+    """Predicted output/input price ratio against decode batch, one line per context length
+    and prefill MFU assumed (line style), with the 3-5x band providers charge shaded."""
+    mfus = [prefill_mfu] if isinstance(prefill_mfu, (int, float)) else list(prefill_mfu)
     fig, (ax,) = _figure()
     ax.axhspan(*band, color="#fde8c8", zorder=0, label=f"what providers charge ({band[0]:g}-{band[1]:g}x)")
     shades = np.linspace(0.45, 1.0, len(contexts))
-    for shade, ctx in zip(shades, contexts):
-        ratios = economics.price_ratio_vs_batch(cfg, spec, batches, context=ctx, dtype=dtype)
-        color = tuple(shade * np.array([0xe0, 0x7b, 0x00]) / 255)
-        ax.plot(batches, ratios, "-o", color=color, ms=5, mec="white", label=f"context {ctx:,} tokens")
+    for j, mfu in enumerate(mfus):
+        for shade, ctx in zip(shades, contexts):
+            ratios = economics.price_ratio_vs_batch(cfg, spec, batches, context=ctx, dtype=dtype, prefill_mfu=mfu)
+            color = tuple(shade * np.array([0xe0, 0x7b, 0x00]) / 255)
+            ax.plot(batches, ratios, marker=DEVICE_MARKERS[j % len(DEVICE_MARKERS)], ls=_LINESTYLES[j % 4],
+                    color=color, ms=5, mec="white", label=f"context {ctx:,} tokens, prefill at {mfu:.0%} MFU")
     _style_log(ax, x=False)
     _base2_batches(ax, batches)
     _si_ticks(ax, "y")
@@ -34,58 +48,149 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     return fig
 
 
-def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = None) -> Figure:
-    """TTFT and per-user tokens/s for each serving mode against load: rows of
-    :func:`economics.load_sweep` (``x="rate"``, arrival rate) or any rows carrying ``x``
-    (e.g. ``"prompt_len"``), each with ``mode``, ``ttft_p50_ms``, ``ttft_p99_ms``, ``tpot_p50_ms``."""
+def _style(name: str, i: int, n: int) -> dict:
+    """A mode's style, or for anything else (a measured engine, an xPyD split) one of ``n``
+    along a colour-blind-safe sequential map, each with its own marker and line style."""
+    for mode, style in MODE_STYLES.items():
+        if name.startswith(mode):
+            return dict(style)
+    return {"color": colormaps["viridis"](0.9 * i / max(n - 1, 1)), "marker": DEVICE_MARKERS[(i + 3) % len(DEVICE_MARKERS)],
+            "linestyle": _LINESTYLES[i % 4]}
+
+
+def _series(rows, key):
+    names = []
+    for r in rows:
+        if r[key] not in names:
+            names.append(r[key])
+    return names
+
+
+def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = None,
+                 series: str = "mode") -> Figure:
+    """TTFT, TPOT and ITL (median and p99) against load, one series per ``series`` value.
+
+    ``rows``: :meth:`SimResult.summary` rows carrying ``x`` (``economics.load_sweep`` adds
+    ``rate``), or a real run's :meth:`vllm_bench.BenchRun.summary` (drawn where it has a
+    finite ``x``). Each row needs ``ttft_p50_ms``, ``ttft_p99_ms``, ``tpot_p50_ms``; TPOT and
+    ITL p99 are drawn where present.
+    """
     if not rows:
         raise ValueError("serving_plot needs rows from economics.load_sweep(...)")
     if any(x not in r for r in rows):
         raise ValueError(f"serving_plot(x={x!r}): every row needs a {x!r} entry")
-    xlabel = {"rate": "arrival rate (requests/s)", "prompt_len": "mean prompt length (tokens)"}.get(x, x)
-    fig, (left, right) = _figure(2, width=11.0, height=4.4)
-    colors = {"colocated": "#c62d42", "disaggregated": "#2a9d4b"}
-    for mode in sorted({r["mode"] for r in rows}):
-        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r[x])
+    xlabel = {"rate": "arrival rate (requests/s)", "prompt_len": "mean prompt length (tokens)",
+              "chunk_tokens": "chunk budget (tokens per iteration)"}.get(x, x)
+    fig, axes = _figure(3, width=13.5, height=4.4)
+    panels = (("ttft", "time to first token (ms)", "Time to first token"),
+              ("tpot", "time per output token (ms)", "TPOT: each request's mean gap"),
+              ("itl", "inter-token latency (ms)", "ITL: every gap"))
+    names = _series(rows, series)
+    for i, name in enumerate(names):
+        mine = sorted((r for r in rows if r[series] == name and r[x] is not None and math.isfinite(r[x])),
+                      key=lambda r: r[x])
+        if not mine:
+            continue
+        st = _style(str(name), i, len(names))
         xs = [r[x] for r in mine]
-        c = colors.get(mode, ROOF_COLOR)
-        left.plot(xs, [r["ttft_p50_ms"] for r in mine], "-o", color=c, label=f"{mode}, p50")
-        left.plot(xs, [r["ttft_p99_ms"] for r in mine], "--", color=c, alpha=0.7, label=f"{mode}, p99")
-        right.plot(xs, [1e3 / r["tpot_p50_ms"] for r in mine], "-o", color=c, label=mode)
-    _style_log(left, x=False)
-    _si_ticks(left, "y")
-    right.grid(True, **GRID)
-    right.set_ylim(bottom=0)
-    left.set_xlabel(xlabel)
-    left.set_ylabel("time to first token (ms)")
-    left.set_title("Time to first token")
-    right.set_xlabel(xlabel)
-    right.set_ylabel("per-user decode speed (tokens/s, p50)")
-    right.set_title("Tokens per second each user sees")
-    left.legend(fontsize=8, frameon=False)
-    right.legend(fontsize=8, frameon=False)
-    fig.suptitle(title or "Under load: disaggregation lets TTFT and tokens/s move independently")
+        for ax, (metric, _, _) in zip(axes, panels):
+            for q, lw, face in ((50, 1.0, "white"), (99, 2.2, st["color"])):
+                ys = [r.get(f"{metric}_p{q}_ms", math.nan) for r in mine]
+                if all(v is None or not math.isfinite(v) for v in ys):
+                    continue
+                ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls=st["linestyle"], lw=lw, ms=6,
+                        mfc=face, label=f"{name}, p{q}")
+    log_x = x not in ("rate", "prompt_len")
+    xs_all = sorted({r[x] for r in rows if r[x] is not None and math.isfinite(r[x])})
+    for ax, (_, ylabel, t) in zip(axes, panels):
+        _style_log(ax, x=False)
+        if log_x:
+            _base2_batches(ax, xs_all)  # log base 2, ticks at the values swept, plain numbers
+        _si_ticks(ax, "y")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(t)
+    axes[0].legend(fontsize=7, frameon=False)
+    fig.suptitle(title or "Under load: what each serving mode does to TTFT, TPOT and ITL")
     return fig
 
 
+def _trace_of(result):
+    return getattr(result, "trace", None) or result  # a BenchRun carries its trace
+
+
 def latency_distributions(results: dict) -> Figure:
-    """Distributions (CDFs) of TTFT and TPOT for named simulation results (economics.SimResult)."""
+    """Distributions (CDFs) of TTFT, TPOT and ITL for named runs: ``SimResult``s, or measured
+    ``vllm_bench.BenchRun``s saved with ``--save-detailed``."""
     if not results:
         raise ValueError("latency_distributions needs {name: SimResult}")
-    fig, (left, right) = _figure(2, width=11.0, height=4.0)
-    colors = {"colocated": "#c62d42", "disaggregated": "#2a9d4b"}
+    fig, axes = _figure(3, width=13.5, height=4.0)
     for i, (name, res) in enumerate(results.items()):
-        c = next((v for k, v in colors.items() if name.startswith(k)), _palette(len(results))[i])
-        for ax, values in ((left, res.ttft), (right, res.tpot)):
+        tr = _trace_of(res)
+        if not hasattr(tr, "ttft"):
+            raise ValueError(f"{name}: no per-request timings (a vLLM run needs --save-detailed)")
+        st = _style(str(name), i, len(results))
+        for ax, values in zip(axes, (tr.ttft, tr.tpot, tr.itl)):
             v = np.sort(np.asarray(values)[np.isfinite(values)]) * 1e3
-            ax.plot(v, np.linspace(0, 1, len(v)), color=c, lw=2, label=name)
-    for ax, what in ((left, "time to first token (ms)"), (right, "time per output token (ms)")):
+            if len(v):
+                ax.plot(v, np.linspace(0, 1, len(v)), color=st["color"], ls=st["linestyle"], lw=2, label=name)
+                ax.plot(v[-1:], [1.0], color=st["color"], marker=st["marker"], ls="none", ms=7)
+    for ax, what, t in zip(axes, ("time to first token (ms)", "time per output token (ms)", "inter-token gap (ms)"),
+                           ("Waiting for the first token", "TPOT: each request's mean gap", "ITL: every gap")):
         ax.set_xscale("log")
-        _si_ticks(ax, "x")  # 20, 50, 100 rather than 2x10^1
+        _si_ticks(ax, "x")
         ax.grid(True, **GRID)
         ax.set_xlabel(what)
-        ax.set_ylabel("fraction of requests")
-        ax.legend(fontsize=8, frameon=False, loc="lower right")
-    left.set_title("Waiting for the first token")
-    right.set_title("Speed of the rest of the answer")
+        ax.set_ylabel("fraction of requests" if "gap" not in what else "fraction of gaps")
+        ax.set_title(t)
+    axes[0].legend(fontsize=8, frameon=False, loc="lower right")
+    return fig
+
+
+def goodput_plot(rows: Sequence[dict], *, x: str = "rate", series: str = "config",
+                 slo: str | None = None, title: str | None = None) -> Figure:
+    """Goodput (requests/s meeting the SLO) against offered load, one line per ``series``
+    value (a mode, or an xPyD split such as ``"6P2D"``), with the ideal (every request good)."""
+    rows = [r for r in rows if r.get("goodput_rps") is not None]
+    if not rows:
+        raise ValueError("goodput_plot needs summary rows computed with an slo=SLO(...)")
+    fig, (ax,) = _figure(width=8.0, height=4.8)
+    xs_all = sorted({r[x] for r in rows})
+    ax.plot(xs_all, xs_all, color="#999999", lw=1, ls=":", label="every request meets the SLO")
+    names = _series(rows, series)
+    for i, name in enumerate(names):
+        mine = sorted((r for r in rows if r[series] == name), key=lambda r: r[x])
+        st = _style(str(name), i, len(names))
+        ax.plot([r[x] for r in mine], [r["goodput_rps"] for r in mine], color=st["color"], marker=st["marker"],
+                ls=st["linestyle"], lw=2, ms=6, label=str(name))
+    ax.grid(True, **GRID)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("offered load (requests/s)" if x == "rate" else x)
+    ax.set_ylabel("goodput (requests/s meeting the SLO)")
+    ax.set_title(title or ("Goodput" + (f" at {slo}" if slo else "")))
+    ax.legend(fontsize=7, frameon=False, loc="upper left", ncol=2)
+    return fig
+
+
+def pool_balance_plot(splits: Sequence[str], prefill_rps: Sequence[float], decode_rps: Sequence[float], *,
+                      title: str | None = None) -> Figure:
+    """For each xPyD split: requests/s its prefill pool and its decode pool can each sustain.
+    The system runs at the smaller of the two; the best split is where they meet."""
+    if not (len(splits) == len(prefill_rps) == len(decode_rps)) or not splits:
+        raise ValueError("pool_balance_plot needs one prefill and one decode capacity per split")
+    fig, (ax,) = _figure(width=8.0, height=4.4)
+    pos = np.arange(len(splits))
+    ax.bar(pos - 0.2, prefill_rps, 0.4, color=PREFILL_COLOR, label="prefill pool can take")
+    ax.bar(pos + 0.2, decode_rps, 0.4, color=DECODE_COLOR, hatch="//", edgecolor="white", label="decode pool can take")
+    both = np.minimum(prefill_rps, decode_rps)
+    ax.plot(pos, both, color="black", marker="o", lw=1.5, label="the system (the smaller)")
+    best = int(np.argmax(both))
+    ax.annotate(f"best: {splits[best]}", (pos[best], both[best]), textcoords="offset points", xytext=(0, 12),
+                ha="center", fontsize=9, fontweight="bold")
+    ax.set_xticks(pos, splits)
+    ax.grid(True, axis="y", **GRID)
+    ax.set_xlabel("split of the GPUs (x prefill, y decode)")
+    ax.set_ylabel("sustainable load (requests/s)")
+    ax.set_title(title or "Sizing the pools: each must keep up")
+    ax.legend(fontsize=8, frameon=False)
     return fig

@@ -1,0 +1,146 @@
+"""Notebook 07's claims: each claim function holds on the lesson's data and fails on counter-data."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from inference_lab import economics, hardware, vllm_bench
+from inference_lab.config import ModelConfig
+from inference_lab.lessons import serving_economics as lesson
+from inference_lab.lessons import serving_pools as pools
+from inference_lab.serving_metrics import SLO
+
+H100 = hardware.PRESETS["H100_SXM"]
+CFG8B = ModelConfig.preset("llama3_8b")
+
+
+@pytest.fixture(scope="module")
+def phases():
+    return lesson.lab_phases()
+
+
+def _row(mode, x, key="rate", **ms):
+    base = {"mode": mode, key: x, "ttft_p50_ms": 100.0, "tpot_p99_ms": 10.0, "itl_p99_ms": 10.0}
+    base.update(ms)
+    return base
+
+
+# ----------------------------------------------------------------------------- prices
+def test_price_band_claims():
+    band = lesson.price_band(CFG8B, H100, batch=512, context=2048)
+    assert lesson.roofline_misses_the_band(band) and band.at_roofline > 5
+    lo, hi = band.mfu_range
+    assert 0.4 < lo < hi < 0.9 and "needs prefill MFU" in band.line()
+    assert lesson.band_reached_below(band, 0.79)
+    assert not lesson.band_reached_below(band, 0.3)  # counter: hardware that only reaches 30%
+    inside = lesson.PriceBand(512, 2048, (3, 5), np.array([0.5, 1.0]), np.array([2.5, 4.5]))
+    assert not lesson.roofline_misses_the_band(inside)  # counter: a roofline already in the band
+    never = lesson.PriceBand(512, 2048, (3, 5), np.array([0.5, 1.0]), np.array([8.0, 16.0]))
+    assert never.mfu_range is None and not lesson.band_reached_below(never, 1.0)
+
+
+def test_reference_node_figures():
+    node = lesson.reference_node()
+    assert node["gap"] == pytest.approx(3288 / 108)
+    assert 0 < node["prefill_mfu"] < node["decode_mbu"] < 1
+
+
+# ----------------------------------------------------------------------------- the metric box
+def test_stall_is_seen_by_itl_not_tpot():
+    assert lesson.tpot_hides_the_stall(lesson.stall_example().summary())
+    assert not lesson.tpot_hides_the_stall(lesson.stall_example(stall_ms=5.0).summary())  # counter: no stall
+    assert "ITL" in lesson.metrics_table(lesson.stall_example().summary())
+
+
+# ----------------------------------------------------------------------------- modes under load
+def test_chunking_claims_on_simulated_and_counter_data(phases):
+    sweep = lesson.rate_sweep(phases, rates=(2, 8, 12), spec=H100, n_requests=300)
+    assert lesson.chunking_holds_tpot(sweep) and lesson.chunking_costs_ttft(sweep)
+    assert "chunked" in sweep.table() and len(sweep.chunked) == 3
+    # Counter-data: chunked TPOT p99 growing faster than prefill first's; chunked TTFT lower.
+    bad = lesson.Sweep([_row("colocated", 1, tpot_p99_ms=10), _row("colocated", 2, tpot_p99_ms=12),
+                        _row("chunked", 1, tpot_p99_ms=8, ttft_p50_ms=90), _row("chunked", 2, tpot_p99_ms=20, ttft_p50_ms=90)],
+                       "rate")
+    assert not lesson.chunking_holds_tpot(bad) and not lesson.chunking_costs_ttft(bad)
+
+
+def test_budget_claim(phases):
+    sweep = lesson.budget_sweep(phases, (128, 512, 4096), rate=8, n_requests=300)
+    assert lesson.budget_trades_ttft_for_itl(sweep)
+    flat = lesson.Sweep([_row("chunked", b, "chunk_tokens", itl_p99_ms=i)
+                         for b, i in ((128, 10), (512, 10), (4096, 10))], "chunk_tokens")
+    assert not lesson.budget_trades_ttft_for_itl(flat)  # counter: the budget changes nothing
+
+
+def test_views_read_their_controls(phases, tmp_path):
+    for fig, text, start in ((*lesson.budget_view(phases, 256, rate=4, n_requests=100), "chunk budget 256 tokens"),
+                             (*lesson.serving_view(phases, 1024, spec=H100), "prompt length 1024:"),
+                             (*pools.pool_view(phases, economics.sample_requests(200, 5.0, **lesson.RAG_TRAFFIC), 8, 64),
+                              "batch size 64:")):
+        assert isinstance(fig, Figure) and text.startswith(start), text
+    assert "ridge" not in lesson.lab_assumptions() and "50%" in lesson.lab_assumptions()
+
+
+# ----------------------------------------------------------------------------- the 1P1D run
+def test_disaggregated_oddities_are_explained(phases):
+    runs = lesson.serving_at(phases, 2048, spec=H100)
+    col, dis = runs["colocated"], runs["disaggregated"]
+    assert lesson.busy_is_not_full(dis, 64)
+    assert lesson.one_prefill_server_queues(col, dis, phases)
+    assert not lesson.one_prefill_server_queues(dis, col, phases)  # counter: the roles swapped
+    full = types.SimpleNamespace(utilisation={"decode": 0.99}, mean_batch={"decode": 60.0})
+    assert not lesson.busy_is_not_full(full, 64)  # counter: busy and full
+    assert "busy" in lesson.sim_summary(runs)
+
+
+# ----------------------------------------------------------------------------- pool sizing
+def test_pool_estimate_is_the_ratio_over_the_gap(phases):
+    rag = economics.sample_requests(1000, 10.0, **lesson.RAG_TRAFFIC)
+    est = pools.pool_estimate(phases, rag, 8, tpot_ms=15)
+    assert est.prefill_gpus_per_decode_gpu == pytest.approx((est.prompt / est.output) / est.speed_gap)
+    assert phases.decode_seconds(est.batch, est.batch * int(est.prompt + est.output / 2)) <= 0.015
+    assert est.best_prefill_gpus >= 5  # RAG: most GPUs prefill
+    # Short prompts are packed into full passes, as a busy prefill worker runs them.
+    assert pools._full_passes_seconds(phases, [100] * 80, 8192) < 0.6 * 80 * phases.prefill_seconds([100])
+    chat = economics.sample_requests(1000, 10.0, prompt_len=(32, 128), output_len=(32, 128))
+    chat_est = pools.pool_estimate(phases, chat, 8, tpot_ms=15)
+    assert chat_est.prefill_gpus_per_decode_gpu < 1 < est.prefill_gpus_per_decode_gpu  # chat: mostly decode
+    assert chat_est.best_prefill_gpus <= 4 < est.best_prefill_gpus and chat_est.batch == 256
+    tighter = pools.pool_estimate(phases, rag, 8, tpot_ms=9)
+    assert tighter.batch < est.batch and tighter.prefill_gpus_per_decode_gpu < est.prefill_gpus_per_decode_gpu
+    with pytest.raises(ValueError, match="decode step"):
+        pools.decode_batch_for_tpot(phases, 0.1, 2000)
+    with pytest.raises(ValueError, match="tpot_ms"):
+        pools.pool_estimate(phases, rag, 8)
+
+
+def test_split_claim_and_sweep_bookkeeping():
+    assert pools.split_follows_from_the_gap("6P2D", "6P2D") and pools.split_follows_from_the_gap("6P2D", "5P3D")
+    assert not pools.split_follows_from_the_gap("6P2D", "2P6D")  # counter: far from the balance
+    rows = [{"rate": r, "config": c, "goodput_rps": g} for r, c, g in
+            ((10, "chunked", 9.0), (10, "1P1D", 8.0), (20, "chunked", 12.0), (20, "1P1D", 15.0))]
+    sw = pools.PoolSweep(rows, SLO(ttft_ms=1000), 2)
+    assert sw.best() == ("1P1D", 15.0) and sw.best("all") == ("1P1D", 15.0) and sw.peak("chunked") == 12.0
+    assert "1P1D" in sw.table()
+
+
+def test_pool_sweep_runs_every_split(phases):
+    sw = pools.pool_sweep(phases, (20,), gpus=4, slo=SLO(ttft_ms=1000, tpot_ms=15), link=450e9, n_requests=100)
+    assert {r["config"] for r in sw.rows} == {"colocated", "chunked", "1P3D", "2P2D", "3P1D"}
+    assert all(r["goodput_rps"] is not None for r in sw.rows)
+
+
+# ----------------------------------------------------------------------------- a real run beside it
+def test_replay_a_vllm_run(phases):
+    (run,) = vllm_bench.load_vllm_bench(pools.EXAMPLE_VLLM_RESULT)
+    sim = pools.replay(run, phases)
+    assert len(sim.requests) == run.completed and sim.mode == "chunked"
+    assert np.array_equal(np.sort(sim.requests.prompt_len), np.sort(run.trace.requests.prompt_len[run.trace.ok]))
+    table = pools.side_by_side({"vllm": run.summary(), "sim": sim.summary()})
+    assert "E2E (vLLM: E2EL) p99 (ms)" in table and "output tokens/s" in table
+    assert Path(pools.EXAMPLE_VLLM_RESULT).is_file()

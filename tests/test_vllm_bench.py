@@ -1,0 +1,82 @@
+"""Reading `vllm bench serve --save-result` files: a hand-made file in vLLM's format
+(tests/fixtures/vllm_bench_serve.json, its aggregates computed the way vLLM computes them)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from inference_lab import vllm_bench
+from inference_lab.serving_metrics import SLO
+
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm_bench_serve.json"
+DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts", "errors")
+
+
+def test_reads_the_run_and_recomputes_vllms_own_aggregates():
+    (run,) = vllm_bench.load_vllm_bench(FIXTURE)
+    data = json.loads(FIXTURE.read_text())
+    assert (run.label, run.request_rate, run.completed, run.failed) == ("vllm", 4.0, 5, 1)
+    assert run.model_id == "meta-llama/Llama-3.1-8B-Instruct" and run.duration == data["duration"]
+    assert run.trace is not None and run.trace.completed == 5  # the failed request is left out
+    row = run.summary()
+    # Our definitions (serving_metrics) give vLLM's numbers from vLLM's per-request lists.
+    for ours, theirs in vllm_bench.VLLM_METRIC_NAMES.items():
+        assert row[f"{ours}_mean_ms"] == pytest.approx(data[f"mean_{theirs}_ms"], rel=1e-9), ours
+        assert row[f"{ours}_p50_ms"] == pytest.approx(data[f"median_{theirs}_ms"], rel=1e-9), ours
+        for q in (90, 99):
+            assert row[f"{ours}_p{q}_ms"] == pytest.approx(data[f"p{q}_{theirs}_ms"], rel=1e-9), (ours, q)
+    assert row["request_throughput"] == pytest.approx(data["request_throughput"])
+    assert row["output_tokens_per_s"] == pytest.approx(data["output_throughput"])
+    assert row["rate"] == 4.0 and row["mode"] == "vllm" and row["source"] == "vllm bench serve"
+    # Goodput for any SLO, after the fact: TTFTs 142, 118, 71, 305, 129 ms -> four within 200 ms.
+    assert run.summary(SLO(ttft_ms=200))["goodput_rps"] == pytest.approx(4 / data["duration"])
+    assert run.summary()["goodput_rps"] is None
+
+
+def test_without_save_detailed_the_aggregates_are_used(tmp_path):
+    data = json.loads(FIXTURE.read_text())
+    full = vllm_bench.load_vllm_bench(FIXTURE)[0].summary()
+    for k in DETAILED:
+        data.pop(k)
+    for k in [k for k in data if k.startswith("p90_")]:
+        data.pop(k)  # the default --metric-percentiles is 99 alone
+    data["request_goodput"] = 2.5
+    path = tmp_path / "vllm-4.0qps-Llama-3.1-8B-Instruct-20261130-101500.json"
+    path.write_text(json.dumps(data))
+    (run,) = vllm_bench.load_vllm_bench(path)
+    row = run.summary()
+    assert run.trace is None
+    assert row["ttft_p99_ms"] == pytest.approx(full["ttft_p99_ms"]) and math.isnan(row["ttft_p90_ms"])
+    assert row["tpot_p50_ms"] == pytest.approx(full["tpot_p50_ms"])
+    assert row["goodput_rps"] == 2.5 and "not saved" in row["slo"]
+    with pytest.raises(ValueError, match="save-detailed"):
+        run.summary(SLO(ttft_ms=200))
+
+
+def test_appended_runs_and_folders(tmp_path):
+    data = json.loads(FIXTURE.read_text())
+    second = dict(data, request_rate="inf", label="chunked-512", max_concurrency=8)
+    (tmp_path / "results.json").write_text(json.dumps(data) + "\n" + json.dumps(second) + "\n")  # --append-result
+    (tmp_path / "results.pytorch.json").write_text("[]")  # vLLM's side file: skipped
+    runs = vllm_bench.load_vllm_bench(tmp_path)
+    assert [r.label for r in runs] == ["vllm", "chunked-512"]
+    assert math.isinf(runs[1].request_rate) and runs[1].max_concurrency == 8
+
+
+def test_clear_errors(tmp_path):
+    bad = tmp_path / "probe.json"
+    bad.write_text(json.dumps({"schema_version": 1, "device": "cpu"}))
+    with pytest.raises(ValueError, match="'duration'"):
+        vllm_bench.load_vllm_bench(bad)
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        vllm_bench.load_vllm_bench(bad)
+    bad.write_text(json.dumps({"duration": 10.0, "completed": 3}))
+    with pytest.raises(ValueError, match="nothing to read"):
+        vllm_bench.load_vllm_bench(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        vllm_bench.load_vllm_bench(tmp_path / "missing.json")
