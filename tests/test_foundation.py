@@ -91,8 +91,8 @@ def test_mode_override_and_bad_names(monkeypatch):
     with pytest.raises(ValueError, match="PALLAS_KERNELS_MODE='fast'"):
         mode.resolve_mode("auto")
     monkeypatch.delenv(mode.ENV_VAR)
-    with pytest.raises(ValueError, match="mode='triton' is not a kernel mode"):
-        mode.resolve_mode("triton")
+    with pytest.raises(ValueError, match="mode='cuda' is not a kernel mode"):
+        mode.resolve_mode("cuda")
 
 
 def test_env_command():
