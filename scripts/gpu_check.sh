@@ -25,10 +25,10 @@ step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, remember the exit c
 
 step env        "$PY" -m inference_lab env
 step gpu_tests  "$PY" -m pytest -m gpu tests -q -p no:cacheprovider -x --junitxml="$OUT/gpu_tests.xml"
-step bench      "$PY" -m pallas_kernels.bench --json "$OUT/bench.json"
-step probe_base "$PY" -m inference_lab probe --preset base --prompt-len 2048 --batch 1,8,64,256 --new-tokens 32 --json "$OUT/probe_base.json"
+step bench      "$PY" -m pallas_kernels.bench --json "$OUT/bench.json" --force
+step probe_base "$PY" -m inference_lab probe --preset base --prompt-len 2048 --batch 1,8,64,256 --new-tokens 32 --json "$OUT/probe_base.json" --force
 if [ "$QUICK" != "1" ]; then
-  step probe_8b "$PY" -m inference_lab probe --preset llama3_8b --prompt-len 512 --batch 1,8,64 --new-tokens 32 --json "$OUT/probe_llama3_8b.json"
+  step probe_8b "$PY" -m inference_lab probe --preset llama3_8b --prompt-len 512 --batch 1,8,64 --new-tokens 32 --json "$OUT/probe_llama3_8b.json" --force
 fi
 
 echo
@@ -54,5 +54,6 @@ for probe in sorted(out.glob("probe_*.json")):
     pre = p["prefill"]
     print(f"{probe.stem}: prefill {pre['prefill_tokens_per_s']:.0f} tok/s (MFU {pre['mfu']}), "
           + ", ".join(f"decode b{d['batch']} {d['decode_tokens_per_s']:.0f} tok/s MBU {d['mbu']}" for d in p["decode"])
-          + f", ratio {p['ratio']:.1f}")
+          + (f", ratio {p['ratio']:.1f}" if p.get("ratio") else ", ratio -")
+          + ("" if p.get("complete", True) else " (PARTIAL)"))
 PYEOF
