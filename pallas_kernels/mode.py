@@ -27,11 +27,12 @@ MIN_COMPUTE_CAPABILITY = (8, 0)
 
 
 def _check_name(mode: str, where: str) -> str:
-    if not isinstance(mode, str) or mode.lower() not in MODES:
+    if not isinstance(mode, str) or mode.strip().lower() not in MODES:
+        fix = " (or unset it)" if where == ENV_VAR else ""
         raise ValueError(
-            f"{where}={mode!r} is not a kernel mode; use one of {', '.join(MODES)}"
+            f"{where}={mode!r} is not a kernel mode; use one of {', '.join(MODES)}{fix}"
         )
-    return mode.lower()
+    return mode.strip().lower()
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,10 +65,22 @@ def pallas_supported() -> bool:
     return _gpu_support()[0]
 
 
+def check_environment() -> None:
+    """Raise the one-line ``ValueError`` that every kernel call would raise because of
+    ``PALLAS_KERNELS_MODE``: a name that is not a mode, or ``pallas`` where it cannot compile.
+    The command line runs this first, so ``env`` and ``probe`` report it the same way."""
+    _auto()
+
+
 def _auto() -> tuple[str, str]:
     override = os.environ.get(ENV_VAR)
     if override:
         chosen = _check_name(override, ENV_VAR)
+        if chosen == "pallas":
+            ok, why = _gpu_support()
+            if not ok:
+                raise ValueError(f"{ENV_VAR}={override} cannot run here: {why}; unset it, or set it to "
+                                 "interpret to run the Pallas kernels under the interpreter")
         if chosen != "auto":
             return chosen, f"{ENV_VAR}={override} overrides the automatic choice"
     ok, why = _gpu_support()
@@ -95,6 +108,7 @@ def resolve_mode(mode: str = "auto") -> str:
 
 
 def describe() -> str:
-    """One line: what ``"auto"`` resolves to on this machine, and why."""
+    """One line: what ``"auto"`` resolves to on this machine, and why (a ValueError, as
+    :func:`check_environment`, when ``PALLAS_KERNELS_MODE`` makes every call fail)."""
     chosen, why = _auto()
     return f'"auto" runs "{chosen}" kernels here: {why}'
