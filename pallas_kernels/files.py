@@ -75,6 +75,9 @@ def check_output_path(path, *, force: bool = False, flag: str = "--json") -> Pat
     if not text.strip():
         raise ValueError(f"{flag} {text!r}: give a file name, e.g. {flag} results.json")
     path = Path(text).expanduser()
+    if text.endswith(("/", os.sep)) and not path.is_dir():  # meant as a folder
+        raise ValueError(f"{flag} {text}: the folder {str(path)!r} does not exist; create it first "
+                         f"(mkdir -p {path}) or choose another path")
     if path.is_dir():
         raise ValueError(f"{flag} {text}: is a folder; give a file name inside it, e.g. {flag} {path / 'results.json'}")
     folder = path.parent

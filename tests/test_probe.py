@@ -82,6 +82,8 @@ def never_measures(monkeypatch):
     (["--kernels", "fast"], "--kernels fast: mode='fast' is not a kernel mode"),
     (["--json", ""], "--json '': give a file name"),
     (["--json", "no/such/folder/p.json"], "the folder 'no/such/folder' does not exist"),
+    (["--json", "no-such-folder/"], "the folder 'no-such-folder' does not exist"),
+    (["--json", "/dev/null"], "exists and is not a regular file"),
 ])
 def test_bad_flags_are_refused_in_one_line_before_any_work(flags, blamed, never_measures, capsys):
     base = ["--preset", "tiny", "--prompt-len", "16"]
