@@ -159,7 +159,7 @@ def _typed(name: str, v):
     """A CSV cell (always a string) as the value the field holds."""
     if v == "" or v is None:
         return None
-    if name in _TEXT_FIELDS:
+    if name in _TEXT_FIELDS or name not in _NUMBER_FIELDS:   # unknown columns are dropped later
         return v
     try:
         x = float(v)
@@ -193,6 +193,7 @@ def _from_row(row: dict, where: str = "", *, from_csv: bool = False):
     return cls(**{k: int(v) if k in _INT_FIELDS and v is not None else v for k, v in kwargs.items()})
 
 
+_NUMBER_FIELDS = {f.name for cls in (PrefillRecord, DecodeRecord) for f in dataclasses.fields(cls)} - _TEXT_FIELDS
 _NO_DEFAULT = {cls: {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
                for cls in (PrefillRecord, DecodeRecord)}
 
