@@ -108,13 +108,14 @@ def check_params(cfg: ModelConfig, params: dict, source: str = "params") -> None
 
 
 def save(path, cfg: ModelConfig, params: dict) -> None:
-    """Write ``params`` and ``cfg`` to a safetensors file, whole or not at all."""
-    from safetensors.flax import save
+    """Write ``params`` and ``cfg`` to a safetensors file, whole or not at all (written next
+    to ``path`` under a temporary name, then renamed over it)."""
+    from safetensors.flax import save_file
 
-    from pallas_kernels.files import atomic_write
+    from pallas_kernels.files import replacing
 
-    data = save(flatten(params), metadata={"config": json.dumps(dataclasses.asdict(cfg)), "format": FORMAT})
-    atomic_write(path, lambda fh: fh.write(data), binary=True)
+    with replacing(path) as tmp:
+        save_file(flatten(params), str(tmp), metadata={"config": json.dumps(dataclasses.asdict(cfg)), "format": FORMAT})
 
 
 def read(path) -> tuple[ModelConfig, dict]:

@@ -45,17 +45,40 @@ def atomic_write(path, write, *, binary: bool = False) -> Path:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except OSError:
-            mode = 0o666 & ~_umask()
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        _replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     return path
+
+
+def _replace(tmp: str, path: Path) -> None:
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except OSError:
+        mode = 0o666 & ~_umask()
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def replacing(path):
+    """For a writer that wants a file *name* (``safetensors.save_file``): yields a temporary
+    path next to ``path``; when the block ends without an exception, the file there is
+    synced and replaces ``path``; otherwise it is removed and ``path`` is untouched."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        _replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def atomic_write_text(path, text: str) -> Path:

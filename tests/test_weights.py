@@ -110,3 +110,22 @@ def test_params_given_directly_are_checked_too():
         Transformer(CFG, kernels="reference", params=params)
     with pytest.raises(ValueError, match="not an array"):
         Transformer(CFG, kernels="reference", params=dict(weights.nest(good_tensors(), CFG), head=[[1.0]]))
+
+
+def test_a_failed_save_keeps_the_old_file(tmp_path, monkeypatch):
+    import safetensors.flax
+
+    path = tmp_path / "w.safetensors"
+    save_file(good_tensors(), str(path), metadata=meta())
+    before = path.read_bytes()
+    m = Transformer.load(path, kernels="reference")
+
+    def disk_full(tensors, filename, metadata=None):
+        with open(filename, "wb") as fh:
+            fh.write(b"\0" * 100)                                  # half a file, then ENOSPC
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.flax, "save_file", disk_full)
+    with pytest.raises(OSError):
+        m.save(path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["w.safetensors"]
