@@ -49,7 +49,7 @@ import sys
 
 # The arguments and their checks live in probe_args; probe.* keeps the names.
 from inference_lab.probe_args import build_parser, check_args, filename, machine, mode_error  # noqa: F401
-from inference_lab.probe_args import output_path, preset_for
+from inference_lab.probe_args import _simulate_cpu_devices, output_path, preset_for
 from inference_lab.probe_schema import SCHEMA_VERSION
 
 TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "versions", "model", "ceilings",
@@ -214,6 +214,8 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as stop:  # argparse printed its one-line error (after the usage line)
         return int(stop.code or 0)
+    if args.tp > 1:  # before anything starts jax's backends (the kernel-mode check does)
+        _simulate_cpu_devices(args.tp)
     error = mode_error("probe") if args.kernels == "auto" else None
     if error:
         print(error, file=sys.stderr)

@@ -213,8 +213,7 @@ def test_probe_tp_runs_on_simulated_devices(tmp_path):
     env.update(JAX_PLATFORMS="cpu", INFERENCE_LAB_CACHE=str(tmp_path / "cache"))
     script = Path(__file__).parent / "parallel_scripts" / "probe_tp.py"
     proc = subprocess.Popen([sys.executable, str(script), "--preset", "tiny", "--tp", "2", "--prompt-len", "16",
-                             "--batch", "1", "--new-tokens", "3", "--kernels", "reference", "--repeats", "1",
-                             "--json", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--batch", "1", "--new-tokens", "3", "--repeats", "1", "--json", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         log = proc.communicate(timeout=180)[0]
     finally:
