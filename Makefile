@@ -25,7 +25,7 @@ help:
 	@echo "make notebooks  re-execute the notebooks in place so they are stored with outputs"
 	@echo "make gpu-check  on a GPU machine: GPU tests, kernel benchmarks and the probe"
 	@echo "make triton-report  no GPU needed: compile every kernel the model launches for sm_90 and sm_80"
-	@echo "options: PYTHON=/path/to/python3.12  ACCEL=cpu|cuda12|cuda13"
+	@echo "options: PYTHON=/path/to/python3.12  ACCEL=cpu|cuda12|cuda13  ALLOW_ROOT=1 (make lab as root)"
 
 check-python:
 	@scripts/find_python.sh >/dev/null
@@ -47,8 +47,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c "import jax, flax, inference_lab; print('jax', jax.__version__, 'flax', flax.__version__, 'ready in $(VENV)')"
 	@rm -f $(VENV)/.installed-*; touch $@
 
+# As root, lab.sh refuses unless ALLOW_ROOT=1 (in the environment or on make's command line).
 lab: setup
-	scripts/lab.sh
+	ALLOW_ROOT="$(ALLOW_ROOT)" scripts/lab.sh
 
 test: setup unit-test notebook-test browser-test
 	@echo "make test: all passed"

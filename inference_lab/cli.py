@@ -37,12 +37,17 @@ def _nvidia_gpus() -> list[str]:
 
 
 def env_report() -> tuple[list[tuple[str, str]], list[str]]:
-    """(rows of the env table, warnings)."""
+    """(rows of the env table, warnings). A ``PALLAS_KERNELS_MODE`` that would make every
+    kernel call fail shows as the kernels row; :func:`cmd_env` then reports it as an error."""
     import jax
 
     from pallas_kernels import mode
 
     devices = jax.devices()
+    try:
+        kernels = mode.describe()
+    except ValueError as err:
+        kernels = f"none can run: {err}"
     rows = [
         ("python", f"{platform.python_version()} ({sys.executable})"),
         ("jax", _version("jax")),
@@ -50,7 +55,7 @@ def env_report() -> tuple[list[tuple[str, str]], list[str]]:
         ("flax", _version("flax")),
         ("backend", jax.default_backend()),
         ("devices", ", ".join(f"{d.device_kind} ({d.platform})" for d in devices)),
-        ("kernels", mode.describe()),
+        ("kernels", kernels),
         ("matplotlib", _version("matplotlib")),
         ("ipywidgets", _version("ipywidgets")),
     ]
@@ -71,6 +76,12 @@ def cmd_env(args) -> int:
         print(f"{key:<{width}}  {value}")
     for w in warnings:
         print(f"WARNING: {w}")
+    from inference_lab.probe_args import mode_error
+
+    error = mode_error("env")
+    if error:
+        print(error, file=sys.stderr)
+        return 2
     return 0
 
 

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from inference_lab import parallel, tokenizer
 from inference_lab.kv_cache import KVCache
-from inference_lab.model import decode_forward, prefill_forward
+from inference_lab.model import check_tokens, decode_forward, prefill_forward
 
 
 # ----------------------------------------------------------------------------- jitted cores
@@ -117,29 +117,19 @@ _sample_jit = jax.jit(_sample, static_argnames=("top_k",))
 
 
 # ----------------------------------------------------------------------------- checks
-def _as_tokens(tokens, name: str, ndim: int, vocab: int):
-    """Token ids checked for shape and dtype; ids that come from the host are range-checked too.
+def _as_tokens(tokens, name: str, ndim: int, cfg) -> np.ndarray:
+    return check_tokens(tokens, name, ndim, cfg)
 
-    A jax array already on the device (e.g. the token ``decode_step`` just sampled) is passed
-    through without reading its values: a range check would copy it to the host and wait for
-    the device on every step. Ids from the host (lists, NumPy) are checked against ``vocab``.
-    """
-    on_device = isinstance(tokens, jax.Array)
-    arr = tokens if on_device else np.asarray(tokens)
-    if arr.ndim != ndim:
-        want = "[B, T]" if ndim == 2 else "[B]"
-        raise ValueError(f"{name} has shape {tuple(arr.shape)}; it must be {want} token ids")
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty; give at least one token per row")
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} has dtype {arr.dtype}; token ids must be integers (int32)")
-    if on_device:
-        return arr.astype(jnp.int32)
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= vocab:
-        raise ValueError(f"{name} holds ids in [{lo}, {hi}] but the vocabulary is 0..{vocab - 1}; "
-                         "fix the ids (the tokenizer only makes 0..258)")
-    return arr.astype(np.int32)
+
+def _check_room(model, cache, steps: int, what: str) -> None:
+    """``steps`` more tokens must fit in the cache and within the model's ``max_seq_len``."""
+    held = int(cache._host_lengths.max())
+    if held + steps > cache.max_len:
+        raise ValueError(f"decoding past max_len: {what} from {held} tokens exceed max_len={cache.max_len}; "
+                         "create the cache with a larger max_len")
+    if held + steps > model.cfg.max_seq_len:
+        raise ValueError(f"decoding past max_seq_len: {what} from {held} tokens exceed the model's "
+                         f"max_seq_len={model.cfg.max_seq_len}; generate fewer tokens")
 
 
 def _check_cache(model, cache, what: str) -> None:
@@ -163,7 +153,7 @@ def prefill(model, tokens, cache: KVCache, lengths=None):
     ``cache.lengths == lengths``). The cache passed in is donated.
     """
     _check_cache(model, cache, "prefill()")
-    tokens = _as_tokens(tokens, "tokens", 2, model.cfg.vocab_size)
+    tokens = _as_tokens(tokens, "tokens", 2, model.cfg)
     b, t = tokens.shape
     if b != cache.batch:
         raise ValueError(f"tokens has batch {b} but the cache was created for batch {cache.batch}; "
@@ -197,13 +187,11 @@ def decode_step(model, next_tokens, cache: KVCache):
     donated: use the returned one.
     """
     _check_cache(model, cache, "decode_step()")
-    tokens = _as_tokens(next_tokens, "next_tokens", 1, model.cfg.vocab_size)
+    tokens = _as_tokens(next_tokens, "next_tokens", 1, model.cfg)
     if tokens.shape[0] != cache.batch:
         raise ValueError(f"next_tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows; "
                          "give one token per row")
-    if int(cache._host_lengths.max()) + 1 > cache.max_len:
-        raise ValueError(f"decoding past max_len: a row already holds {int(cache._host_lengths.max())} of "
-                         f"{cache.max_len} tokens; create the cache with a larger max_len")
+    _check_room(model, cache, 1, "1 step")
     host = cache._host_lengths + 1
     lengths = cache._lengths
     ks, vs = parallel.place_cache(model.mesh, *cache._donate("decode_step"))
@@ -220,15 +208,13 @@ def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float
     the cache advanced by ``steps``). The cache is donated.
     """
     _check_cache(model, cache, "decode_loop()")
-    tokens = _as_tokens(tokens, "tokens", 1, model.cfg.vocab_size)
+    tokens = _as_tokens(tokens, "tokens", 1, model.cfg)
     if tokens.shape[0] != cache.batch:
         raise ValueError(f"tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows")
     if not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a positive integer")
     top_k = _check_sampling(temperature, top_k, model.cfg.vocab_size)
-    if int(cache._host_lengths.max()) + steps > cache.max_len:
-        raise ValueError(f"decoding past max_len: {steps} steps from {int(cache._host_lengths.max())} "
-                         f"tokens exceed max_len={cache.max_len}; create a larger cache")
+    _check_room(model, cache, int(steps), f"{steps} steps")
     host = cache._host_lengths + steps
     lengths = cache._lengths
     ks, vs = parallel.place_cache(model.mesh, *cache._donate("decode_loop"))
@@ -278,9 +264,13 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
     bad = [t for r in rows for t in r if not 0 <= t < model.cfg.vocab_size]
     if bad:
         raise ValueError(f"prompts holds ids such as {bad[0]} outside the vocabulary 0..{model.cfg.vocab_size - 1}")
-    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
     top_k = _check_sampling(temperature, top_k, model.cfg.vocab_size)
+    longest = max(len(r) for r in rows)
+    if longest + max_new_tokens > model.cfg.max_seq_len:
+        raise ValueError(f"the longest prompt ({longest} tokens) + max_new_tokens={max_new_tokens} is past the "
+                         f"model's max_seq_len={model.cfg.max_seq_len}; shorten the prompt or generate fewer tokens")
 
     lengths = np.array([len(r) for r in rows], np.int32)
     width = int(lengths.max())

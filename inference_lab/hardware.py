@@ -8,6 +8,8 @@ peak is a promise and the lessons compare against what this machine really reach
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 # Both vocabularies are accepted: jnp dtype names and the short datasheet keys.
 _DTYPE_KEYS = {
@@ -22,6 +24,12 @@ FLOP_KEYS = ("bf16", "fp16", "fp32", "tf32", "fp8", "int8")
 
 TB = 1e12
 GB = 1e9
+
+
+def _positive(value) -> bool:
+    """A finite number > 0 (not a bool, not NaN, not infinity)."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+            and value > 0)
 
 
 def dtype_key(dtype) -> str:
@@ -50,14 +58,17 @@ class HardwareSpec:
         for key, value in self.flops.items():
             if key not in FLOP_KEYS:
                 raise ValueError(f"HardwareSpec.flops key {key!r} for {self.name!r}: use one of {FLOP_KEYS}")
-            if not value or value <= 0:
-                raise ValueError(f"HardwareSpec.flops[{key!r}]={value!r} for {self.name!r} must be positive")
-        if not self.bandwidth or self.bandwidth <= 0:
-            raise ValueError(f"HardwareSpec.bandwidth={self.bandwidth!r} for {self.name!r} must be positive bytes/s")
+            if not _positive(value):
+                raise ValueError(f"HardwareSpec.flops[{key!r}]={value!r} for {self.name!r} must be a finite "
+                                 "positive number")
+        if not _positive(self.bandwidth):
+            raise ValueError(f"HardwareSpec.bandwidth={self.bandwidth!r} for {self.name!r} must be finite "
+                             "positive bytes/s")
         for field in ("memory_bytes", "interconnect_bandwidth"):
             value = getattr(self, field)
-            if value is not None and value <= 0:
-                raise ValueError(f"HardwareSpec.{field}={value!r} for {self.name!r} must be positive or None")
+            if value is not None and not _positive(value):
+                raise ValueError(f"HardwareSpec.{field}={value!r} for {self.name!r} must be a finite positive "
+                                 "number or None")
 
     def peak_flops(self, dtype="bf16") -> float:
         """Dense peak FLOP/s for a dtype (``"bfloat16"`` or ``"bf16"``; ``"float32"`` is fp32)."""
@@ -139,6 +150,103 @@ PRESETS: dict[str, HardwareSpec] = {
 }
 
 
+# ----------------------------------------------------------------------------- this machine
+def processor_name() -> str:
+    """The model string of the processor the lab runs on: the GPU's (``"NVIDIA H200"``) or,
+    on a CPU, the CPU's (``"AMD Ryzen 7 5800X 8-Core Processor"``). Never a host or user name."""
+    import jax
+
+    dev = jax.devices()[0]
+    name = dev.device_kind if dev.platform != "cpu" else _cpu_model()
+    return " ".join("".join(c for c in str(name) if c.isprintable()).split())[:100] or "unknown"
+
+
+def _cpu_model() -> str:
+    import platform
+    import subprocess
+
+    try:  # Linux
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                 text=True, timeout=5)
+            if out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _read_limit(path) -> int | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            text = fh.read(64).strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None   # "max": no limit
+
+
+def _cgroup_limits(root="/sys/fs/cgroup", self_cgroup="/proc/self/cgroup") -> list[int]:
+    """Memory limits of this process's cgroup and its ancestors (cgroup v2), or of its v1
+    memory controller: what a container or a batch scheduler lets it use."""
+    from pathlib import Path
+
+    root = Path(root)
+    limits = []
+    try:
+        with open(self_cgroup, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read(65536).splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        if line.startswith("0::"):  # v2: one unified hierarchy; walk up to the root
+            here = root / line[3:].strip().lstrip("/")
+            while True:
+                limit = _read_limit(here / "memory.max")
+                if limit:
+                    limits.append(limit)
+                if here == root or root not in here.parents:
+                    break
+                here = here.parent
+    for v1 in (root / "memory" / "memory.limit_in_bytes", root / "memory.max"):
+        limit = _read_limit(v1)
+        if limit:
+            limits.append(limit)
+    return limits
+
+
+def process_memory_limit() -> int | None:
+    """Bytes this process may allocate on a CPU: the smallest of physical RAM, its cgroup's
+    memory limit (a container's, a scheduler's) and its address-space and data limits
+    (``ulimit -v``/``-d``). None where none of them can be read."""
+    import os
+
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    limits += _cgroup_limits()
+    try:
+        import resource
+
+        for which in (resource.RLIMIT_AS, getattr(resource, "RLIMIT_DATA", None)):
+            if which is not None:
+                soft = resource.getrlimit(which)[0]
+                if soft != resource.RLIM_INFINITY and soft > 0:
+                    limits.append(soft)
+    except (ImportError, ValueError, OSError):
+        pass
+    return min(limits) if limits else None
+
+
 # ----------------------------------------------------------------------------- measured ceilings
 _CEILINGS_PRINTED: set = set()
 
@@ -151,6 +259,53 @@ def _ceiling_sizes(backend: str, key: str) -> tuple[int, int]:
     return (8192 if key in ("bf16", "fp16", "fp8", "int8") else 4096), 2**30
 
 
+def _cache_problem(data, ident: dict, key: str) -> str | None:
+    """Why a ceilings-cache file's contents cannot be used (None when they can)."""
+    if not isinstance(data, dict):
+        return f"it holds {type(data).__name__} {str(data)[:30]!r}, not an object"
+    for field in ("ident", "name", "flops", "bandwidth", "sources"):
+        if field not in data:
+            return f"it lacks the field {field!r}"
+    if data["ident"] != ident:
+        return "it was measured for another device, jax version or method"
+    if not isinstance(data["name"], str) or not data["name"] or len(data["name"]) > 200:
+        return f"name {str(data['name'])[:30]!r} is not a device name"
+    flops = data["flops"]
+    if not isinstance(flops, dict) or not _positive(flops.get(key)):
+        return f"flops[{key!r}] is {flops.get(key) if isinstance(flops, dict) else flops!r}, not a positive number"
+    if not _positive(data["bandwidth"]):
+        return f"bandwidth is {data['bandwidth']!r}, not a positive number"
+    memory = data.get("memory_bytes")
+    if memory is not None and not _positive(memory):
+        return f"memory_bytes is {memory!r}, not a positive number"
+    sources = data["sources"]
+    if not isinstance(sources, dict) or not all(isinstance(sources.get(k), str) for k in ("flops", "bandwidth")):
+        return "sources lacks the methods of the two measurements"
+    return None
+
+
+def _read_cache(path, ident: dict, key: str):
+    """The cached measurement at ``path``, or None (missing, or damaged: said in one line)."""
+    import json
+    import sys
+
+    if not path.exists():
+        return None
+    try:
+        if not path.is_file():
+            raise ValueError("it is not a regular file")
+        with path.open("rb") as fh:
+            raw = fh.read(1 << 20)
+        data = json.loads(raw.decode("utf-8"))
+        problem = _cache_problem(data, ident, key)
+    except (OSError, ValueError, RecursionError) as err:   # UnicodeDecodeError is a ValueError
+        problem = f"it is not readable JSON ({str(err).splitlines()[0][:80]})"
+    if problem is None:
+        return data
+    print(f"inference_lab: ceilings cache {path} is damaged: {problem}; measuring again", file=sys.stderr)
+    return None
+
+
 def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = True) -> HardwareSpec:
     """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and memory bandwidth.
 
@@ -159,7 +314,9 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     copy stream, best of repeats.
 
     The result is cached as JSON under ``.cache/ceilings`` keyed by device, backend, jax and
-    jaxlib versions and dtype (``refresh=True`` measures again). The method is printed once
+    jaxlib versions and dtype (``refresh=True`` measures again). A cache file that cannot be
+    used (not JSON, not an object, a missing field, a bandwidth that is not a finite positive
+    number...) is measured again, with one line naming the file. The method is printed once
     per process when ``verbose``.
     """
     import hashlib
@@ -172,6 +329,7 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     import jaxlib
 
     from inference_lab.disk_cache import cache_dir
+    from pallas_kernels.files import atomic_write_text
 
     key = dtype_key(dtype)
     if key not in ("bf16", "fp16", "fp32"):
@@ -187,38 +345,27 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir("ceilings") / f"{backend}-{key}-{digest}.json"
 
-    data = None
-    if path.exists() and not refresh:
-        try:
-            data = json.loads(path.read_text())
-            if data.get("ident") != ident:
-                data = None
-        except (OSError, ValueError):
-            data = None  # a damaged cache file: measure again
+    data = None if refresh else _read_cache(path, ident, key)
     if data is None:
         from pallas_kernels.ceilings import device_ceilings
 
         n, nbytes = _ceiling_sizes(backend, key)
         jdt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[key]
         measured = device_ceilings(n=n, nbytes=nbytes, dtype=jdt, repeats=5 if backend == "cpu" else 10)
-        flops, bandwidth = measured["matmul_flops"], measured["bandwidth"]
         stats = getattr(dev, "memory_stats", lambda: None)() or {}
         memory = stats.get("bytes_limit")
         if memory is None and backend == "cpu":
-            try:
-                memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            except (ValueError, OSError, AttributeError):
-                memory = None
+            memory = process_memory_limit()
         data = {
-            "ident": ident, "name": dev.device_kind, "flops": {key: flops}, "bandwidth": bandwidth,
-            "memory_bytes": memory,
+            "ident": ident, "name": dev.device_kind, "flops": {key: float(measured["matmul_flops"])},
+            "bandwidth": float(measured["bandwidth"]), "memory_bytes": memory,
             "sources": {"flops": measured["matmul_method"], "bandwidth": measured["bandwidth_method"]},
         }
         try:
-            path.write_text(json.dumps(data, indent=1))
+            atomic_write_text(path, json.dumps(data, indent=1))
         except OSError:
             pass  # read-only cache: the numbers are still returned
-    spec = HardwareSpec(name=data["name"], flops=dict(data["flops"]), bandwidth=float(data["bandwidth"]),
+    spec = HardwareSpec(name=data["name"], flops={key: float(data["flops"][key])}, bandwidth=float(data["bandwidth"]),
                         memory_bytes=data.get("memory_bytes"), sources=dict(data["sources"]))
     if verbose and str(path) not in _CEILINGS_PRINTED:
         _CEILINGS_PRINTED.add(str(path))

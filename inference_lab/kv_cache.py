@@ -46,6 +46,10 @@ class KVCache:
         for name, value in (("batch", batch), ("max_len", max_len)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+        if max_len > cfg.max_seq_len:
+            raise ValueError(f"max_len={max_len} is past the model's max_seq_len={cfg.max_seq_len} "
+                             f"({cfg.name}); the model is not meant for longer sequences: use max_len <= "
+                             f"{cfg.max_seq_len}")
         shape = (int(batch), int(max_len), cfg.n_kv_heads, cfg.head_dim)
         dt = jnp.dtype(cfg.dtype)
         k = [jnp.zeros(shape, dt) for _ in range(cfg.n_layers)]

@@ -40,9 +40,19 @@ class SweepResult(list):
 
 
 # ----------------------------------------------------------------------------- helpers
+def machine_identity(name: str | None = None) -> dict:
+    """This machine as records name it: its random id (kept in the cache folder), the
+    learner's ``name`` for it (or None) and its processor's model string."""
+    from inference_lab.disk_cache import machine_id
+    from inference_lab.hardware import processor_name
+
+    return {"machine_id": machine_id(), "machine_name": name, "processor": processor_name()}
+
+
 def _machine(model) -> dict:
     return {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-            "kernels": model.kernels, "preset": model.cfg.name, "dtype": model.cfg.dtype}
+            "kernels": model.kernels, "preset": model.cfg.name, "dtype": model.cfg.dtype,
+            **machine_identity()}
 
 
 def _ceilings(model, ceilings):
@@ -104,6 +114,8 @@ def measure_prefill(model, batch: int = 1, prompt_len: int = 512, *, repeats: in
     batch, prompt_len = _check_size("batch", batch), _check_size("prompt_len", prompt_len)
     repeats = _repeats(repeats)
     cfg = model.cfg
+    if prompt_len > cfg.max_seq_len:
+        raise ValueError(f"prompt_len={prompt_len} is past the model's max_seq_len={cfg.max_seq_len}")
     spec = _ceilings(model, ceilings)
     tokens = _random_tokens(cfg, (batch, prompt_len), seed)
     times = []
@@ -136,6 +148,8 @@ def measure_decode(model, batch: int = 8, context: int = 512, steps: int = 32, *
     steps = _check_size("steps", steps)
     repeats = _repeats(repeats)
     cfg = model.cfg
+    if context + steps > cfg.max_seq_len:
+        raise ValueError(f"context={context} + steps={steps} is past the model's max_seq_len={cfg.max_seq_len}")
     spec = _ceilings(model, ceilings)
     cache = _random_cache(cfg, batch, context + steps, context, seed)
     first = _random_tokens(cfg, (batch,), seed + 1)
@@ -164,7 +178,9 @@ def measure_decode(model, batch: int = 8, context: int = 512, steps: int = 32, *
 
 # ----------------------------------------------------------------------------- sweeps
 def device_memory_bytes() -> int | None:
-    """Memory of the default device: the allocator's limit on a GPU, physical RAM on a CPU."""
+    """Memory this process may use on the default device: the allocator's limit on a GPU; on a
+    CPU the smallest of physical RAM, the cgroup (container) limit and ``ulimit -v``/``-d``
+    (:func:`inference_lab.hardware.process_memory_limit`)."""
     dev = jax.devices()[0]
     try:
         stats = dev.memory_stats() or {}
@@ -173,11 +189,8 @@ def device_memory_bytes() -> int | None:
     if stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
     if dev.platform == "cpu":
-        try:
-            import os
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            return None
+        from inference_lab.hardware import process_memory_limit
+        return process_memory_limit()
     return None
 
 
@@ -197,12 +210,19 @@ def _progress(done: int, total: int, label: str, stream) -> None:
 
 def sweep(model, batch_sizes=(1, 8, 32), prompt_lengths=(128, 512), *, steps: int = 16,
           phases=("prefill", "decode"), repeats: int | None = None, ceilings="auto",
-          memory_bytes: int | None = None, progress: bool = True) -> SweepResult:
+          memory_bytes: int | None = None, progress: bool = True, save_to=None) -> SweepResult:
     """Measure every (batch, prompt length) point: a prefill of that many prompts and/or
     ``steps`` decode steps from that context. Returns a :class:`SweepResult` (a list of
     records); points that ``roofline.memory_needed`` says will not fit in ``memory_bytes``
     (default: this device's memory) are skipped before they run, and an out-of-memory error
-    is caught; both land in ``result.skipped`` with the reason, and the sweep goes on."""
+    is caught; both land in ``result.skipped`` with the reason, and the sweep goes on.
+
+    ``save_to`` (a ``.json`` or ``.csv`` path): every finished point is saved there as soon
+    as it is measured (the file is replaced whole each time, :func:`save_records`), so an
+    interrupt or a crash keeps what was measured. An interrupt (or any other error) still
+    stops the sweep; the exception carries the points measured so far as
+    ``err.sweep_result`` and a note saying how many there are and where they were saved.
+    """
     for name, values in (("batch_sizes", batch_sizes), ("prompt_lengths", prompt_lengths)):
         if not values:
             raise ValueError(f"{name} is empty; give at least one size")
@@ -211,10 +231,37 @@ def sweep(model, batch_sizes=(1, 8, 32), prompt_lengths=(128, 512), *, steps: in
     bad = set(phases) - set(RECORD_TYPES)
     if bad or not phases:
         raise ValueError(f"phases={phases!r}: use 'prefill' and/or 'decode'")
+    steps = _check_size("steps", steps)
+    longest = max(prompt_lengths) + (steps if "decode" in phases else 0)
+    if longest > model.cfg.max_seq_len:
+        raise ValueError(f"prompt_lengths up to {max(prompt_lengths)}" + (f" + steps={steps}" if "decode" in phases else "")
+                         + f" = {longest} tokens is past the model's max_seq_len={model.cfg.max_seq_len}; "
+                         "use shorter prompts")
+    if save_to is not None:
+        from pallas_kernels.files import check_output_path
+
+        save_to = check_output_path(save_to, force=True, flag="save_to")
+        if save_to.suffix not in (".json", ".csv"):
+            raise ValueError(f"save_to={str(save_to)!r}: sweeps save to a .json or .csv file")
     spec = _ceilings(model, ceilings)
-    limit = device_memory_bytes() if memory_bytes is None else memory_bytes
-    points = [(ph, b, p) for p in prompt_lengths for b in batch_sizes for ph in phases]
     result = SweepResult()
+    try:
+        _run_points(model, result, batch_sizes, prompt_lengths, steps, phases, repeats, spec,
+                    device_memory_bytes() if memory_bytes is None else memory_bytes, progress, save_to)
+    except BaseException as err:
+        err.sweep_result = result
+        where = f", saved in {save_to}" if save_to is not None else " (pass save_to= to keep them on disk)"
+        err.add_note(f"sweep: {len(result)} point(s) were measured before this{where}; "
+                     "they are also in err.sweep_result")
+        if progress:
+            sys.stdout.write("\n")
+        raise
+    return result
+
+
+def _run_points(model, result, batch_sizes, prompt_lengths, steps, phases, repeats, spec, limit, progress,
+                save_to) -> None:
+    points = [(ph, b, p) for p in prompt_lengths for b in batch_sizes for ph in phases]
     stream = sys.stdout
     for i, (phase, b, p) in enumerate(points):
         label = f"{phase} batch {b} prompt {p}"
@@ -234,6 +281,8 @@ def sweep(model, batch_sizes=(1, 8, 32), prompt_lengths=(128, 512), *, steps: in
             else:
                 rec = measure_decode(model, b, p, steps, repeats=repeats, ceilings=spec)
             result.append(rec)
+            if save_to is not None:
+                save_records(result, save_to)
         except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, others re-raise
             if not _is_oom(err):
                 raise
@@ -243,4 +292,3 @@ def sweep(model, batch_sizes=(1, 8, 32), prompt_lengths=(128, 512), *, steps: in
                 stream.write(f"\rskipped {label}: {reason}\n")
     if progress:
         _progress(len(points), len(points), "done", stream)
-    return result

@@ -49,9 +49,7 @@ matmul takes does not depend on the values in it. Trained weights load from a lo
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 
 import jax
 import jax.numpy as jnp
@@ -60,10 +58,40 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
-from inference_lab import parallel
+from inference_lab import parallel, weights
 from inference_lab.config import ModelConfig
+from inference_lab.weights import LAYER_PARAMS
 
-LAYER_PARAMS = ("attn_norm", "w_qkv", "w_o", "mlp_norm", "w_gate_up", "w_down")
+
+# ----------------------------------------------------------------------------- input checks
+def check_tokens(tokens, name: str, ndim: int, cfg: ModelConfig) -> np.ndarray:
+    """``tokens`` as int32 after checking, on the host, everything a compiled program would
+    get wrong silently: the rank, integer ids inside the vocabulary (a gather clamps an
+    out-of-range id without a word) and at most ``cfg.max_seq_len`` positions per row.
+
+    A jax array already on the device (e.g. the token ``decode_step`` just sampled) is checked
+    for its shape and dtype only: reading its values would copy it to the host and wait for the
+    device on every step. Ids that come from the host (lists, NumPy) are range-checked.
+    """
+    on_device = isinstance(tokens, jax.Array)
+    arr = tokens if on_device else np.asarray(tokens)
+    if arr.ndim != ndim:
+        want = "[B, T]" if ndim == 2 else "[B]"
+        raise ValueError(f"{name} has shape {tuple(arr.shape)}; it must be {want} token ids")
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty; give at least one token per row")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} has dtype {arr.dtype}; token ids must be integers (int32)")
+    if ndim == 2 and arr.shape[1] > cfg.max_seq_len:
+        raise ValueError(f"{name} has {arr.shape[1]} positions per row, past the model's "
+                         f"max_seq_len={cfg.max_seq_len}; shorten the prompts")
+    if on_device:
+        return arr.astype(jnp.int32)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= cfg.vocab_size:
+        raise ValueError(f"{name} holds ids in [{lo}, {hi}] but the vocabulary is 0..{cfg.vocab_size - 1}; "
+                         "fix the ids (the tokenizer only makes 0..258)")
+    return arr.astype(np.int32)
 
 
 # ----------------------------------------------------------------------------- small pieces
@@ -314,6 +342,7 @@ class Transformer(nnx.Module):
         if mesh is not None:
             parallel.check_degree(cfg, mesh.shape[parallel.AXIS])
         if params is not None:
+            weights.check_params(cfg, params)  # before any array is placed on a device
             self._adopt(params if mesh is None else parallel.place_params(params, mesh))
             return
         init = _Initializer(cfg, nnx.Rngs(0) if rngs is None else rngs)
@@ -327,19 +356,12 @@ class Transformer(nnx.Module):
         if mesh is not None:
             self._adopt(parallel.place_params(self.params(), mesh))
 
-    def _adopt(self, params: dict) -> None:
-        cfg = self.cfg
-        expected = {"head", "final_norm", "layers"} | (set() if cfg.tie_embeddings else {"embed"})
-        if set(params) != expected or len(params["layers"]) != cfg.n_layers:
-            raise ValueError(
-                f"params has keys {sorted(params)} with {len(params.get('layers', []))} layers; "
-                f"{cfg.name} needs {sorted(expected)} with {cfg.n_layers} layers"
-            )
+    def _adopt(self, params: dict) -> None:  # params checked by weights.check_params
         if "embed" in params:
             self.embed = nnx.Param(params["embed"])
         self.head = nnx.Param(params["head"])
         self.final_norm = nnx.Param(params["final_norm"])
-        self.layers = nnx.List([LayerWeights(cfg, weights=lp) for lp in params["layers"]])
+        self.layers = nnx.List([LayerWeights(self.cfg, weights=lp) for lp in params["layers"]])
 
     # -- the arrays, as the pure functions want them
     def params(self) -> dict:
@@ -360,41 +382,21 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens) -> jax.Array:
         """Logits at every position without a cache: tokens [B, T] -> float32 [B, T, V]."""
-        return _forward_jit(self.params(), jnp.asarray(tokens, jnp.int32), cfg=self.cfg, mode=self.kernels,
-                            mesh=self.mesh)
+        tokens = check_tokens(tokens, "tokens", 2, self.cfg)
+        return _forward_jit(self.params(), jnp.asarray(tokens), cfg=self.cfg, mode=self.kernels, mesh=self.mesh)
 
-    # -- safetensors
+    # -- safetensors (inference_lab.weights)
     def save(self, path) -> None:
-        """Write the weights (dtype kept, bf16 included) and the config to a safetensors file."""
-        from safetensors.flax import save_file  # lazy: only saving/loading needs it
-
-        p = self.params()
-        flat = {k: v for k, v in p.items() if k != "layers"}
-        for i, lp in enumerate(p["layers"]):
-            flat.update({f"layers.{i}.{k}": v for k, v in lp.items()})
-        save_file(flat, str(path), metadata={"config": json.dumps(dataclasses.asdict(self.cfg)),
-                                              "format": "inference_lab.Transformer/1"})
+        """Write the weights (dtype kept, bf16 included) and the config to a safetensors file
+        (whole or not at all: a full disk leaves an older file as it was)."""
+        weights.save(path, self.cfg, self.params())
 
     @classmethod
     def load(cls, path, *, kernels: str = "auto") -> "Transformer":
-        """Read a file written by :meth:`save` (the config travels inside it)."""
-        from pathlib import Path
-
-        from safetensors import safe_open
-        from safetensors.flax import load_file
-
-        if not Path(path).is_file():
-            raise ValueError(f"path={str(path)!r} is not a file; pass the file written by model.save(path)")
-        with safe_open(str(path), framework="flax") as f:
-            meta = f.metadata() or {}
-        if "config" not in meta:
-            raise ValueError(f"path={str(path)!r} has no inference_lab config in its metadata; "
-                             "load only files written by Transformer.save")
-        cfg = ModelConfig(**json.loads(meta["config"]))
-        flat = load_file(str(path))
-        params = {k: v for k, v in flat.items() if not k.startswith("layers.")}
-        params["layers"] = [{name: flat[f"layers.{i}.{name}"] for name in LAYER_PARAMS}
-                            for i in range(cfg.n_layers)]
+        """Read a file written by :meth:`save` (the config travels inside it). Every tensor's
+        name, shape and dtype is checked against that config first; a ValueError names the
+        first mismatch (:func:`inference_lab.weights.read`)."""
+        cfg, params = weights.read(path)
         return cls(cfg, kernels=kernels, params=params)
 
 

@@ -1,6 +1,6 @@
 """Benchmark the kernels against XLA (and cuDNN / jax's own Pallas kernels where present).
 
-    python -m pallas_kernels.bench [--quick] [--json PATH] [--repeats N]
+    python -m pallas_kernels.bench [--quick] [--json PATH [--force]] [--repeats N]
 
 First it measures this device's ceilings (a large matmul in the kernels' dtype; a
 bandwidth-bound pass over a large array), then times each kernel and its peers and prints
@@ -44,6 +44,7 @@ from jax import lax
 
 import pallas_kernels as pk
 from pallas_kernels.ceilings import device_ceilings
+from pallas_kernels.files import atomic_write_text, check_output_path
 from pallas_kernels.mode import mosaic_supported, pallas_supported
 
 NOT_REPRESENTATIVE = (
@@ -302,17 +303,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pallas_kernels.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and cases (on CPU: tinier shapes)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--force", action="store_true", help="replace the --json file if it exists")
     parser.add_argument("--repeats", type=int, default=None, help="timed samples per case (median reported)")
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    json_path = None
+    if args.json is not None:  # checked before the benchmark runs, so its results are never lost
+        try:
+            json_path = check_output_path(args.json, force=args.force, flag="--json")
+        except ValueError as err:
+            print(f"bench: error: {err}", file=sys.stderr)
+            return 2
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Triton backend is deprecated.*")
         result = run(quick=args.quick, repeats=args.repeats)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {args.json}")
+    if json_path is not None:
+        try:
+            atomic_write_text(json_path, json.dumps(result, indent=2))
+        except OSError as err:
+            print(f"bench: error: could not write {json_path} ({err.strerror}); the table above has the results",
+                  file=sys.stderr)
+            return 1
+        print(f"wrote {json_path}")
     if result["failures"]:
         print(f"{len(result['failures'])} of our kernels failed (see ERROR lines above)", file=sys.stderr)
         return 1

@@ -35,9 +35,12 @@ MOSAIC_COMPUTE_CAPABILITY = (9, 0)   # Mosaic GPU (wgmma, TMA): Hopper and newer
 
 
 def _check_name(mode: str, where: str) -> str:
-    if not isinstance(mode, str) or mode.lower() not in MODES:
-        raise ValueError(f"{where}={mode!r} is not a kernel mode; use one of {', '.join(MODES)}")
-    return mode.lower()
+    if not isinstance(mode, str) or mode.strip().lower() not in MODES:
+        fix = " (or unset it)" if where == ENV_VAR else ""
+        raise ValueError(
+            f"{where}={mode!r} is not a kernel mode; use one of {', '.join(MODES)}{fix}"
+        )
+    return mode.strip().lower()
 
 
 _ASSUMED: list = []   # (compute capability, description) pushed by assume_gpu()
@@ -112,10 +115,24 @@ def compiled_tier() -> str | None:
     return "mosaic" if mosaic_supported() else "triton"
 
 
+def check_environment() -> None:
+    """Raise the one-line ``ValueError`` that every kernel call would raise because of
+    ``PALLAS_KERNELS_MODE``: a name that is not a mode, or ``pallas`` where it cannot compile.
+    The command line runs this first, so ``env`` and ``probe`` report it the same way."""
+    _auto()
+
+
 def _auto() -> tuple[str, str]:
     override = os.environ.get(ENV_VAR)
     if override:
         chosen = _check_name(override, ENV_VAR)
+        if chosen in ("pallas", "triton", "mosaic"):
+            ok, why = _gpu_support()
+            if chosen == "mosaic" and ok and not mosaic_supported():
+                ok, why = False, f"{_gpu()[1]} is not a Hopper-class GPU (compute capability >= 9.0)"
+            if not ok:
+                raise ValueError(f"{ENV_VAR}={override} cannot run here: {why}; unset it, or set it to "
+                                 "interpret to run the Pallas kernels under the interpreter")
         if chosen != "auto":
             return chosen, f"{ENV_VAR}={override} overrides the automatic choice"
     ok, why = _gpu_support()
@@ -174,6 +191,7 @@ def use_mosaic(mode: str, unsupported_because: str | None) -> bool:
 
 
 def describe() -> str:
-    """One line: what ``"auto"`` resolves to on this machine, and why."""
+    """One line: what ``"auto"`` resolves to on this machine, and why (a ValueError, as
+    :func:`check_environment`, when ``PALLAS_KERNELS_MODE`` makes every call fail)."""
     chosen, why = _auto()
     return f'"auto" runs "{chosen}" kernels here: {why}'

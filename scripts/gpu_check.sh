@@ -36,13 +36,13 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, append to run.l
 step env       20  "$PY" -m inference_lab env
 step gpu_tests 130 "$PY" -m pytest -m gpu tests -q -p no:cacheprovider -rs --junitxml="$OUT/gpu_tests.xml"
 if [ "$QUICK" != "1" ]; then
-  step bench   140 "$PY" -m pallas_kernels.bench --json "$OUT/bench.json"
+  step bench   140 "$PY" -m pallas_kernels.bench --json "$OUT/bench.json" --force
 fi
 step probe_base 80 "$PY" -m inference_lab probe --preset "$BASE" --prompt-len 512 --batch "$BATCHES" \
-  --new-tokens 16 --repeats 3 --json "$OUT/probe_base.json"
+  --new-tokens 16 --repeats 3 --json "$OUT/probe_base.json" --force
 if [ "$QUICK" != "1" ]; then
   step probe_8b 100 "$PY" -m inference_lab probe --preset "$BIG" --prompt-len 512 --batch "$BATCHES" \
-    --new-tokens 16 --repeats 3 --json "$OUT/probe_llama3_8b.json"
+    --new-tokens 16 --repeats 3 --json "$OUT/probe_llama3_8b.json" --force
 fi
 
 {

@@ -31,9 +31,12 @@ def bench_lines(result: dict) -> list[str]:
 
 def probe_lines(name: str, p: dict) -> list[str]:
     pre = p["prefill"]
+    ratio = "-" if p.get("ratio") is None else f"{p['ratio']:,.1f}x"
+    partial = "" if p.get("complete", True) else "  (PARTIAL: " + "; ".join(
+        f"batch {s['batch']}: {s['reason']}" for s in p.get("skipped", [])) + ")"
     lines = [f"{name}: {p['device']}, kernels {p['kernels']}, {p['model']['preset']} {p['model']['dtype']}: "
              f"prefill {pre['prompt_len']} tokens {pre['prefill_tokens_per_s']:,.0f} tok/s (MFU {_pct(pre['mfu'])}); "
-             f"prefill/decode at batch 1: {p['ratio']:,.1f}x"]
+             f"prefill/decode at batch 1: {ratio}{partial}"]
     for d in p["decode"]:
         lines.append(f"  decode batch {d['batch']:>4}: {d['decode_tokens_per_s']:>10,.0f} tok/s  "
                      f"{d['step_seconds'] * 1e3:8.3f} ms/step  MBU {_pct(d['mbu']):>4}  MFU {_pct(d['mfu']):>4}")

@@ -4,8 +4,15 @@
 set -eu
 cd "$(dirname "$0")/.."
 args=(--ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks)
-# Jupyter refuses to run as root without this flag; ordinary users never get it.
-[ "$(id -u)" = "0" ] && args+=(--allow-root)
+# As root, JupyterLab's terminals hand whoever holds the token a root shell. Jupyter itself
+# refuses to run as root without --allow-root; so does this script, unless the user opts in.
+if [ "$(id -u)" = "0" ]; then
+  if [ "${ALLOW_ROOT:-}" != "1" ]; then
+    echo "lab.sh: refusing to start JupyterLab as root (its terminals would give anyone with the token a root shell); run it as an ordinary user, or opt in with ALLOW_ROOT=1 make lab" >&2
+    exit 1
+  fi
+  args+=(--allow-root)
+fi
 # Never an open server: a token is required (Jupyter generates a random one and prints the
 # URL with it) unless the caller passes one of its own through JUPYTER_TOKEN.
 exec .venv/bin/jupyter lab "${args[@]}" "$@"

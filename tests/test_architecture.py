@@ -26,9 +26,11 @@ LAYER_OF = {
     "inference_lab.simulator": "analytic", "inference_lab.economics": "analytic",
     "inference_lab.serving_metrics": "analytic",
     "inference_lab.kv_cache": "model", "inference_lab.parallel": "model", "inference_lab.model": "model",
+    "inference_lab.weights": "model",
     "inference_lab.engine": "engine", "inference_lab.hlo": "engine",
     "inference_lab.measure": "measurement", "inference_lab.records": "measurement",
     "inference_lab.probe": "measurement", "inference_lab.vllm_bench": "measurement",
+    "inference_lab.probe_args": "measurement", "inference_lab.probe_schema": "measurement",
     "inference_lab.lessons": "top", "inference_lab.plots": "top", "inference_lab.widgets": "top",
     "inference_lab.cli": "top", "inference_lab.triton_report": "top", "inference_lab.__main__": "top", "inference_lab": "top",
 }

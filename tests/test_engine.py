@@ -187,6 +187,34 @@ def test_errors_before_any_work(model):
         generate(model, [[1]], max_new_tokens=0)
 
 
+def test_vocabulary_and_max_seq_len_at_every_entry_point(model):
+    """Refused on the host, before anything compiles: ids a gather would clamp silently, and
+    sequences longer than the model's max_seq_len (512 for tiny)."""
+    L = TINY.max_seq_len
+
+    def big_cache(length):  # a cache made by hand, longer than the model allows
+        shape = (1, L + 8, TINY.n_kv_heads, TINY.head_dim)
+        zeros = [jnp.zeros(shape, jnp.float32) for _ in range(TINY.n_layers)]
+        return KVCache(zeros, list(zeros), np.array([length], np.int32))
+
+    with pytest.raises(ValueError, match="vocabulary is 0..511"):
+        model(np.array([[1, TINY.vocab_size]]))                   # the no-cache forward too
+    with pytest.raises(ValueError, match=f"{L + 1} positions per row, past the model's max_seq_len={L}"):
+        model(np.ones((1, L + 1), np.int32))
+    with pytest.raises(ValueError, match=f"max_len={L + 1} is past the model's max_seq_len={L}"):
+        KVCache.create(TINY, 1, L + 1)
+    with pytest.raises(ValueError, match="past the model's max_seq_len"):
+        prefill(model, np.ones((1, L + 1), np.int32), big_cache(0))
+    with pytest.raises(ValueError, match="decoding past max_seq_len: 1 step from 512 tokens"):
+        decode_step(model, [1], big_cache(L))
+    with pytest.raises(ValueError, match="decoding past max_seq_len: 5 steps from 508 tokens"):
+        engine.decode_loop(model, [1], big_cache(L - 4), steps=5)
+    with pytest.raises(ValueError, match=r"longest prompt \(500 tokens\) \+ max_new_tokens=13 is past"):
+        generate(model, [[1] * 500], max_new_tokens=13)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, [[1]], max_new_tokens=True)
+
+
 def _cache_elements(cache):
     return cache.batch * cache.max_len * cache.n_kv_heads * cache.head_dim
 

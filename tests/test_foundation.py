@@ -127,6 +127,8 @@ def test_lab_command_serves_with_authentication(tmp_path):
                 "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR", "IPYTHONDIR"):
         env[var] = str(tmp_path / var.lower())
     env.pop("JUPYTER_TOKEN", None)
+    if os.geteuid() == 0:  # CI runs as root: opt in, as a learner would have to
+        env["ALLOW_ROOT"] = "1"
     server = subprocess.Popen(
         [str(ROOT / "scripts" / "lab.sh"), "--no-browser", f"--port={port}", "--ServerApp.port_retries=0"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -155,3 +157,30 @@ def test_lab_command_serves_with_authentication(tmp_path):
             os.killpg(server.pid, signal.SIGKILL)
             out, _ = server.communicate()
     assert "127.0.0.1" in out and "token=" in out, "the server should print its tokened localhost URL"
+
+
+def test_lab_refuses_root_unless_asked(tmp_path):
+    """lab.sh run by root (an `id` on PATH says uid 0, whoever runs the test) without
+    ALLOW_ROOT: one line saying why and how to opt in; JupyterLab is never started."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "id").write_text("#!/bin/sh\necho 0\n")
+    (bin_dir / "id").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "ALLOW_ROOT"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "lab.sh"), "--version"], capture_output=True, text=True,
+                         timeout=30, cwd=ROOT, env=env)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "refusing to start JupyterLab as root" in out.stderr
+    assert "ALLOW_ROOT=1 make lab" in out.stderr
+
+
+def test_make_lab_passes_allow_root_through():
+    """`ALLOW_ROOT=1 make lab` and `make lab ALLOW_ROOT=1` both reach lab.sh (a dry run)."""
+    # Not the settings of a `make test` this may run under (MAKEFLAGS carries its variables).
+    clean = {k: v for k, v in os.environ.items() if k not in ("ALLOW_ROOT", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    for args, env in ((["ALLOW_ROOT=1"], {}), ([], {"ALLOW_ROOT": "1"}), ([], {})):
+        out = subprocess.run(["make", "-n", "lab", *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                             env=dict(clean, **env))
+        want = 'ALLOW_ROOT="1" scripts/lab.sh' if args or env else 'ALLOW_ROOT="" scripts/lab.sh'
+        assert want in out.stdout, out.stdout + out.stderr

@@ -89,3 +89,24 @@ def test_decode_projections_cover_both_models():
     assert set(bench.DECODE_PROJECTIONS) == {"base", "llama3_8b"}
     for projs in bench.DECODE_PROJECTIONS.values():
         assert set(projs) == {"qkv", "o", "gate_up", "down", "head"}
+
+
+def test_bench_checks_its_output_path_before_running(tmp_path, monkeypatch, capsys):
+    def boom(**k):
+        raise AssertionError("benchmarked before checking --json")
+
+    monkeypatch.setattr(bench, "run", boom)
+    cases = [("", "--json '': give a file name"),
+             (str(tmp_path / "missing" / "b.json"), "does not exist; create it first"),
+             (str(tmp_path), "is a folder; give a file name")]
+    for path, message in cases:
+        assert bench.main(["--json", path]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("bench: error: ") and message in err and err.count("\n") == 1, err
+    existing = tmp_path / "old.json"
+    existing.write_text("{}")
+    assert bench.main(["--json", str(existing)]) == 2
+    assert "pass --force" in capsys.readouterr().err and existing.read_text() == "{}"
+    monkeypatch.setattr(bench, "run", lambda **k: {"rows": []})
+    assert bench.main(["--json", str(existing), "--force"]) == 0
+    assert json.loads(existing.read_text()) == {"rows": []}

@@ -158,10 +158,16 @@ def test_serving_simulation_views(tmp_path):
 def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
     report = classroom.run_probe(here, tmp_path, new_tokens=2)
     path = tmp_path / classroom.probe_filename(here)
-    assert json.loads(path.read_text())["schema_version"] == 1 and report["ratio"] > 0
+    saved = json.loads(path.read_text())
+    assert saved["schema_version"] == 2 and saved["complete"] and report["ratio"] > 0
+    assert saved["machine"]["id"] in path.name
+    (tmp_path / "broken.json").write_text("{")
     records = measure.load_records(tmp_path)
+    assert len({r.machine_id for r in records}) == 1 and [p.name for p, _ in records.skipped] == ["broken.json"]
+    summary = classroom.classroom_summary(records)
+    assert "from 1 machine(s)" in summary and "skipped broken.json: is not valid JSON" in summary
     fig, text = classroom.classroom_view(records, 4)
-    assert text.startswith("batch size 4:")
+    assert text.startswith("batch size 4: 1 machine(s)") and "1 file(s) skipped: broken.json" in text
     _png(fig, tmp_path)
     assert classroom.probe_filename(here).startswith("probe-") and " " not in classroom.probe_filename(here)
 

@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -131,3 +132,154 @@ def test_measure_ceilings_cached(tmp_path, monkeypatch, capsys):
         hardware.measure_ceilings("float32", refresh=True)
     with pytest.raises(ValueError, match="dtype"):
         hardware.measure_ceilings("int8")
+
+
+# ----------------------------------------------------------------------------- caches validated on read
+FAKE = {"matmul_flops": 1.5e11, "bandwidth": 3.0e10, "matmul_method": "fake matmul", "bandwidth_method": "fake stream"}
+
+
+def _cache_file(tmp_path, monkeypatch, calls):
+    monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
+
+    def fake(**k):
+        calls.append(k)
+        return dict(FAKE)
+
+    monkeypatch.setattr(ceilings, "device_ceilings", fake)
+    hardware.measure_ceilings("float32", verbose=False)
+    (path,) = (tmp_path / "ceilings").glob("*.json")
+    return path
+
+
+def _edit(field, value):
+    def change(d):
+        d[field] = value
+        return json.dumps(d)
+    return change
+
+
+CORRUPT = {
+    "null": lambda d: "null",
+    "empty list": lambda d: "[]",
+    "string": lambda d: json.dumps("fast"),
+    "missing field": lambda d: json.dumps({k: v for k, v in d.items() if k != "bandwidth"}),
+    "negative bandwidth": _edit("bandwidth", -3e10),
+    "NaN bandwidth": lambda d: json.dumps(dict(d, bandwidth=float("nan"))),      # Python writes NaN
+    "infinite bandwidth": lambda d: json.dumps(dict(d, bandwidth=float("inf"))),
+    "zero bandwidth": _edit("bandwidth", 0),
+    "bandwidth as text": _edit("bandwidth", "30 GB/s"),
+    "bandwidth true": _edit("bandwidth", True),
+    "flops empty": _edit("flops", {}),
+    "flops NaN": lambda d: json.dumps(dict(d, flops={"fp32": float("nan")})),
+    "name a number": _edit("name", 7),
+    "memory negative": _edit("memory_bytes", -1),
+    "sources missing": _edit("sources", None),
+    "another machine": _edit("ident", {"device": "elsewhere"}),
+    "truncated": lambda d: json.dumps(d)[:40],
+    "not UTF-8": lambda d: b"\xff\xfe\x00garbage",
+}
+
+
+@pytest.mark.parametrize("shape", list(CORRUPT))
+def test_a_corrupt_ceilings_cache_is_measured_again_and_named(tmp_path, monkeypatch, capsys, shape):
+    calls = []
+    path = _cache_file(tmp_path, monkeypatch, calls)
+    good = json.loads(path.read_text())
+    bad = CORRUPT[shape](dict(good))
+    (path.write_bytes if isinstance(bad, bytes) else path.write_text)(bad)
+    capsys.readouterr()
+    spec = hardware.measure_ceilings("float32", verbose=False)
+    assert len(calls) == 2, "the damaged cache was used instead of measuring again"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"ceilings cache {path} is damaged" in err and "measuring again" in err
+    assert spec.bandwidth == FAKE["bandwidth"] and json.loads(path.read_text())["bandwidth"] == FAKE["bandwidth"]
+    hardware.measure_ceilings("float32", verbose=False)               # repaired: read, not measured
+    assert len(calls) == 2 and capsys.readouterr().err == ""
+
+
+def test_hardware_spec_refuses_non_finite_figures():
+    for bad in (float("nan"), float("inf"), -1.0, True):
+        with pytest.raises(ValueError, match="bandwidth"):
+            HardwareSpec(name="x", flops={"fp32": 1e9}, bandwidth=bad)
+        with pytest.raises(ValueError, match="flops"):
+            HardwareSpec(name="x", flops={"fp32": bad}, bandwidth=1e9)
+
+
+@pytest.mark.parametrize("content", ["", "zz", "0123456789abcdef", "\x00\x01", "3F9A2C1B"])
+def test_a_damaged_machine_id_is_replaced_and_named(tmp_path, monkeypatch, capsys, content):
+    from inference_lab import disk_cache
+
+    monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
+    first = disk_cache.machine_id()
+    assert disk_cache.MACHINE_ID.fullmatch(first) and disk_cache.machine_id() == first
+    path = disk_cache._id_file()
+    path.write_text(content)
+    new = disk_cache.machine_id()
+    assert disk_cache.MACHINE_ID.fullmatch(new) and disk_cache.machine_id() == new
+    assert f"machine id file {path} is damaged" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- what survives an interrupt
+def _instant(monkeypatch, stop_at):
+    """Instant measurements; the point number ``stop_at`` (0-based) raises KeyboardInterrupt."""
+    m = dict(device="cpu", backend="cpu", kernels="reference", preset="tiny", dtype="float32")
+    count = []
+
+    def point(kind):
+        def f(model, b, p, *a, **k):
+            if len(count) == stop_at:
+                raise KeyboardInterrupt
+            count.append(1)
+            if kind == "prefill":
+                return measure.PrefillRecord(**m, batch=b, prompt_len=p, seconds=0.1, prefill_tokens_per_s=b * p / 0.1,
+                                             flops=1e9, bytes=1e6, mfu=0.3)
+            return measure.DecodeRecord(**m, batch=b, context=p, step_seconds=0.01, decode_tokens_per_s=b / 0.01,
+                                        bytes_per_step=1e6, flops_per_step=1e6, mbu=0.5, mfu=0.1, steps=a[0])
+        return f
+
+    monkeypatch.setattr(measure, "measure_prefill", point("prefill"))
+    monkeypatch.setattr(measure, "measure_decode", point("decode"))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_an_interrupted_sweep_keeps_its_finished_points(model, tmp_path, monkeypatch, suffix):
+    _instant(monkeypatch, stop_at=3)
+    path = tmp_path / f"sweep{suffix}"
+    with pytest.raises(KeyboardInterrupt) as err:
+        measure.sweep(model, [1, 2], [8], steps=2, ceilings=SPEC, progress=False, save_to=path)
+    kept = measure.load_records(path)
+    assert [(r.phase, r.batch) for r in kept] == [("prefill", 1), ("decode", 1), ("prefill", 2)]
+    assert list(err.value.sweep_result) == kept
+    assert any(f"3 point(s) were measured before this, saved in {path}" in n for n in err.value.__notes__)
+
+
+def test_sweep_refuses_bad_save_path_and_long_prompts_before_measuring(model, tmp_path, monkeypatch):
+    _instant(monkeypatch, stop_at=0)            # any measurement would raise KeyboardInterrupt
+    with pytest.raises(ValueError, match="save_to .*does not exist"):
+        measure.sweep(model, [1], [8], ceilings=SPEC, save_to=tmp_path / "no" / "r.json")
+    with pytest.raises(ValueError, match=".json or .csv"):
+        measure.sweep(model, [1], [8], ceilings=SPEC, save_to=tmp_path / "r.txt")
+    with pytest.raises(ValueError, match="max_seq_len=512"):
+        measure.sweep(model, [1], [500], steps=16, ceilings=SPEC)
+
+
+# ----------------------------------------------------------------------------- what the process may allocate
+def test_memory_limit_is_the_smallest_the_process_may_use(tmp_path, monkeypatch):
+    import resource
+
+    cg = tmp_path / "cgroup"
+    (cg / "user.slice" / "job").mkdir(parents=True)
+    (cg / "user.slice" / "memory.max").write_text("3000000000\n")
+    (cg / "user.slice" / "job" / "memory.max").write_text("max\n")          # no limit of its own
+    me = tmp_path / "self-cgroup"
+    me.write_text("0::/user.slice/job\n")
+    assert hardware._cgroup_limits(cg, me) == [3_000_000_000]
+    monkeypatch.setattr(hardware, "_cgroup_limits", lambda: [3_000_000_000])
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit",
+                        lambda which: (2_000_000_000, -1) if which == resource.RLIMIT_AS else real(which))
+    assert hardware.process_memory_limit() == 2_000_000_000               # ulimit -v wins
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert hardware.process_memory_limit() == 3_000_000_000               # then the cgroup
+    if jax.default_backend() == "cpu":
+        assert measure.device_memory_bytes() == 3_000_000_000

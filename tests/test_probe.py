@@ -1,15 +1,21 @@
-"""The probe: its JSON follows schema_version 1 exactly, its table prints, its errors are clear."""
+"""The probe: its JSON follows schema_version 2 exactly, its table prints, its errors are clear
+and come before any measurement, and what it measured survives an interrupt or an OOM."""
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from inference_lab import hardware, measure, probe
+from inference_lab import cli, hardware, measure, probe, probe_schema
 from inference_lab.config import ModelConfig
+from inference_lab.records import DecodeRecord, PrefillRecord
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -24,7 +30,11 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
                        "--kernels", "reference", "--repeats", "1", "--json", str(path)])
     assert code == 0
     r = json.loads(path.read_text())
-    assert tuple(r) == probe.TOP_KEYS and r["schema_version"] == 1
+    assert tuple(r) == probe.TOP_KEYS and r["schema_version"] == 2
+    assert probe_schema.validate_probe(r) == 2
+    assert set(r["machine"]) == {"id", "name", "processor"} and r["machine"]["name"] is None
+    assert len(r["machine"]["id"]) == 8 and r["machine"]["processor"]
+    assert (r["complete"], r["skipped"]) == (True, [])
     assert set(r["versions"]) == {"python", "jax", "jaxlib", "flax"}
     assert set(r["model"]) == {"preset", "params", "dtype"} and r["model"]["preset"] == "tiny"
     assert set(r["ceilings"]) == {"matmul_flops_per_s", "bandwidth_bytes_per_s", "method"}
@@ -47,11 +57,153 @@ def test_probe_errors(capsys):
     assert probe.main(["--preset", "tiny", "--tp", "3"]) == 2     # checked before any device work
     assert "--tp 3: tp=3 does not divide" in capsys.readouterr().err
     assert probe.main(["--preset", "tiny", "--tp", "0"]) == 2
-    assert "must be >= 1" in capsys.readouterr().err
+    assert "--tp: 0 is outside 1.." in capsys.readouterr().err
     assert probe.main(["--preset", "nope"]) == 2
     assert "preset" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         probe.build_parser().parse_args(["--batch", "1,x"])
+
+
+@pytest.fixture
+def never_measures(monkeypatch):
+    """Any measurement fails the test: the refusals below must come first."""
+    def boom(*a, **k):
+        raise AssertionError("measured before the arguments were checked")
+    monkeypatch.setattr(probe, "run", boom)
+
+
+@pytest.mark.parametrize("flags, blamed", [
+    (["--preset", ""], "--preset: '' is not a preset"),
+    (["--new-tokens", "1e9"], "--new-tokens: '1e9' is not a whole number"),
+    (["--new-tokens", "100000"], "--new-tokens 100000: --prompt-len 16 + --new-tokens 100000 is past"),
+    (["--prompt-len", "512"], "--prompt-len 512 leaves no room for --new-tokens within the tiny preset's"),
+    (["--batch", "0"], "--batch: '0': every batch size"),
+    (["--name", "   "], "--name"),
+    (["--kernels", "fast"], "--kernels fast: mode='fast' is not a kernel mode"),
+    (["--json", ""], "--json '': give a file name"),
+    (["--json", "no/such/folder/p.json"], "the folder 'no/such/folder' does not exist"),
+    (["--json", "no-such-folder/"], "the folder 'no-such-folder' does not exist"),
+    (["--json", "/dev/null"], "exists and is not a regular file"),
+])
+def test_bad_flags_are_refused_in_one_line_before_any_work(flags, blamed, never_measures, capsys):
+    base = ["--preset", "tiny", "--prompt-len", "16"]
+    assert probe.main(base + flags) == 2
+    err = capsys.readouterr().err
+    assert blamed in err and err.count("\n") == 1, err
+
+
+def test_existing_file_needs_force(tmp_path, never_measures, capsys):
+    path = tmp_path / "mine.json"
+    path.write_text("keep me")
+    assert probe.main(["--preset", "tiny", "--prompt-len", "16", "--json", str(path)]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err and path.read_text() == "keep me"
+    assert probe.output_path(probe.build_parser().parse_args(["--json", str(path), "--force"])) == path
+
+
+def _unwritable_folder(tmp_path) -> Path | None:
+    """A folder nobody can create files in: a read-only one where permissions bind (not root),
+    else one of the kernel's own (root ignores permission bits)."""
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    ro.chmod(0o500)
+    for folder in (ro, Path("/proc"), Path("/sys")):
+        try:
+            fd, name = tempfile.mkstemp(dir=folder)
+        except OSError:
+            return folder
+        os.close(fd)
+        os.unlink(name)
+    return None
+
+
+def test_unwritable_output_fails_fast_with_rc_2(tmp_path):
+    """The whole command in its own process: refused in seconds, before the model is built."""
+    folder = _unwritable_folder(tmp_path)
+    if folder is None:
+        pytest.skip("found no folder this user cannot write to")
+    env = dict(os.environ, INFERENCE_LAB_CACHE=str(tmp_path / "cache"))
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "inference_lab", "probe", "--preset", "small",
+                          "--json", str(folder / "probe.json")], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env=env)
+    elapsed = time.monotonic() - t0
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("probe: error: --json") and "cannot create files" in out.stderr
+    assert out.stdout == ""                                          # no ceilings, no table: nothing ran
+    assert elapsed < 15, f"took {elapsed:.1f} s to refuse"
+
+
+def test_env_and_probe_report_a_bad_kernel_mode_alike(monkeypatch, capsys):
+    from pallas_kernels import mode
+
+    monkeypatch.setenv(mode.ENV_VAR, "garbage")
+    assert cli.main(["env"]) == 2
+    env_out = capsys.readouterr()
+    assert probe.main(["--preset", "tiny"]) == 2
+    probe_err = capsys.readouterr().err
+    assert env_out.err.removeprefix("env: ") == probe_err.removeprefix("probe: ")
+    assert probe_err.count("\n") == 1 and "PALLAS_KERNELS_MODE='garbage' is not a kernel mode" in probe_err
+    if not mode.pallas_supported():
+        monkeypatch.setenv(mode.ENV_VAR, "pallas")
+        assert cli.main(["env"]) == 2
+        out = capsys.readouterr()
+        assert 'runs "pallas"' not in out.out and "PALLAS_KERNELS_MODE=pallas cannot run here" in out.err
+
+
+def _fake_measurements(monkeypatch, oom_at=None, interrupt_at=None):
+    """Instant measurements (the probe's bookkeeping is under test, not the timings)."""
+    m = dict(device="cpu", backend="cpu", kernels="reference", preset="tiny", dtype="float32")
+
+    def prefill(model, batch, prompt_len, **k):
+        return PrefillRecord(**m, batch=batch, prompt_len=prompt_len, seconds=0.01,
+                             prefill_tokens_per_s=batch * prompt_len / 0.01, flops=1e9, bytes=1e7, mfu=0.5)
+
+    def decode(model, batch, context, steps, **k):
+        if batch == oom_at:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1 bytes")
+        if batch == interrupt_at:
+            raise KeyboardInterrupt
+        return DecodeRecord(**m, batch=batch, context=context, step_seconds=1e-3, decode_tokens_per_s=batch / 1e-3,
+                            bytes_per_step=1e7, flops_per_step=1e6, mbu=0.5, mfu=0.01, steps=steps)
+
+    monkeypatch.setattr(measure, "measure_prefill", prefill)
+    monkeypatch.setattr(measure, "measure_decode", decode)
+
+
+def test_out_of_memory_keeps_the_points_measured(tmp_path, quick_ceilings, monkeypatch, capsys):
+    _fake_measurements(monkeypatch, oom_at=4)
+    path = tmp_path / "p.json"
+    code = probe.main(["--preset", "tiny", "--prompt-len", "16", "--batch", "2,4,8", "--new-tokens", "2",
+                       "--kernels", "reference", "--json", str(path)])
+    assert code == 0
+    r = json.loads(path.read_text())
+    assert [d["batch"] for d in r["decode"]] == [1, 2] and r["complete"] is False
+    assert [s["batch"] for s in r["skipped"]] == [4, 8] and "out of memory" in r["skipped"][0]["reason"]
+    assert "not tried" in r["skipped"][1]["reason"] and r["ratio"] > 0
+    out = capsys.readouterr().out
+    assert "PARTIAL RESULT" in out and "skipped: out of memory" in out
+    assert [x.batch for x in measure.load_records(path) if x.phase == "decode"] == [1, 2]
+
+
+def test_interrupt_keeps_the_points_measured(tmp_path, quick_ceilings, monkeypatch, capsys):
+    _fake_measurements(monkeypatch, interrupt_at=8)
+    path = tmp_path / "p.json"
+    code = probe.main(["--preset", "tiny", "--prompt-len", "16", "--batch", "2,8", "--new-tokens", "2",
+                       "--kernels", "reference", "--json", str(path)])
+    assert code == 130
+    r = json.loads(path.read_text())
+    assert [d["batch"] for d in r["decode"]] == [1, 2] and r["complete"] is False
+    assert r["all_reduces_per_step"] is None                         # never reached
+    assert "interrupted: kept the 3 point(s) measured" in capsys.readouterr().err
+    assert len(measure.load_records(path)) == 3
+
+
+def test_memory_check_blames_every_flag_that_sizes_the_cache(monkeypatch, quick_ceilings, capsys):
+    monkeypatch.setattr(measure, "device_memory_bytes", lambda: 10**6)
+    assert probe.main(["--preset", "tiny", "--prompt-len", "16", "--batch", "4", "--new-tokens", "400",
+                       "--kernels", "reference"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch 1 with --prompt-len 16 and --new-tokens 400" in err and "this process may use" in err
 
 
 def test_probe_tp_runs_on_simulated_devices(tmp_path):
@@ -61,8 +213,7 @@ def test_probe_tp_runs_on_simulated_devices(tmp_path):
     env.update(JAX_PLATFORMS="cpu", INFERENCE_LAB_CACHE=str(tmp_path / "cache"))
     script = Path(__file__).parent / "parallel_scripts" / "probe_tp.py"
     proc = subprocess.Popen([sys.executable, str(script), "--preset", "tiny", "--tp", "2", "--prompt-len", "16",
-                             "--batch", "1", "--new-tokens", "3", "--kernels", "reference", "--repeats", "1",
-                             "--json", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--batch", "1", "--new-tokens", "3", "--repeats", "1", "--json", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         log = proc.communicate(timeout=180)[0]
     finally:

@@ -120,6 +120,14 @@ def _is_prefill(rec) -> bool:
         and getattr(rec, "seconds", None) is not None
 
 
+def plain_text(text) -> str:
+    """``text`` as matplotlib draws it literally: a ``$`` would start mathtext (and an
+    unbalanced one raises when the figure is drawn), so each is escaped; control characters
+    become spaces. For every label that comes from a file or a learner."""
+    text = "".join(c if c.isprintable() else " " for c in str(text))
+    return text.replace("$", r"\$")
+
+
 def _median_by(pairs):
     groups = defaultdict(list)
     for k, v in pairs:

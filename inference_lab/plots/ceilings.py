@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from inference_lab import roofline
 from inference_lab.plots._style import (
     PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, _figure, _style_log, _plain_ticks, _length_ticks,
-    _si, _si_ticks, _flops_unit, _is_decode, _records, _check_spec, _palette)
+    _si, _si_ticks, _flops_unit, _is_decode, _records, _check_spec, _palette, plain_text)
 
 
 def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
@@ -57,7 +57,7 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
     x = np.logspace(math.log10(lo), math.log10(hi), 400)
     roof = np.minimum(peak, x * bw)
     ax.plot(x, roof / scale, color=ROOF_COLOR, lw=2.4, zorder=2,
-            label=f"roofline: {spec.name}, {dtype}\n{_si(peak)}FLOP/s, {_si(bw)}B/s")
+            label=plain_text(f"roofline: {spec.name}, {dtype}") + f"\n{_si(peak)}FLOP/s, {_si(bw)}B/s")
     ax.fill_between(x, roof / scale, (lo * bw) / scale / 10, color="#f2f2f2", zorder=0)
     ax.axvline(ridge, color=ROOF_COLOR, ls=":", lw=1.2)
     ax.text(lo * 1.3, peak / scale * 1.12, f"peak {peak / scale:,.0f} {unit}", fontsize=9, color=ROOF_COLOR)
@@ -96,7 +96,7 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
     _plain_ticks(ax, "y")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel(f"attainable performance ({unit})")
-    ax.set_title(title or f"Roofline of {spec.name}: where prefill and decode sit")
+    ax.set_title(title or plain_text(f"Roofline of {spec.name}: where prefill and decode sit"))
     fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
     return fig
 

@@ -8,11 +8,16 @@ from matplotlib.figure import Figure
 
 from inference_lab.plots._style import (
     DEVICE_MARKERS, _figure, _style_log, _length_ticks, _base2_batches, _si_ticks, _is_decode,
-    _is_prefill, _median_by, _records, _palette)
+    _is_prefill, _median_by, _records, _palette, plain_text)
+from inference_lab.records import machine_key, machine_label
 
 
 def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
-    """Several machines' records overlaid, one colour and marker per ``device``.
+    """Several machines' records overlaid, one colour and marker per machine.
+
+    Machines are told apart by their ids (:func:`inference_lab.records.machine_key`), not by
+    device name: thirty laptops that all report ``cpu`` are thirty lines, each labelled with
+    its name or processor and id, drawn as plain text (a ``$`` in a name is just a ``$``).
 
     Left: prefill tokens/s against prompt length. Right: decode tokens/s against batch size.
     The gap between the panels is each machine's prefill/decode asymmetry.
@@ -20,20 +25,24 @@ def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
     recs = _records(records)
     if not recs:
         raise ValueError("classroom_plot needs records: measure.load_records(folder) of the class's probe files")
-    devices = sorted({str(getattr(r, "device", "?")) for r in recs})
+    labels = {}
+    for r in recs:
+        labels.setdefault(machine_key(r), machine_label(r))
+    keys = sorted(labels, key=lambda k: (labels[k], str(k)))
     fig, (left, right) = _figure(2, width=11.0, height=4.6)
-    cmap = _palette(len(devices))
-    for i, dev in enumerate(devices):
+    cmap = _palette(len(keys))
+    for i, key in enumerate(keys):
         color, marker = cmap[i], DEVICE_MARKERS[i % len(DEVICE_MARKERS)]
-        mine = [r for r in recs if str(getattr(r, "device", "?")) == dev]
+        label = plain_text(labels[key])
+        mine = [r for r in recs if machine_key(r) == key]
         pre = [r for r in mine if _is_prefill(r)]
         dec = [r for r in mine if _is_decode(r)]
         if pre:
             T, tps = _median_by((int(r.prompt_len), r.prefill_tokens_per_s) for r in pre)
-            left.plot(T, tps, "-", color=color, marker=marker, ms=7, mec="white", label=dev)
+            left.plot(T, tps, "-", color=color, marker=marker, ms=7, mec="white", label=label)
         if dec:
             b, tps = _median_by((int(r.batch), r.decode_tokens_per_s) for r in dec)
-            right.plot(b, tps, "-", color=color, marker=marker, ms=7, mec="white", label=dev)
+            right.plot(b, tps, "-", color=color, marker=marker, ms=7, mec="white", label=label)
     for ax in (left, right):
         _style_log(ax)
         _si_ticks(ax, "y")
@@ -48,6 +57,6 @@ def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
     handles, labels = left.get_legend_handles_labels()
     if not handles:
         handles, labels = right.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False, title="device")
-    fig.suptitle(title or f"The class's machines ({len(devices)} devices)")
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False, title="machine")
+    fig.suptitle(plain_text(title) if title else f"The class's machines ({len(keys)} machines)")
     return fig

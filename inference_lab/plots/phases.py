@@ -14,7 +14,7 @@ from inference_lab import roofline
 from inference_lab.plots._style import (
     PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, _figure, _style_log, _length_ticks,
     _base2_batches, _si_ticks, _flops_unit, _is_decode, _is_prefill, _median_by, _records,
-    _prediction_args, _check_spec)
+    _prediction_args, _check_spec, plain_text)
 
 
 def request_timeline(ttft_s: float, decode_s: float, prompt_len: int, new_tokens: int) -> Figure:
@@ -112,7 +112,7 @@ def prefill_flops_vs_length(records: Iterable, spec, dtype, *, highlight: int | 
     fig, (ax,) = _figure()
     ax.axhline(peak / scale, color=ROOF_COLOR, lw=2, label=f"measured matmul peak ({peak / scale:,.3g} {unit})")
     ax.plot(T, predicted / scale, "--", color=ROOF_COLOR, lw=1.2, label="roofline prediction")
-    ax.plot(T, achieved / scale, "-o", color=PREFILL_COLOR, ms=7, mec="white", label=f"measured ({recs[0].device})")
+    ax.plot(T, achieved / scale, "-o", color=PREFILL_COLOR, ms=7, mec="white", label=plain_text(f"measured ({recs[0].device})"))
     if highlight is not None:
         sel = [i for i, r in enumerate(recs) if r.prompt_len == highlight]
         if sel:
@@ -214,7 +214,7 @@ def decode_throughput_plot(records: Iterable, *, cfg=None, spec=None, dtype=None
         b, tps = _median_by((int(r.batch), r.decode_tokens_per_s) for r in recs)
         ax.plot(b, tps, "-", color=DECODE_COLOR, lw=1.0, alpha=0.5)
         ax.scatter(b, tps, s=60, color=DECODE_COLOR, zorder=5, edgecolors="white",
-                   label=f"measured ({recs[0].device})")
+                   label=plain_text(f"measured ({recs[0].device})"))
     top = max(batches_all + [256 if not recs else 1])
     if cfg is not None:
         dt = dtype if dtype is not None else cfg.dtype
