@@ -107,6 +107,6 @@ def test_bench_checks_its_output_path_before_running(tmp_path, monkeypatch, caps
     existing.write_text("{}")
     assert bench.main(["--json", str(existing)]) == 2
     assert "pass --force" in capsys.readouterr().err and existing.read_text() == "{}"
-    monkeypatch.setattr(bench, "run", lambda **k: {"rows": []})
+    monkeypatch.setattr(bench, "run", lambda **k: {"rows": [], "failures": []})
     assert bench.main(["--json", str(existing), "--force"]) == 0
-    assert json.loads(existing.read_text()) == {"rows": []}
+    assert json.loads(existing.read_text()) == {"rows": [], "failures": []}
