@@ -376,6 +376,11 @@ class Transformer(nnx.Module):
         return out
 
     @property
+    def tier(self) -> str:
+        """Which kernels the model runs: "triton", "mosaic" or "reference" (``pk.mode.tier``)."""
+        return pk.mode.tier(self.kernels)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of all stored weights."""
         return sum(x.nbytes for x in jax.tree.leaves(self.params()))

@@ -52,7 +52,7 @@ from inference_lab.probe_args import build_parser, check_args, filename, machine
 from inference_lab.probe_args import _simulate_cpu_devices, output_path, preset_for
 from inference_lab.probe_schema import SCHEMA_VERSION
 
-TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "versions", "model", "ceilings",
+TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "kernel_tier", "versions", "model", "ceilings",
             "prompt_len", "new_tokens", "prefill", "decode", "ratio", "tp",
             "weight_bytes_per_device", "all_reduces_per_step", "complete", "skipped")
 PREFILL_KEYS = ("batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu")
@@ -94,6 +94,7 @@ def run(args, *, save=None) -> dict:
     from inference_lab.hardware import measure_ceilings
     from inference_lab.kv_cache import KVCache
     from inference_lab.model import Transformer
+    from pallas_kernels import mode as pk_mode
 
     check_args(args)
     cfg = ModelConfig.preset(preset_for(args))
@@ -105,7 +106,7 @@ def run(args, *, save=None) -> dict:
     spec = measure_ceilings(cfg.dtype, verbose=True)
     r = {"schema_version": SCHEMA_VERSION, "machine": machine(args.name),
          "device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "kernels": model.kernels,
-         "versions": _versions(), "model": {"preset": cfg.name, "params": cfg.num_params, "dtype": cfg.dtype},
+         "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(), "model": {"preset": cfg.name, "params": cfg.num_params, "dtype": cfg.dtype},
          "ceilings": {"matmul_flops_per_s": spec.peak_flops(cfg.dtype), "bandwidth_bytes_per_s": spec.bandwidth,
                       "method": f"matmul: {spec.sources.get('flops', '?')}; "
                                 f"bandwidth: {spec.sources.get('bandwidth', '?')}"[:500]},
@@ -168,7 +169,8 @@ def format_table(r: dict) -> str:
     c = r["ceilings"]
     m = r["machine"]
     lines = [
-        f"Inference Lab probe: {r['device']} ({r['backend']}), kernels={r['kernels']}, "
+        f"Inference Lab probe: {r['device']} ({r['backend']}), kernels={r['kernels']}"
+        + (f" ({r['kernel_tier']} tier)" if r.get("kernel_tier") and r["kernel_tier"] != "reference" else "") + ", "
         f"model {r['model']['preset']} ({r['model']['params'] / 1e6:,.1f}M params, {r['model']['dtype']})",
         f"machine: {m['name'] or m['processor']} #{m['id']}",
         f"versions: python {v['python']}, jax {v['jax']}, jaxlib {v['jaxlib']}, flax {v['flax']}",

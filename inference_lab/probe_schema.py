@@ -38,7 +38,7 @@ _OPT_AMOUNT = {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1e2
 _FRACTION = {"type": ["number", "null"], "minimum": 0, "maximum": 1e3}  # MFU, MBU (can pass 1 on a CPU cache)
 _TEXT = {"type": "string", "minLength": 1, "maxLength": 200}
 _WORD = {"type": "string", "minLength": 1, "maxLength": 40}
-_KERNELS = {"enum": ["pallas", "interpret", "reference"]}
+_KERNELS = {"enum": ["pallas", "triton", "mosaic", "interpret", "mosaic_interpret", "reference"]}
 _DTYPE = {"enum": ["float32", "bfloat16", "float16"]}
 MACHINE_ID_PATTERN = "^[0-9a-f]{8}$"
 MACHINE = {
@@ -104,6 +104,8 @@ def _v2() -> dict:
     p["ratio"] = {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1e9}
     p["all_reduces_per_step"] = dict(_COUNT, type=["integer", "null"])
     p["complete"] = {"type": "boolean"}
+    # Which kernels ran (pallas_kernels.mode.tier): optional, so older version-2 files still load.
+    p["kernel_tier"] = {"enum": ["triton", "mosaic", "reference"]}
     p["skipped"] = {"type": "array", "maxItems": 64,
                     "items": {"type": "object", "required": ["batch", "reason"], "additionalProperties": False,
                               "properties": {"batch": _BATCH, "reason": {"type": "string", "maxLength": 500}}}}
