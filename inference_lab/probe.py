@@ -109,7 +109,7 @@ def run(args) -> dict:
     """Measure and return the schema-1 result (``args`` as parsed by :func:`build_parser`)."""
     import jax
 
-    from inference_lab import hlo, measure, parallel, roofline
+    from inference_lab import hlo, measure, parallel, progress, roofline
     from inference_lab.kv_cache import KVCache
     from inference_lab.config import ModelConfig
     from inference_lab.hardware import measure_ceilings
@@ -141,9 +141,17 @@ def run(args) -> dict:
                              f"(roofline.memory_needed) but the device has {limit / 1e9:.1f} GB; "
                              "use smaller --batch or --prompt-len")
 
-    pre = measure.measure_prefill(model, 1, args.prompt_len, repeats=args.repeats, ceilings=spec)
-    decs = [measure.measure_decode(model, b, args.prompt_len, args.new_tokens, repeats=args.repeats,
-                                   ceilings=spec) for b in batches]
+    # A bar with the time left, on stderr (the table goes to stdout); see inference_lab.progress.
+    with progress.bar(total=1 + len(batches), desc="probe", unit="point") as bar:
+        bar.set_postfix_str(f"prefill batch 1 prompt {args.prompt_len}")
+        pre = measure.measure_prefill(model, 1, args.prompt_len, repeats=args.repeats, ceilings=spec)
+        bar.update(1)
+        decs = []
+        for b in batches:
+            bar.set_postfix_str(f"decode batch {b} context {args.prompt_len}")
+            decs.append(measure.measure_decode(model, b, args.prompt_len, args.new_tokens,
+                                               repeats=args.repeats, ceilings=spec))
+            bar.update(1)
     # Collectives are counted in the compiled decode loop (its body is one step), not assumed.
     shape_cache = KVCache.create(cfg, 1, args.prompt_len + args.new_tokens)
     hlo_text = hlo.compiled_decode_text(model, shape_cache, steps=args.new_tokens)
