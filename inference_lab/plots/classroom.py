@@ -7,12 +7,13 @@ from typing import Iterable
 from matplotlib.figure import Figure
 
 from inference_lab.plots._style import (
-    DEVICE_MARKERS, _figure, _style_log, _length_ticks, _base2_batches, _si_ticks, _is_decode,
+    DEVICE_MARKERS, _describe, _figure, _style_log, _length_ticks, _base2_batches, _si_ticks, _is_decode,
     _is_prefill, _median_by, _records, _palette)
 
 
 def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
-    """Several machines' records overlaid, one colour and marker per ``device``.
+    """Several machines' records overlaid, one colour and marker per ``device`` (past eleven
+    devices the markers repeat with another line style, so no two devices differ by colour alone).
 
     Left: prefill tokens/s against prompt length. Right: decode tokens/s against batch size.
     The gap between the panels is each machine's prefill/decode asymmetry.
@@ -25,15 +26,16 @@ def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
     cmap = _palette(len(devices))
     for i, dev in enumerate(devices):
         color, marker = cmap[i], DEVICE_MARKERS[i % len(DEVICE_MARKERS)]
+        ls = ("-", "--", ":", "-.")[(i // len(DEVICE_MARKERS)) % 4]
         mine = [r for r in recs if str(getattr(r, "device", "?")) == dev]
         pre = [r for r in mine if _is_prefill(r)]
         dec = [r for r in mine if _is_decode(r)]
         if pre:
             T, tps = _median_by((int(r.prompt_len), r.prefill_tokens_per_s) for r in pre)
-            left.plot(T, tps, "-", color=color, marker=marker, ms=7, mec="white", label=dev)
+            left.plot(T, tps, ls, color=color, marker=marker, ms=7, mec="white", label=dev)
         if dec:
             b, tps = _median_by((int(r.batch), r.decode_tokens_per_s) for r in dec)
-            right.plot(b, tps, "-", color=color, marker=marker, ms=7, mec="white", label=dev)
+            right.plot(b, tps, ls, color=color, marker=marker, ms=7, mec="white", label=dev)
     for ax in (left, right):
         _style_log(ax)
         _si_ticks(ax, "y")
@@ -50,4 +52,6 @@ def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
         handles, labels = right.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False, title="device")
     fig.suptitle(title or f"The class's machines ({len(devices)} devices)")
-    return fig
+    return _describe(fig, f"Two log-log panels with one line and marker per device ({len(devices)}: "
+                          f"{', '.join(devices)}): prefill tokens/s against prompt length, and decode "
+                          "tokens/s against batch size.")

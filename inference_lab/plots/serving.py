@@ -9,7 +9,8 @@ from matplotlib.figure import Figure
 
 from inference_lab import economics
 from inference_lab.plots._style import (
-    ROOF_COLOR, GRID, _figure, _style_log, _base2_batches, _si_ticks, _palette)
+    DECODE_COLOR, GRID, MARKERS, MODE_STYLES, OKABE_ITO, ROOF_COLOR, _describe, _figure, _style_log,
+    _base2_batches, _si_ticks, _palette, _shades, _tint)
 
 
 def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
@@ -18,12 +19,14 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     """Predicted output/input price ratio against decode batch, one line per context length,
     with the 3-5x band providers charge shaded."""
     fig, (ax,) = _figure()
-    ax.axhspan(*band, color="#fde8c8", zorder=0, label=f"what providers charge ({band[0]:g}-{band[1]:g}x)")
-    shades = np.linspace(0.45, 1.0, len(contexts))
-    for shade, ctx in zip(shades, contexts):
+    ax.axhspan(*band, color=_tint(OKABE_ITO["orange"]), zorder=0,
+               label=f"what providers charge ({band[0]:g}-{band[1]:g}x)")
+    ends = []
+    for i, (color, ctx) in enumerate(zip(_shades(DECODE_COLOR, len(contexts)), contexts)):
         ratios = economics.price_ratio_vs_batch(cfg, spec, batches, context=ctx, dtype=dtype)
-        color = tuple(shade * np.array([0xe0, 0x7b, 0x00]) / 255)
-        ax.plot(batches, ratios, "-o", color=color, ms=5, mec="white", label=f"context {ctx:,} tokens")
+        ends.append(f"context {ctx:,}: {ratios[0]:,.3g}x at batch {batches[0]} to {ratios[-1]:,.3g}x at {batches[-1]}")
+        ax.plot(batches, ratios, "-", marker=MARKERS[i % len(MARKERS)], color=color, ms=5, mec="white",
+                label=f"context {ctx:,} tokens")
     _style_log(ax, x=False)
     _base2_batches(ax, batches)
     _si_ticks(ax, "y")
@@ -31,7 +34,9 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     ax.set_ylabel("output / input price (x, per token)")
     ax.set_title(title or f"Why output costs more: {cfg.name} on {spec.name} (roofline)")
     ax.legend(fontsize=8, frameon=False)
-    return fig
+    return _describe(fig, f"Predicted output/input price ratio of {cfg.name} on {spec.name} against decode batch, "
+                          f"one line per context: {'; '.join(ends)}; shaded band: the {band[0]:g}-{band[1]:g}x "
+                          "providers charge.")
 
 
 def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = None) -> Figure:
@@ -44,14 +49,13 @@ def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = N
         raise ValueError(f"serving_plot(x={x!r}): every row needs a {x!r} entry")
     xlabel = {"rate": "arrival rate (requests/s)", "prompt_len": "mean prompt length (tokens)"}.get(x, x)
     fig, (left, right) = _figure(2, width=11.0, height=4.4)
-    colors = {"colocated": "#c62d42", "disaggregated": "#2a9d4b"}
     for mode in sorted({r["mode"] for r in rows}):
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r[x])
         xs = [r[x] for r in mine]
-        c = colors.get(mode, ROOF_COLOR)
-        left.plot(xs, [r["ttft_p50_ms"] for r in mine], "-o", color=c, label=f"{mode}, p50")
-        left.plot(xs, [r["ttft_p99_ms"] for r in mine], "--", color=c, alpha=0.7, label=f"{mode}, p99")
-        right.plot(xs, [1e3 / r["tpot_p50_ms"] for r in mine], "-o", color=c, label=mode)
+        s = MODE_STYLES.get(mode, {"color": ROOF_COLOR, "marker": "D", "linestyle": "-."})
+        left.plot(xs, [r["ttft_p50_ms"] for r in mine], **s, label=f"{mode}, p50")
+        left.plot(xs, [r["ttft_p99_ms"] for r in mine], **s, mfc="white", alpha=0.7, label=f"{mode}, p99")
+        right.plot(xs, [1e3 / r["tpot_p50_ms"] for r in mine], **s, label=mode)
     _style_log(left, x=False)
     _si_ticks(left, "y")
     right.grid(True, **GRID)
@@ -65,7 +69,10 @@ def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = N
     left.legend(fontsize=8, frameon=False)
     right.legend(fontsize=8, frameon=False)
     fig.suptitle(title or "Under load: disaggregation lets TTFT and tokens/s move independently")
-    return fig
+    modes = sorted({r["mode"] for r in rows})
+    return _describe(fig, f"Two panels against {xlabel}, one colour, marker and line style per serving mode "
+                          f"({', '.join(modes)}): time to first token at p50 (filled markers) and p99 (hollow), "
+                          "and the decode tokens/s each user sees (p50).")
 
 
 def latency_distributions(results: dict) -> Figure:
@@ -73,12 +80,15 @@ def latency_distributions(results: dict) -> Figure:
     if not results:
         raise ValueError("latency_distributions needs {name: SimResult}")
     fig, (left, right) = _figure(2, width=11.0, height=4.0)
-    colors = {"colocated": "#c62d42", "disaggregated": "#2a9d4b"}
+    medians = []
     for i, (name, res) in enumerate(results.items()):
-        c = next((v for k, v in colors.items() if name.startswith(k)), _palette(len(results))[i])
+        s = next((v for k, v in MODE_STYLES.items() if name.startswith(k)),
+                 {"color": _palette(len(results))[i], "linestyle": ("-", "--", ":", "-.")[i % 4]})
         for ax, values in ((left, res.ttft), (right, res.tpot)):
             v = np.sort(np.asarray(values)[np.isfinite(values)]) * 1e3
-            ax.plot(v, np.linspace(0, 1, len(v)), color=c, lw=2, label=name)
+            ax.plot(v, np.linspace(0, 1, len(v)), color=s["color"], linestyle=s["linestyle"], lw=2, label=name)
+        medians.append(f"{name}: median time to first token {np.nanmedian(res.ttft) * 1e3:,.3g} ms, per output "
+                       f"token {np.nanmedian(res.tpot) * 1e3:,.3g} ms")
     for ax, what in ((left, "time to first token (ms)"), (right, "time per output token (ms)")):
         ax.set_xscale("log")
         _si_ticks(ax, "x")  # 20, 50, 100 rather than 2x10^1
@@ -88,4 +98,5 @@ def latency_distributions(results: dict) -> Figure:
         ax.legend(fontsize=8, frameon=False, loc="lower right")
     left.set_title("Waiting for the first token")
     right.set_title("Speed of the rest of the answer")
-    return fig
+    return _describe(fig, "Cumulative distributions (log time axes, one line style per run) of time to first "
+                          "token and time per output token; " + "; ".join(medians) + ".")
