@@ -17,7 +17,7 @@ DEV_STAMP := $(VENV)/.installed-dev-$(ACCEL)
 SITE   ?= build/site
 export PYTHON
 
-# nbval runs in lax mode: every cell must run, cells marked NBVAL_CHECK_OUTPUT are compared,
+# nbval runs in lax mode: every cell must run, cells tagged nbval-check-output are compared,
 # and the notebooks' own asserts test the lessons. Flags live here, not in pytest's addopts,
 # because the GPU image has pytest but no nbval.
 NBVAL_FLAGS := --nbval-lax --nbval-current-env -p no:cacheprovider

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import html
 import json
 import re
 import shutil
