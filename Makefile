@@ -8,21 +8,28 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 ACCEL  ?= $(shell scripts/detect_accel.sh)
 comma  := ,
-EXTRAS := dev$(if $(filter cuda12 cuda13,$(ACCEL)),$(comma)$(ACCEL))
-STAMP  := $(VENV)/.installed-$(ACCEL)
+CUDA   := $(filter cuda12 cuda13,$(ACCEL))
+# The learner's environment (make lab) has no test tools; make test adds the dev extra.
+LAB_SPEC := .$(if $(CUDA),[$(CUDA)])
+DEV_SPEC := .[dev$(if $(CUDA),$(comma)$(CUDA))]
+LAB_STAMP := $(VENV)/.installed-$(ACCEL)
+DEV_STAMP := $(VENV)/.installed-dev-$(ACCEL)
+SITE   ?= build/site
 export PYTHON
 
-# nbval runs in lax mode: every cell must run, cells marked NBVAL_CHECK_OUTPUT are compared,
+# nbval runs in lax mode: every cell must run, cells tagged nbval-check-output are compared,
 # and the notebooks' own asserts test the lessons. Flags live here, not in pytest's addopts,
 # because the GPU image has pytest but no nbval.
 NBVAL_FLAGS := --nbval-lax --nbval-current-env -p no:cacheprovider
 
-.PHONY: help setup lab test unit-test notebook-test browser-test notebooks gpu-check bench probe triton-report clean check-python
+.PHONY: help setup setup-dev lab test unit-test notebook-test browser-test notebooks site gpu-check bench probe \
+        triton-report clean check-python
 
 help:
 	@echo "make lab        set up, then open the curriculum in JupyterLab"
 	@echo "make test       set up, then run every test (unit, notebooks under nbval, browser)"
 	@echo "make notebooks  re-execute the notebooks in place so they are stored with outputs"
+	@echo "make site       the stored notebooks as a static site in $(SITE)/ (reads offline)"
 	@echo "make gpu-check  on a GPU machine: GPU tests, kernel benchmarks and the probe"
 	@echo "make triton-report  no GPU needed: compile every kernel the model launches for sm_90 and sm_80"
 	@echo "options: PYTHON=/path/to/python3.12  ACCEL=cpu|cuda12|cuda13  ALLOW_ROOT=1 (make lab as root)"
@@ -30,48 +37,71 @@ help:
 check-python:
 	@scripts/find_python.sh >/dev/null
 
-setup: check-python $(STAMP)
+setup: check-python $(LAB_STAMP)
+setup-dev: check-python $(DEV_STAMP)
 
 ifneq ($(filter-out cpu cuda12 cuda13,$(ACCEL)),)
 $(error ACCEL=$(ACCEL) is not one of cpu, cuda12, cuda13)
 endif
 
-# Re-running when pyproject.toml and constraints.txt are unchanged does nothing.
-$(STAMP): pyproject.toml constraints.txt
+# install(SPEC): create the venv if needed, install SPEC editable through constraints.txt (every
+# wheel pinned, the CUDA plugins included), install the lab's JupyterLab defaults.
+define install
 	@py=$$(scripts/find_python.sh); \
 	if ! $(PY) -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then \
 	  echo "creating $(VENV) with $$py"; rm -rf $(VENV); "$$py" -m venv $(VENV); \
 	fi
-	@echo "installing inference-lab[$(EXTRAS)] with the pinned stack (constraints.txt)..."
-	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[$(EXTRAS)]"
+	@echo "installing inference-lab$(patsubst .%,%,$(1)) with the pinned stack (constraints.txt)..."
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e "$(1)"
+	@$(PY) scripts/lab_settings.py >/dev/null
 	@$(PY) -c "import jax, flax, inference_lab; print('jax', jax.__version__, 'flax', flax.__version__, 'ready in $(VENV)')"
-	@rm -f $(VENV)/.installed-*; touch $@
+	@rm -f $(VENV)/.installed-*
+endef
+
+# Re-running when pyproject.toml and constraints.txt are unchanged does nothing. The dev install
+# includes the learner's, so it marks both as done.
+$(LAB_STAMP): pyproject.toml constraints.txt
+	$(call install,$(LAB_SPEC))
+	@touch $@
+
+$(DEV_STAMP): pyproject.toml constraints.txt
+	$(call install,$(DEV_SPEC))
+	@touch $@ $(LAB_STAMP)
 
 # As root, lab.sh refuses unless ALLOW_ROOT=1 (in the environment or on make's command line).
 lab: setup
 	ALLOW_ROOT="$(ALLOW_ROOT)" scripts/lab.sh
 
-test: setup unit-test notebook-test browser-test
+test: setup-dev unit-test notebook-test browser-test
 	@echo "make test: all passed"
 
-unit-test: setup
+unit-test: setup-dev
 	$(PY) -m pytest tests -q --ignore=tests/browser
 
-notebook-test: setup
-	$(PY) -m pytest notebooks $(NBVAL_FLAGS) -q
+notebook-test: setup-dev
+	INFERENCE_LAB_PROGRESS=0 $(PY) -m pytest notebooks $(NBVAL_FLAGS) -q
 
 # In CI, Debian's Chromium is installed when missing; on a learner's machine system
 # packages are never installed: the browser tests skip and say what to install.
-browser-test: setup
+browser-test: setup-dev
 	@if [ -n "$${CI:-}" ] && ! command -v chromium >/dev/null 2>&1; then \
 	  echo "CI: installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 	$(PY) -m pytest tests/browser -q -rs
 
+# Before running: nbval markers become cell tags (scripts/nbval_tags.py). While running: no
+# progress bars (they would be stored as stale widgets). After: every widget's state is stored
+# in the notebook's metadata, so `make site` shows the widget views as they were left.
 notebooks: setup
-	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
-	  --ExecutePreprocessor.timeout=1200 notebooks/*.ipynb
+	$(PY) scripts/nbval_tags.py notebooks/*.ipynb
+	INFERENCE_LAB_PROGRESS=0 $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.timeout=1200 --ExecutePreprocessor.store_widget_state=True \
+	  notebooks/*.ipynb
+
+# The stored notebooks as HTML (nothing is executed, nothing is downloaded): open $(SITE)/index.html.
+site: setup
+	$(PY) scripts/build_site.py --out $(SITE)
 
 # The GPU image's own python3 (jax + flax, nothing installable): no venv, PYTHONPATH=.
 gpu-check:
@@ -86,9 +116,9 @@ probe: setup
 # Every kernel the model launches (base and llama3_8b, prefill and decode, batch 1 and 64) and the
 # benchmark's shapes, compiled by Triton for Hopper and Ampere on this machine: grid, warps, stages,
 # shared memory, registers, spills. About 3 minutes on 2 cores; no GPU needed (docs/benchmarks.md).
-triton-report: setup
+triton-report: setup-dev
 	@mkdir -p test-artifacts
 	$(PY) -m inference_lab.triton_report --target all --json test-artifacts/triton-report.json
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache test-artifacts
+	rm -rf $(VENV) .cache .pytest_cache test-artifacts $(SITE)

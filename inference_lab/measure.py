@@ -18,7 +18,6 @@ by a real prefill would cost more than the measurement on a CPU).
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 
 import jax
@@ -27,6 +26,7 @@ import numpy as np
 
 from inference_lab import engine, parallel, roofline
 from inference_lab.kv_cache import KVCache
+from inference_lab.progress import bar as progress_bar, note
 # The record types and their files live in records.py; measure.* keeps the names.
 from inference_lab.records import RECORD_TYPES, DecodeRecord, PrefillRecord, load_records, save_records  # noqa: F401
 
@@ -199,13 +199,27 @@ def _is_oom(err: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or isinstance(err, MemoryError)
 
 
-def _progress(done: int, total: int, label: str, stream) -> None:
-    width = 24
-    filled = int(width * done / total) if total else width
-    stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<40}")
-    if done == total:
-        stream.write("\n")
-    stream.flush()
+def _measure_point(model, result, phase, b, p, steps, repeats, spec, limit, say) -> None:
+    """One point of a sweep: its record appended to ``result``, or a reason in ``result.skipped``."""
+    label = f"{phase} batch {b} prompt {p}"
+    context = p + (steps if phase == "decode" else 0)
+    need = roofline.memory_needed(model.cfg, b, context)
+    if limit is not None and need > limit:
+        reason = f"needs {need / 1e9:.2f} GB (roofline.memory_needed) but the device has {limit / 1e9:.2f} GB"
+    else:
+        try:
+            if phase == "prefill":
+                result.append(measure_prefill(model, b, p, repeats=repeats, ceilings=spec))
+            else:
+                result.append(measure_decode(model, b, p, steps, repeats=repeats, ceilings=spec))
+            return
+        except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, others re-raise
+            if not _is_oom(err):
+                raise
+            reason = f"out of memory: {str(err).splitlines()[0][:160]}"
+    result.skipped.append((phase, b, p, reason))
+    if say:
+        note(f"skipped {label}: {reason}")
 
 
 def sweep(model, batch_sizes=(1, 8, 32), prompt_lengths=(128, 512), *, steps: int = 16,
@@ -222,7 +236,10 @@ def sweep(model, batch_sizes=(1, 8, 32), prompt_lengths=(128, 512), *, steps: in
     interrupt or a crash keeps what was measured. An interrupt (or any other error) still
     stops the sweep; the exception carries the points measured so far as
     ``err.sweep_result`` and a note saying how many there are and where they were saved.
-    """
+
+    ``progress=True`` draws a bar with the time left (:mod:`inference_lab.progress`: a widget
+    in JupyterLab, text in a terminal, nothing under CI or nbval) and prints the skipped points;
+    ``progress=False`` is silent."""
     for name, values in (("batch_sizes", batch_sizes), ("prompt_lengths", prompt_lengths)):
         if not values:
             raise ValueError(f"{name} is empty; give at least one size")
@@ -245,50 +262,20 @@ def sweep(model, batch_sizes=(1, 8, 32), prompt_lengths=(128, 512), *, steps: in
             raise ValueError(f"save_to={str(save_to)!r}: sweeps save to a .json or .csv file")
     spec = _ceilings(model, ceilings)
     result = SweepResult()
+    points = [(ph, b, p) for p in prompt_lengths for b in batch_sizes for ph in phases]
+    limit = device_memory_bytes() if memory_bytes is None else memory_bytes
     try:
-        _run_points(model, result, batch_sizes, prompt_lengths, steps, phases, repeats, spec,
-                    device_memory_bytes() if memory_bytes is None else memory_bytes, progress, save_to)
+        with progress_bar(total=len(points), desc="sweep", unit="point", show=progress) as bar:
+            for phase, b, p in points:
+                bar.set_postfix_str(f"{phase} batch {b} prompt {p}")
+                _measure_point(model, result, phase, b, p, steps, repeats, spec, limit, progress)
+                if save_to is not None and result:
+                    save_records(result, save_to)
+                bar.update(1)
     except BaseException as err:
         err.sweep_result = result
         where = f", saved in {save_to}" if save_to is not None else " (pass save_to= to keep them on disk)"
         err.add_note(f"sweep: {len(result)} point(s) were measured before this{where}; "
                      "they are also in err.sweep_result")
-        if progress:
-            sys.stdout.write("\n")
         raise
     return result
-
-
-def _run_points(model, result, batch_sizes, prompt_lengths, steps, phases, repeats, spec, limit, progress,
-                save_to) -> None:
-    points = [(ph, b, p) for p in prompt_lengths for b in batch_sizes for ph in phases]
-    stream = sys.stdout
-    for i, (phase, b, p) in enumerate(points):
-        label = f"{phase} batch {b} prompt {p}"
-        if progress:
-            _progress(i, len(points), label, stream)
-        context = p + (steps if phase == "decode" else 0)
-        need = roofline.memory_needed(model.cfg, b, context)
-        if limit is not None and need > limit:
-            reason = f"needs {need / 1e9:.2f} GB (roofline.memory_needed) but the device has {limit / 1e9:.2f} GB"
-            result.skipped.append((phase, b, p, reason))
-            if progress:
-                stream.write(f"\rskipped {label}: {reason}\n")
-            continue
-        try:
-            if phase == "prefill":
-                rec = measure_prefill(model, b, p, repeats=repeats, ceilings=spec)
-            else:
-                rec = measure_decode(model, b, p, steps, repeats=repeats, ceilings=spec)
-            result.append(rec)
-            if save_to is not None:
-                save_records(result, save_to)
-        except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, others re-raise
-            if not _is_oom(err):
-                raise
-            reason = f"out of memory: {str(err).splitlines()[0][:160]}"
-            result.skipped.append((phase, b, p, reason))
-            if progress:
-                stream.write(f"\rskipped {label}: {reason}\n")
-    if progress:
-        _progress(len(points), len(points), "done", stream)

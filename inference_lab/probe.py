@@ -89,7 +89,7 @@ def run(args, *, save=None) -> dict:
     """
     import jax
 
-    from inference_lab import hlo, measure, parallel
+    from inference_lab import hlo, measure, parallel, progress
     from inference_lab.config import ModelConfig
     from inference_lab.hardware import measure_ceilings
     from inference_lab.kv_cache import KVCache
@@ -106,43 +106,33 @@ def run(args, *, save=None) -> dict:
     spec = measure_ceilings(cfg.dtype, verbose=True)
     r = {"schema_version": SCHEMA_VERSION, "machine": machine(args.name),
          "device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "kernels": model.kernels,
-         "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(), "model": {"preset": cfg.name, "params": cfg.num_params, "dtype": cfg.dtype},
+         "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(),
+         "model": {"preset": cfg.name, "params": cfg.num_params, "dtype": cfg.dtype},
          "ceilings": {"matmul_flops_per_s": spec.peak_flops(cfg.dtype), "bandwidth_bytes_per_s": spec.bandwidth,
                       "method": f"matmul: {spec.sources.get('flops', '?')}; "
                                 f"bandwidth: {spec.sources.get('bandwidth', '?')}"[:500]},
          "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "prefill": None, "decode": [],
          "ratio": None, "tp": args.tp, "weight_bytes_per_device": parallel.weight_bytes_per_device(model),
          "all_reduces_per_step": None, "complete": False, "skipped": []}
-    try:
-        pre = measure.measure_prefill(model, 1, args.prompt_len, repeats=args.repeats, ceilings=spec)
-    except Exception as err:  # noqa: BLE001 - out of memory is said plainly, anything else re-raised
-        if not measure._is_oom(err):
-            raise
-        raise ValueError(f"the prefill of --prompt-len {args.prompt_len} ran out of memory "
-                         f"({str(err).splitlines()[0][:120]}); use a smaller --prompt-len or --preset") from None
-    r["prefill"] = {"batch": pre.batch, "prompt_len": pre.prompt_len, "seconds": pre.seconds,
-                    "prefill_tokens_per_s": pre.prefill_tokens_per_s, "mfu": pre.mfu}
-    _saved(save, r)
-    oom = None
-    for b in batches:
-        if oom is not None:
-            r["skipped"].append({"batch": b, "reason": f"not tried: batch {oom} ran out of memory"})
-            continue
+    # A bar with the time left, on stderr (the table goes to stdout); see inference_lab.progress.
+    with progress.bar(total=1 + len(batches), desc="probe", unit="point") as bar:
+        bar.set_postfix_str(f"prefill batch 1 prompt {args.prompt_len}")
         try:
-            d = measure.measure_decode(model, b, args.prompt_len, args.new_tokens, repeats=args.repeats, ceilings=spec)
-        except Exception as err:  # noqa: BLE001
+            pre = measure.measure_prefill(model, 1, args.prompt_len, repeats=args.repeats, ceilings=spec)
+        except Exception as err:  # noqa: BLE001 - out of memory is said plainly, anything else re-raised
             if not measure._is_oom(err):
                 raise
-            oom = b
-            r["skipped"].append({"batch": b, "reason": f"out of memory: {str(err).splitlines()[0][:160]}"})
-            _saved(save, r)
-            continue
-        r["decode"].append({"batch": d.batch, "context": d.context, "step_seconds": d.step_seconds,
-                            "decode_tokens_per_s": d.decode_tokens_per_s, "bytes_per_step": d.bytes_per_step,
-                            "mbu": d.mbu, "mfu": d.mfu})
-        if d.batch == 1:
-            r["ratio"] = pre.prefill_tokens_per_s / d.decode_tokens_per_s
+            raise ValueError(f"the prefill of --prompt-len {args.prompt_len} ran out of memory "
+                             f"({str(err).splitlines()[0][:120]}); use a smaller --prompt-len or --preset") from None
+        r["prefill"] = {"batch": pre.batch, "prompt_len": pre.prompt_len, "seconds": pre.seconds,
+                        "prefill_tokens_per_s": pre.prefill_tokens_per_s, "mfu": pre.mfu}
         _saved(save, r)
+        bar.update(1)
+        oom = None
+        for b in batches:
+            bar.set_postfix_str(f"decode batch {b} context {args.prompt_len}")
+            oom = _decode_point(model, r, pre, b, oom, args, spec, save)
+            bar.update(1)
     if r["decode"]:
         # Collectives are counted in the compiled decode loop (its body is one step), not assumed.
         shape_cache = KVCache.create(cfg, 1, args.prompt_len + args.new_tokens)
@@ -152,6 +142,31 @@ def run(args, *, save=None) -> dict:
     r["complete"] = not r["skipped"]
     _saved(save, r)
     return r
+
+
+def _decode_point(model, r: dict, pre, b: int, oom, args, spec, save):
+    """Measure decode at batch ``b`` into ``r`` (or skip it after an earlier out-of-memory);
+    returns the batch that ran out of memory, if any."""
+    from inference_lab import measure
+
+    if oom is not None:
+        r["skipped"].append({"batch": b, "reason": f"not tried: batch {oom} ran out of memory"})
+        return oom
+    try:
+        d = measure.measure_decode(model, b, args.prompt_len, args.new_tokens, repeats=args.repeats, ceilings=spec)
+    except Exception as err:  # noqa: BLE001
+        if not measure._is_oom(err):
+            raise
+        r["skipped"].append({"batch": b, "reason": f"out of memory: {str(err).splitlines()[0][:160]}"})
+        _saved(save, r)
+        return b
+    r["decode"].append({"batch": d.batch, "context": d.context, "step_seconds": d.step_seconds,
+                        "decode_tokens_per_s": d.decode_tokens_per_s, "bytes_per_step": d.bytes_per_step,
+                        "mbu": d.mbu, "mfu": d.mfu})
+    if d.batch == 1:
+        r["ratio"] = pre.prefill_tokens_per_s / d.decode_tokens_per_s
+    _saved(save, r)
+    return None
 
 
 def _saved(save, r: dict) -> None:

@@ -7,7 +7,9 @@ The same plain function is what a neighbouring notebook cell calls at fixed valu
 
 Conventions the browser tests rely on (docs/architecture.md): sliders carry the descriptions
 ``"batch size"`` / ``"prompt length"``; the readout is a widget with the CSS class
-``inference-lab-readout``; figures are PNG images.
+``inference-lab-readout``; figures are PNG images. Under the figure, a caption (CSS class
+``inference-lab-caption``) says in one line what the figure shows (the figure's ``alt_text``,
+see :mod:`inference_lab.plots`); the same text is the image's ``alt`` in the stored output.
 
 This module imports ipywidgets, so it is imported only by notebooks (the GPU image has none).
 """
@@ -24,7 +26,10 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 from IPython.display import Image
 
+from inference_lab.plots._style import alt_text
+
 READOUT_CLASS = "inference-lab-readout"
+CAPTION_CLASS = "inference-lab-caption"
 
 
 @dataclass(frozen=True)
@@ -52,15 +57,24 @@ class Control:
 
 
 def figure_png(fig) -> bytes:
-    """The figure as PNG bytes (PNG, never SVG: nbval's strict mode cannot compare SVG)."""
+    """The figure as PNG bytes (PNG, never SVG: nbval's strict mode cannot compare SVG).
+    The figure is closed; read ``alt_text(fig)`` first if you need its description."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
 
 
+def figure_image(fig) -> Image:
+    """The figure as a PNG display object whose output metadata carries the figure's one-line
+    description as ``alt`` (the static site's ``<img alt>``)."""
+    description = alt_text(fig)
+    return Image(figure_png(fig), alt=description or None)
+
+
 def dashboard(compute: Callable, controls: Sequence[Control], *, title: str | None = None) -> W.VBox:
-    """Sliders + a readout + a figure, redrawn by ``compute(**values) -> (figure, readout)``.
+    """Sliders + a readout + a figure and its caption, redrawn by ``compute(**values) -> (figure,
+    readout)``; the caption is the figure's one-line description (``alt_text``).
 
     The first draw happens before this returns, so a notebook that is run top to bottom (or
     under nbval) shows a figure without anyone touching a slider.
@@ -69,6 +83,8 @@ def dashboard(compute: Callable, controls: Sequence[Control], *, title: str | No
     readout = W.HTML(layout=W.Layout(margin="4px 0 4px 0"))
     readout.add_class(READOUT_CLASS)
     output = W.Output()
+    caption = W.HTML(layout=W.Layout(margin="0 0 4px 0"))
+    caption.add_class(CAPTION_CLASS)
 
     def redraw(_change=None, *, first=False):
         values = {name: slider.value for name, slider in sliders.items()}
@@ -80,19 +96,23 @@ def dashboard(compute: Callable, controls: Sequence[Control], *, title: str | No
             # failed in the readout. The first draw re-raises, so a broken lesson fails loudly.
             readout.value = html.escape(f"{_format_values(controls, values)}: {type(e).__name__}: {e}")
             output.outputs = ()
+            caption.value = ""
             if first:
                 raise
             return
         # Replacing the outputs (rather than printing inside `with output`) works in a kernel
         # and outside one, so the tests see exactly what the learner sees.
         output.outputs = ()
-        output.append_display_data(Image(figure_png(fig)))
+        image = figure_image(fig)
+        output.append_display_data(image)
+        caption.value = (f'<span style="color:#555;font-size:0.9em">Figure: {html.escape(image.alt)}</span>'
+                         if image.alt else "")
         readout.value = html.escape(text)
 
     for slider in sliders.values():
         slider.observe(redraw, names="value")
     redraw(first=True)
-    children = [W.HBox(list(sliders.values())), readout, output]
+    children = [W.HBox(list(sliders.values())), readout, output, caption]
     if title:
         children.insert(0, W.HTML(f"<b>{html.escape(title)}</b>"))
     return W.VBox(children)

@@ -21,7 +21,7 @@ PACKAGES = ("pallas_kernels", "inference_lab")
 # layers each may import from. The order is the one in docs/architecture.md.
 LAYER_OF = {
     "inference_lab.config": "base", "inference_lab.tokenizer": "base", "inference_lab.disk_cache": "base",
-    "inference_lab.hardware": "base",
+    "inference_lab.hardware": "base", "inference_lab.progress": "base",
     "inference_lab.costs": "analytic", "inference_lab.roofline": "analytic", "inference_lab.workload": "analytic", "inference_lab.phases": "analytic",
     "inference_lab.simulator": "analytic", "inference_lab.economics": "analytic",
     "inference_lab.serving_metrics": "analytic",

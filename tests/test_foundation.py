@@ -1,6 +1,7 @@
 """The foundation: packaging stays in sync, the kernel mode is decided in one place, and
 the two README commands behave on a fresh machine."""
 
+import json
 import os
 import re
 import shutil
@@ -33,35 +34,95 @@ def _pins(lines) -> dict[str, str]:
     return pins
 
 
-def test_environment_yml_matches_pyproject_and_constraints():
-    yaml = pytest.importorskip("yaml")
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+def _project():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _constraints() -> dict[str, str]:
+    return _pins((ROOT / "constraints.txt").read_text().splitlines())
+
+
+def test_constraints_pin_every_dependency():
+    project = _project()
+    constraints = _constraints()
     wanted = {_name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    unpinned = sorted(wanted - set(constraints))
+    assert not unpinned, f"constraints.txt has no exact pin for {unpinned}"
+    # The GPU machine's stack, exactly.
+    assert (constraints["jax"], constraints["jaxlib"], constraints["flax"]) == ("0.11.2", "0.11.2", "0.12.10")
+
+
+def test_environment_yml_is_the_learner_stack_through_the_constraints():
+    yaml = pytest.importorskip("yaml")
+    project = _project()
+    runtime = {_name(r) for r in project["dependencies"]}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     python = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python")]
     assert python == ["python=3.12"], "environment.yml must pin python=3.12"
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    env_pins = _pins(pip_section)
+    assert "-c constraints.txt" in pip_section, "environment.yml must install through constraints.txt (-c)"
     assert "-e ." in pip_section, "environment.yml must install this project (-e .)"
-    missing = wanted - set(env_pins)
-    extra = set(env_pins) - wanted
-    assert not missing, f"in pyproject.toml but not in environment.yml: {sorted(missing)}"
-    assert not extra, f"in environment.yml but not in pyproject.toml: {sorted(extra)}"
-    constraints = _pins((ROOT / "constraints.txt").read_text().splitlines())
+    env_pins = _pins(pip_section)
+    missing, extra = runtime - set(env_pins), set(env_pins) - runtime
+    assert not missing, f"a dependency of pyproject.toml that environment.yml does not list: {sorted(missing)}"
+    assert not extra, f"environment.yml lists what the learner's install does not need: {sorted(extra)}"
+    constraints = _constraints()
     drift = {n: (v, constraints.get(n)) for n, v in env_pins.items() if constraints.get(n) != v}
     assert not drift, f"environment.yml and constraints.txt disagree (name: (yml, constraints)): {drift}"
-    # The GPU machine's stack, exactly.
-    for name, version in {"jax": "0.11.2", "jaxlib": "0.11.2", "flax": "0.12.10"}.items():
-        assert constraints[name] == version == env_pins[name]
 
 
 def test_cuda_extras_match_pinned_jax():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = _project()
     extras = project["optional-dependencies"]
     assert project["requires-python"] == ">=3.12"
     for flavour in ("cuda12", "cuda13"):
         (req,) = extras[flavour]
         assert req.startswith(f"jax[{flavour}]") and "0.11.2" in req
+
+
+@pytest.mark.parametrize("flavour", ["cuda12", "cuda13"])
+def test_constraints_pin_the_cuda_wheels_at_the_jax_version(flavour):
+    """What jax[FLAVOUR] asks for (read from the installed jax's metadata) is pinned, inside
+    jax's own range; so are the plugin's PJRT wheel and the NVIDIA wheels it pulls in
+    (resolved by scripts/check_cuda_pins.py, which needs the registry)."""
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+
+    constraints = _constraints()
+    jax_version = constraints["jax"]
+    assert version("jax") == jax_version, "the installed jax is not the pinned one: make setup"
+    asked = [Requirement(r) for r in requires("jax") or []]
+    asked = [r for r in asked if r.marker is not None and r.marker.evaluate({"extra": flavour})]
+    assert any(r.name == f"jax-{flavour}-plugin" for r in asked), f"jax {jax_version} has no {flavour} extra"
+    for req in asked:
+        pin = constraints.get(_name(req.name))
+        assert pin is not None, f"constraints.txt does not pin {req.name} (from jax[{flavour}])"
+        assert req.specifier.contains(pin, prereleases=True), f"{req.name}=={pin} is outside jax's {req.specifier}"
+    assert constraints.get(f"jax-{flavour}-pjrt") == jax_version
+    cublas = {"cuda12": "nvidia-cublas-cu12", "cuda13": "nvidia-cublas"}[flavour]
+    assert cublas in constraints, \
+        f"constraints.txt pins no NVIDIA wheels of {flavour} (scripts/check_cuda_pins.py --unpinned)"
+
+
+def _make_n(target: str, accel: str) -> str:
+    out = subprocess.run(["make", "-n", "-B", target, f"ACCEL={accel}"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("accel", ["cpu", "cuda12"])
+def test_lab_installs_no_test_tools_and_test_does(accel):
+    """`make lab` installs the project (and the CUDA plugin); `make test` adds the dev extra."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    lab = [line for line in _make_n("lab", accel).splitlines() if "pip install" in line]
+    test = [line for line in _make_n("setup-dev", accel).splitlines() if "pip install" in line]
+    cuda = f"[{accel}]" if accel != "cpu" else ""
+    assert len(lab) == 1 and "-c constraints.txt" in lab[0] and f'-e ".{cuda}"' in lab[0], lab
+    assert len(test) == 1 and "-c constraints.txt" in test[0], test
+    assert "[dev" in test[0] and (accel == "cpu" or accel in test[0]), test
 
 
 def test_auto_mode_on_this_machine(monkeypatch):
@@ -119,8 +180,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_lab_command_serves_with_authentication(tmp_path):
+def _lab_settings():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import lab_settings
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return lab_settings
+
+
+def test_lab_defaults_go_where_this_jupyterlab_reads_them(tmp_path):
+    """`make setup` writes the lab's JupyterLab defaults into the environment's app settings
+    folder (not the learner's home), in the package-owned overrides.d/ form."""
     pytest.importorskip("jupyterlab")
+    from jupyterlab.labapp import LabApp
+
+    lab_settings = _lab_settings()
+    assert lab_settings.default_settings_dir() == Path(LabApp().app_settings_dir)
+    assert str(lab_settings.default_settings_dir()).startswith(sys.prefix)
+    path = lab_settings.install(tmp_path)
+    assert path == tmp_path / "overrides.d" / "inference-lab.json"
+    assert '"fetchNews": "false"' in path.read_text()
+    before = path.stat().st_mtime_ns
+    lab_settings.install(tmp_path)  # a rerun changes nothing
+    assert path.stat().st_mtime_ns == before
+
+
+def test_lab_command_serves_with_authentication(tmp_path):
+    """lab.sh: localhost, a token always, and the lab's defaults (no Jupyter-news question)."""
+    pytest.importorskip("jupyterlab")
+    app_settings = tmp_path / "app-settings"
+    _lab_settings().install(app_settings)
     port = _free_port()
     env = dict(os.environ)
     for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
@@ -130,7 +220,8 @@ def test_lab_command_serves_with_authentication(tmp_path):
     if os.geteuid() == 0:  # CI runs as root: opt in, as a learner would have to
         env["ALLOW_ROOT"] = "1"
     server = subprocess.Popen(
-        [str(ROOT / "scripts" / "lab.sh"), "--no-browser", f"--port={port}", "--ServerApp.port_retries=0"],
+        [str(ROOT / "scripts" / "lab.sh"), "--no-browser", f"--port={port}", "--ServerApp.port_retries=0",
+         f"--LabApp.app_settings_dir={app_settings}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
@@ -149,6 +240,16 @@ def test_lab_command_serves_with_authentication(tmp_path):
             break
         assert status is not None, f"JupyterLab did not answer on port {port}"
         assert status == 403, f"the API answered {status} without a token: the server is open"
+        # The token is in the server's runtime file; with it, read what JupyterLab will use.
+        (info,) = (tmp_path / "jupyter_runtime_dir").glob("jpserver-*.json")
+        token = json.loads(info.read_text())["token"]
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+            headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            schema = json.loads(response.read())["schema"]  # overrides become the schema's defaults
+        default = schema["properties"]["fetchNews"]["default"]
+        assert default == "false", f"JupyterLab would ask about Jupyter news (fetchNews={default!r})"
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:

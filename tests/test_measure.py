@@ -1,13 +1,15 @@
 """Measurement: records, MFU/MBU arithmetic, sweeps (skip, OOM), files, measured ceilings."""
 
 import json
+import re
+import sys
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from inference_lab import hardware, measure, roofline
+from inference_lab import hardware, measure, progress, roofline
 from pallas_kernels import ceilings
 from inference_lab.config import ModelConfig
 from inference_lab.hardware import HardwareSpec
@@ -49,14 +51,17 @@ def test_random_cache_is_not_zeros():
 
 
 def test_sweep_skips_and_records_oom(model, monkeypatch, capsys):
+    monkeypatch.setenv(progress.ENV_VAR, "1")  # a bar even under pytest, to read it
     need = roofline.memory_needed(TINY, 2, 8 + 2)
     res = measure.sweep(model, batch_sizes=[1, 2], prompt_lengths=[8], steps=2, repeats=1,
                         ceilings=SPEC, memory_bytes=need - 1)
     # batch 2 decode needs `need` bytes: skipped with the reason; the rest measured
     assert [(r.phase, r.batch) for r in res] == [("prefill", 1), ("decode", 1), ("prefill", 2)]
     assert [(s[0], s[1]) for s in res.skipped] == [("decode", 2)] and "memory_needed" in res.skipped[0][3]
-    out = capsys.readouterr().out
-    assert "4/4" in out and "skipped decode batch 2" in out
+    captured = capsys.readouterr()
+    assert "skipped decode batch 2" in captured.out
+    # tqdm's text bar, on stderr: points done, elapsed<remaining (the time estimate)
+    assert re.search(r"sweep: 100%.*4/4 \[\d+:\d+<\d+:\d+", captured.err), captured.err[-500:]
 
     def oom(*a, **k):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1 bytes")
@@ -75,6 +80,46 @@ def test_sweep_skips_and_records_oom(model, monkeypatch, capsys):
         measure.sweep(model, [], [8], ceilings=SPEC)
     with pytest.raises(ValueError, match="phases"):
         measure.sweep(model, [1], [8], phases=("train",), ceilings=SPEC)
+
+
+def test_progress_shows_only_where_someone_watches(monkeypatch):
+    class Stream:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    for var in (progress.ENV_VAR, "CI", "PYTEST_CURRENT_TEST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(progress, "_in_jupyter_kernel", lambda: False)
+    assert progress.enabled(Stream(True)) and not progress.enabled(Stream(False))  # terminal vs pipe
+    monkeypatch.setattr(progress, "_in_jupyter_kernel", lambda: True)
+    assert progress.enabled(Stream(False))  # JupyterLab: a widget bar
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "x")  # nbval's kernel, a test's subprocess
+    assert not progress.enabled(Stream(True))
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    monkeypatch.setenv("CI", "true")
+    assert not progress.enabled(Stream(True))
+    monkeypatch.setenv(progress.ENV_VAR, "1")  # the variable wins both ways
+    assert progress.enabled(Stream(False))
+    monkeypatch.delenv("CI")
+    monkeypatch.setenv(progress.ENV_VAR, "0")
+    assert not progress.enabled(Stream(True))
+    monkeypatch.setenv(progress.ENV_VAR, "1")
+    assert progress.bar(total=2, show=False).disable  # a caller's False always silences
+
+
+def test_progress_without_tqdm_is_silent(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # the GPU image has no tqdm
+    monkeypatch.setenv(progress.ENV_VAR, "1")
+    with progress.bar(total=3, desc="x") as bar:
+        bar.set_postfix_str("point")
+        bar.update(1)
+    assert list(progress.bar([1, 2])) == [1, 2]
+    progress.note("a line")
+    captured = capsys.readouterr()
+    assert captured.out == "a line\n" and captured.err == ""
 
 
 def _records():

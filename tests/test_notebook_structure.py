@@ -62,3 +62,16 @@ def test_stored_with_outputs_and_no_errors(name):
         f"{name}: SVG figures break nbval's comparison; use PNG"
     assert "device" in json.dumps(code[0].get("outputs", [])) or "device" in json.dumps(code[:3]), \
         f"{name}: print the device it ran on near the top"
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "the lessons still carry '# NBVAL_*' comments; they are being rewritten, after which "
+    "`python scripts/nbval_tags.py notebooks/*.ipynb` (also run by `make notebooks`) moves them "
+    "into cell tags and this marker goes"))
+@pytest.mark.parametrize("name", LESSONS)
+def test_nbval_markers_are_tags_not_comments(name):
+    """A learner reads code, not test markers: nbval's markers live in the cell tags."""
+    marked = [i for i, c in enumerate(_cells(name)) if c["cell_type"] == "code"
+              and "".join(c["source"]).lstrip().startswith("# NBVAL_")]
+    assert not marked, (f"{name}: code cells {marked} start with a '# NBVAL_' comment: "
+                        "run python scripts/nbval_tags.py notebooks/*.ipynb")

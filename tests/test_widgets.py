@@ -87,3 +87,26 @@ def test_quizzes_say_right_and_wrong():
     assert "Right" in feedback.value
     with pytest.raises(ValueError):
         widgets.quiz("q", ["a"], "b", "")
+
+
+def test_the_caption_and_the_image_alt_say_what_the_figure_shows():
+    from inference_lab import plots
+
+    def view(batch):
+        fig = plots.time_split_bars(1e-3 * batch, 5e-3)
+        return fig, f"batch size {batch}"
+
+    board = widgets.dashboard(view, [widgets.Control("batch", "batch size", [1, 8])])
+    (output,) = _find(board, W.Output)
+    (caption,) = [w for w in _find(board, W.HTML) if widgets.CAPTION_CLASS in w._dom_classes]
+    alt = output.outputs[0]["metadata"]["image/png"]["alt"]
+    assert alt.startswith("Two bars") and "compute 1 ms" in alt
+    assert "Figure: Two bars" in caption.value and "compute 1 ms" in caption.value
+    (slider,) = _find(board, W.SelectionSlider)
+    slider.value = 8
+    assert "compute 8 ms" in output.outputs[0]["metadata"]["image/png"]["alt"]
+    assert "compute 8 ms" in caption.value
+    # A figure that says nothing about itself gets no caption (and no empty alt).
+    plain = widgets.dashboard(lambda batch: _view(batch, 1), [widgets.Control("batch", "batch size", [1])])
+    (caption,) = [w for w in _find(plain, W.HTML) if widgets.CAPTION_CLASS in w._dom_classes]
+    assert caption.value == ""

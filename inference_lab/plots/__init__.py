@@ -7,13 +7,18 @@ notebook cell; ``fig.savefig("x.png")`` writes the PNG. Records are read by attr
 (:class:`inference_lab.records.PrefillRecord`/``DecodeRecord`` or anything with the same
 fields), so plots never depend on where records came from.
 
+Every figure carries ``fig.alt_text``, a one-line description with its numbers (``alt_text(fig)``
+reads it), and uses one colour-blind-safe palette (``OKABE_ITO``) with a marker, line style, fill
+or hatching difference between any two of its series (tests/test_plot_accessibility.py).
+
 - :mod:`~inference_lab.plots.ceilings`: the roofline, ridge points, intensity, the kitchen
 - :mod:`~inference_lab.plots.phases`: measured prefill and decode
 - :mod:`~inference_lab.plots.classroom`: many machines on one chart
 - :mod:`~inference_lab.plots.serving`: prices, serving latency and goodput (simulated or a vLLM run), pool sizes
 """
 
-from inference_lab.plots._style import DECODE_COLOR, PREFILL_COLOR, ROOF_COLOR
+from inference_lab.plots._style import (DECODE_COLOR, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR,
+                                       LabFigure, alt_text)
 from inference_lab.plots.classroom import classroom_plot
 from inference_lab.plots.phases import (decode_bytes_bars, decode_throughput_plot, decode_time_vs_bytes,
                                         prefill_flops_vs_length, request_timeline, ttft_plot, two_speeds_bars)
@@ -25,4 +30,5 @@ from inference_lab.plots.serving import (goodput_plot, latency_distributions, po
 __all__ = ["roofline_plot", "ridge_comparison", "intensity_vs_context", "time_split_bars", "kitchen",
            "request_timeline", "two_speeds_bars", "ttft_plot", "prefill_flops_vs_length", "decode_bytes_bars",
            "decode_time_vs_bytes", "decode_throughput_plot", "classroom_plot", "price_ratio_plot",
-           "serving_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "PREFILL_COLOR", "DECODE_COLOR", "ROOF_COLOR"]
+           "serving_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "PREFILL_COLOR",
+           "DECODE_COLOR", "ROOF_COLOR", "OKABE_ITO", "MODE_STYLES", "LabFigure", "alt_text"]

@@ -1,8 +1,15 @@
 """The look every lesson figure shares: colours with a meaning, log axes with plain ticks,
-and the small helpers that read records by attribute.
+a one-line description of each figure, and the small helpers that read records by attribute.
 
-Colours carry meaning throughout: blue = prefill, orange = decode, grey = the roofline;
-filled markers are measured, hollow ones predicted.
+Colours carry meaning throughout: blue = prefill, vermillion = decode, grey = the roofline;
+filled markers are measured, hollow ones predicted. Colours come from one colour-blind-safe
+palette (Okabe-Ito), and no two series of a figure differ by colour alone: each pair also
+differs by marker, line style, fill or hatching, so a figure reads in greyscale too
+(tests/test_plot_accessibility.py checks every figure).
+
+Every figure is a :class:`LabFigure`: ``fig.alt_text`` is a one-line description of what it
+shows, with its numbers. Displayed in a notebook it goes into the output's metadata (the
+``alt`` of its ``<img>`` on the static site); dashboards show it under the readout.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import math
 from collections import defaultdict
 
 import numpy as np
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
@@ -30,13 +38,65 @@ MODE_STYLES = {
     "chunked": {"color": OKABE_ITO["sky_blue"], "marker": "s", "linestyle": "--"},
     "disaggregated": {"color": OKABE_ITO["green"], "marker": "^", "linestyle": ":"},
 }
+# One marker and one line style per member of a family of series (batches, contexts, ...),
+# so neighbours differ by shape as well as by shade.
+MARKERS = "os^Dv<>PX*h"
+LINESTYLES = ("--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
+HATCH = "///"   # on the bars of the second phase (decode, memory) of a two-colour bar chart
 GRID = dict(which="major", color="#dddddd", linewidth=0.8)
 GRID_MINOR = dict(which="minor", color="#f0f0f0", linewidth=0.5)
 DEVICE_MARKERS = "osD^vP*Xh<>"
 
 
+class LabFigure(Figure):
+    """A matplotlib Figure that carries ``alt_text``, a one-line description of what it shows.
+
+    In IPython its display adds ``{"image/png": {"alt": alt_text}}`` to the output's metadata
+    (the PNG itself comes from the inline backend as for any Figure), so the description is
+    stored in the notebook with the image.
+    """
+
+    alt_text: str = ""
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        if not self.alt_text:
+            return None
+        return {}, {"image/png": {"alt": self.alt_text}}
+
+
+def alt_text(fig) -> str:
+    """The one-line description of a figure: its ``alt_text``, else its titles, else ""."""
+    text = getattr(fig, "alt_text", "") or ""
+    if not text:
+        titles = [fig.get_suptitle()] if hasattr(fig, "get_suptitle") else []
+        titles += [ax.get_title() for ax in fig.axes]
+        text = "; ".join(t for t in titles if t)
+    return " ".join(str(text).split())
+
+
+def _describe(fig, text: str):
+    """Set ``fig.alt_text`` to ``text`` on one line; returns the figure."""
+    fig.alt_text = " ".join(text.split())
+    return fig
+
+
+def _shades(color, n: int) -> list:
+    """``n`` shades of one colour, darker to lighter (a family of series of one meaning)."""
+    rgb = np.array(to_rgb(color))
+    out = []
+    for w in (np.linspace(-0.3, 0.45, n) if n > 1 else [0.0]):
+        shade = rgb * (1 + w) if w < 0 else rgb + (1 - rgb) * w
+        out.append(tuple(np.clip(shade, 0, 1)))
+    return out
+
+
+def _tint(color, weight: float = 0.25) -> tuple:
+    """A light tint of a palette colour (``weight`` of the colour over white), for filled areas."""
+    return tuple(1 - weight * (1 - c) for c in to_rgb(color))
+
+
 def _figure(ncols: int = 1, width: float = 7.0, height: float = 4.6):
-    fig = Figure(figsize=(width, height), layout="constrained", dpi=110)
+    fig = LabFigure(figsize=(width, height), layout="constrained", dpi=110)
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     for ax in axes:
         ax.set_axisbelow(True)

@@ -10,8 +10,9 @@ from matplotlib.figure import Figure
 
 from inference_lab import roofline
 from inference_lab.plots._style import (
-    PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, _figure, _style_log, _plain_ticks, _length_ticks,
-    _si, _si_ticks, _flops_unit, _is_decode, _records, _check_spec, _palette, plain_text)
+    PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, LINESTYLES, OKABE_ITO, LabFigure,
+    _describe, _figure, _style_log, _plain_ticks, _length_ticks, _si, _si_ticks, _flops_unit,
+    _is_decode, _records, _check_spec, _palette, _tint, plain_text)
 
 
 def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
@@ -98,7 +99,16 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
     ax.set_ylabel(f"attainable performance ({unit})")
     ax.set_title(title or plain_text(f"Roofline of {spec.name}: where prefill and decode sit"))
     fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
-    return fig
+    where = []
+    for phase, shape in (("prefill", "circles"), ("decode", "triangles")):
+        mine = [p for p in points if p[2] == phase]
+        if mine:
+            kind = "measured" if any(p[1] is not None for p in mine) else "predicted"
+            lo_i, hi_i = min(p[0] for p in mine), max(p[0] for p in mine)
+            where.append(f"{len(mine)} {kind} {phase} points ({shape}) at {lo_i:,.3g} to {hi_i:,.3g} FLOP/byte")
+    return _describe(fig, f"Log-log roofline of {spec.name} ({dtype}): attainable {unit} against arithmetic "
+                          f"intensity, rising to a peak of {peak / scale:,.3g} {unit} at the ridge, "
+                          f"{ridge:,.0f} FLOP/byte; " + ("; ".join(where) or "no points") + ".")
 
 
 def ridge_comparison(specs: Sequence, dtypes: Sequence[str]) -> Figure:
@@ -118,20 +128,24 @@ def ridge_comparison(specs: Sequence, dtypes: Sequence[str]) -> Figure:
     ax.grid(True, axis="x", **GRID)
     ax.set_xlabel("ridge point (FLOP per byte; below it: memory-bound)")
     ax.set_title("How much math a chip does per byte it fetches")
-    return fig
+    return _describe(fig, "Ridge points, log scale (FLOP per byte; below it a kernel is memory-bound): "
+                          + ", ".join(f"{s.name} {r:,.0f} ({d})" for s, d, r in zip(specs, dtypes, ridges)) + ".")
 
 
 def intensity_vs_context(cfg, *, batches: Sequence[int] = (1, 64),
                          contexts: Sequence[int] = (256, 1024, 4096, 16384, 65536)) -> Figure:
     """Decode arithmetic intensity against context, with and without the KV-cache term."""
     fig, (ax,) = _figure()
-    shades = np.linspace(0.5, 1.0, len(batches))
-    for shade, b in zip(shades, batches):
-        color = tuple(shade * np.array([0xe0, 0x7b, 0x00]) / 255)
+    colors = _palette(len(batches))
+    lines = []
+    for i, (color, b) in enumerate(zip(colors, batches)):
         full = [roofline.decode_cost(cfg, b, c).intensity for c in contexts]
         bare = roofline.forward_cost_no_attention(cfg, b).intensity
-        ax.plot(contexts, full, "-o", color=color, ms=6, mec="white", label=f"batch {b}: weights + KV + attention")
-        ax.axhline(bare, color=color, ls="--", lw=1.2, label=f"batch {b}: weights only (\u2248 {bare:.0f})")
+        lines.append((b, full[0], full[-1], bare))
+        ax.plot(contexts, full, "-", marker=MARKERS[i % len(MARKERS)], color=color, ms=6, mec="white",
+                label=f"batch {b}: weights + KV + attention")
+        ax.axhline(bare, color=color, ls=LINESTYLES[i % len(LINESTYLES)], lw=1.2,
+                   label=f"batch {b}: weights only (\u2248 {bare:.0f})")
     _style_log(ax)
     _length_ticks(ax, list(contexts))
     _plain_ticks(ax, "y")
@@ -139,7 +153,10 @@ def intensity_vs_context(cfg, *, batches: Sequence[int] = (1, 64),
     ax.set_ylabel("decode intensity (FLOP/byte)")
     ax.set_title(f"{cfg.name}: long context drags decode intensity down")
     ax.legend(fontsize=8, frameon=False)
-    return fig
+    return _describe(fig, f"Decode arithmetic intensity of {cfg.name} against context, {contexts[0]:,} to "
+                          f"{contexts[-1]:,} tokens, log-log: " + "; ".join(
+                              f"batch {b} goes from {a:,.3g} to {z:,.3g} FLOP/byte (weights only: {w:,.3g})"
+                              for b, a, z, w in lines) + ".")
 
 
 def time_split_bars(compute_s: float, memory_s: float, *, title: str | None = None) -> Figure:
@@ -154,14 +171,18 @@ def time_split_bars(compute_s: float, memory_s: float, *, title: str | None = No
             ("memory: bytes / bandwidth (the van)", memory_s, DECODE_COLOR)]
     longest = max(compute_s, memory_s)
     for i, (label, value, color) in enumerate(bars):
-        ax.barh(i, value / scale, color=color, alpha=1.0 if value == longest else 0.45, height=0.6)
+        ax.barh(i, value / scale, color=color, alpha=1.0 if value == longest else 0.45, height=0.6,
+                hatch=HATCH if i == 1 else None, edgecolor="white")
         ax.text(value / scale, i, f"  {value / scale:,.3g} {unit}", va="center", fontsize=9)
     ax.set_yticks([0, 1], [b[0] for b in bars], fontsize=9)
     ax.set_xlim(0, longest / scale * 1.35)
     ax.set_xlabel(f"predicted time per decode step ({unit})")
     ax.grid(True, axis="x", **GRID)
     ax.set_title(title or "Which ceiling sets the step time?", fontsize=10)
-    return fig
+    longer = "memory" if memory_s >= compute_s else "compute"
+    return _describe(fig, f"Two bars, the predicted time of one decode step: compute {compute_s / scale:,.3g} "
+                          f"{unit}, memory {memory_s / scale:,.3g} {unit}; the {longer} time is longer and "
+                          "sets the step time.")
 
 
 def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Figure:
@@ -172,7 +193,7 @@ def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Fig
     dtype = dtype or cfg.dtype
     cost = roofline.decode_cost(cfg, batch, context)
     compute_s, memory_s = roofline.predict_terms(cost, spec, dtype)
-    fig = Figure(figsize=(10, 3.8), dpi=110)
+    fig = LabFigure(figsize=(10, 3.8), dpi=110)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, 10)
     ax.set_ylim(0, 4)
@@ -185,11 +206,11 @@ def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Fig
 
     weights = cost.parts.get("weights", 0) + cost.parts.get("embedding_rows", 0)
     kvb = cost.parts.get("kv_read", 0)
-    box(0.2, 0.6, 2.9, 2.9, "#f3e3c3", "PANTRY = memory",
+    box(0.2, 0.6, 2.9, 2.9, _tint(OKABE_ITO["orange"]), "PANTRY = memory",
         f"HBM on a GPU, DRAM on a CPU\n{spec.memory_bytes / 1e9:,.0f} GB here\n\nweights {weights / 1e6:,.0f} MB\n"
         f"KV cache {kvb / 1e6:,.1f} MB" if spec.memory_bytes else
         f"HBM on a GPU, DRAM on a CPU\n\nweights {weights / 1e6:,.0f} MB\nKV cache {kvb / 1e6:,.1f} MB")
-    box(6.9, 0.6, 2.9, 2.9, "#d6e6f5", "STOVES = compute",
+    box(6.9, 0.6, 2.9, 2.9, _tint(PREFILL_COLOR), "STOVES = compute",
         f"tensor cores / vector units\n{spec.peak_flops(dtype) / 1e9:,.0f} GFLOP/s ({dtype})\n\n"
         f"one decode step's cooking:\n{cost.flops / 1e6:,.0f} MFLOP = {compute_s * 1e3:,.3g} ms")
     ax.add_patch(FancyArrowPatch((3.3, 2.05), (6.7, 2.05), arrowstyle="-|>", mutation_scale=30, lw=3,
@@ -200,4 +221,9 @@ def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Fig
     verdict = (f"Decode, batch {batch}: the van takes {memory_s / compute_s:,.0f}x longer than the cooking."
                if memory_s > compute_s else f"Decode, batch {batch}: the stoves are the bottleneck.")
     ax.text(5.0, 0.25, verdict, ha="center", fontsize=10, style="italic")
-    return fig
+    return _describe(fig, f"Diagram of decode at batch {batch} as a kitchen: the pantry (memory) holds "
+                          f"{weights / 1e6:,.0f} MB of weights and {kvb / 1e6:,.1f} MB of KV cache; the van "
+                          f"(bandwidth, {spec.bandwidth / 1e9:,.1f} GB/s) hauls {cost.bytes / 1e6:,.0f} MB per "
+                          f"step, {memory_s * 1e3:,.3g} ms; the stoves (compute, "
+                          f"{spec.peak_flops(dtype) / 1e9:,.0f} GFLOP/s) cook for {compute_s * 1e3:,.3g} ms. "
+                          + verdict)

@@ -7,13 +7,14 @@ from typing import Iterable
 from matplotlib.figure import Figure
 
 from inference_lab.plots._style import (
-    DEVICE_MARKERS, _figure, _style_log, _length_ticks, _base2_batches, _si_ticks, _is_decode,
+    DEVICE_MARKERS, _describe, _figure, _style_log, _length_ticks, _base2_batches, _si_ticks, _is_decode,
     _is_prefill, _median_by, _records, _palette, plain_text)
 from inference_lab.records import machine_key, machine_label
 
 
 def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
-    """Several machines' records overlaid, one colour and marker per machine.
+    """Several machines' records overlaid, one colour and marker per machine (past eleven
+    machines the markers repeat with another line style, so no two differ by colour alone).
 
     Machines are told apart by their ids (:func:`inference_lab.records.machine_key`), not by
     device name: thirty laptops that all report ``cpu`` are thirty lines, each labelled with
@@ -34,15 +35,16 @@ def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
     for i, key in enumerate(keys):
         color, marker = cmap[i], DEVICE_MARKERS[i % len(DEVICE_MARKERS)]
         label = plain_text(labels[key])
+        ls = ("-", "--", ":", "-.")[(i // len(DEVICE_MARKERS)) % 4]
         mine = [r for r in recs if machine_key(r) == key]
         pre = [r for r in mine if _is_prefill(r)]
         dec = [r for r in mine if _is_decode(r)]
         if pre:
             T, tps = _median_by((int(r.prompt_len), r.prefill_tokens_per_s) for r in pre)
-            left.plot(T, tps, "-", color=color, marker=marker, ms=7, mec="white", label=label)
+            left.plot(T, tps, ls, color=color, marker=marker, ms=7, mec="white", label=label)
         if dec:
             b, tps = _median_by((int(r.batch), r.decode_tokens_per_s) for r in dec)
-            right.plot(b, tps, "-", color=color, marker=marker, ms=7, mec="white", label=label)
+            right.plot(b, tps, ls, color=color, marker=marker, ms=7, mec="white", label=label)
     for ax in (left, right):
         _style_log(ax)
         _si_ticks(ax, "y")
@@ -54,9 +56,11 @@ def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
     right.set_xlabel("batch size (sequences)")
     right.set_ylabel("decode throughput (tokens/s, whole batch)")
     right.set_title("Decode (writing)")
-    handles, labels = left.get_legend_handles_labels()
+    handles, legend_labels = left.get_legend_handles_labels()
     if not handles:
-        handles, labels = right.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False, title="machine")
+        handles, legend_labels = right.get_legend_handles_labels()
+    fig.legend(handles, legend_labels, loc="outside right upper", fontsize=8, frameon=False, title="machine")
     fig.suptitle(plain_text(title) if title else f"The class's machines ({len(keys)} machines)")
-    return fig
+    return _describe(fig, f"Two log-log panels with one line and marker per machine ({len(keys)}: "
+                          f"{', '.join(labels[k] for k in keys)}): prefill tokens/s against prompt length, "
+                          "and decode tokens/s against batch size.")

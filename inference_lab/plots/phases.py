@@ -12,9 +12,9 @@ from matplotlib.figure import Figure
 
 from inference_lab import roofline
 from inference_lab.plots._style import (
-    PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, _figure, _style_log, _length_ticks,
-    _base2_batches, _si_ticks, _flops_unit, _is_decode, _is_prefill, _median_by, _records,
-    _prediction_args, _check_spec, plain_text)
+    PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, OKABE_ITO, _describe, _figure,
+    _style_log, _length_ticks, _base2_batches, _si_ticks, _flops_unit, _is_decode, _is_prefill,
+    _median_by, _records, _prediction_args, _check_spec, _shades, _tint, plain_text)
 
 
 def request_timeline(ttft_s: float, decode_s: float, prompt_len: int, new_tokens: int) -> Figure:
@@ -22,7 +22,8 @@ def request_timeline(ttft_s: float, decode_s: float, prompt_len: int, new_tokens
     fig, (ax,) = _figure(width=8.5, height=2.4)
     scale, unit = (1.0, "s") if ttft_s + decode_s >= 2 else (1e-3, "ms")
     ax.barh(0, ttft_s / scale, color=PREFILL_COLOR, height=0.5)
-    ax.barh(0, decode_s / scale, left=ttft_s / scale, color=DECODE_COLOR, height=0.5)
+    ax.barh(0, decode_s / scale, left=ttft_s / scale, color=DECODE_COLOR, height=0.5, hatch=HATCH,
+            edgecolor="white")
     step = decode_s / max(new_tokens, 1) / scale
     for i in range(1, new_tokens):  # one tick per decode step: the tokens come one by one
         ax.plot([(ttft_s / scale) + i * step] * 2, [-0.25, 0.25], color="white", lw=0.6)
@@ -36,7 +37,10 @@ def request_timeline(ttft_s: float, decode_s: float, prompt_len: int, new_tokens
     ax.set_xlabel(f"time since the request arrived ({unit})")
     ax.set_title(f"Reading {prompt_len} tokens vs writing {new_tokens}: "
                  f"{prompt_len / ttft_s:,.0f} vs {new_tokens / decode_s:,.0f} tokens/s", fontsize=10)
-    return fig
+    return _describe(fig, f"Timeline of one request: prefill reads {prompt_len} tokens in {ttft_s / scale:,.3g} "
+                          f"{unit} (solid bar), then decode writes {new_tokens} tokens one by one in "
+                          f"{decode_s / scale:,.3g} {unit} (hatched bar): {prompt_len / ttft_s:,.0f} vs "
+                          f"{new_tokens / decode_s:,.0f} tokens/s.")
 
 
 def two_speeds_bars(result, *, reference: dict | None = None) -> Figure:
@@ -48,7 +52,8 @@ def two_speeds_bars(result, *, reference: dict | None = None) -> Figure:
     fig, (ax,) = _figure(width=7.5, height=4.0)
     for i, (name, pre, dec) in enumerate(groups):
         ax.bar(i - 0.18, pre, width=0.34, color=PREFILL_COLOR, label="prefill (reading)" if i == 0 else None)
-        ax.bar(i + 0.18, dec, width=0.34, color=DECODE_COLOR, label="decode (writing)" if i == 0 else None)
+        ax.bar(i + 0.18, dec, width=0.34, color=DECODE_COLOR, hatch=HATCH, edgecolor="white",
+               label="decode (writing)" if i == 0 else None)
         ax.text(i - 0.18, pre, f"{pre:,.0f}", ha="center", va="bottom", fontsize=9)
         ax.text(i + 0.18, dec, f"{dec:,.0f}", ha="center", va="bottom", fontsize=9)
         ax.annotate(f"{pre / dec:.0f}x", xy=(i, math.sqrt(pre * dec)), ha="center", fontsize=12, weight="bold")
@@ -59,7 +64,9 @@ def two_speeds_bars(result, *, reference: dict | None = None) -> Figure:
     ax.set_ylabel("tokens/s (batch 1)")
     ax.set_title("Same model, same chip: reading vs writing")
     ax.legend(fontsize=8, frameon=False)
-    return fig
+    return _describe(fig, "Bars of tokens/s at batch 1, log scale, prefill (solid) beside decode (hatched): "
+                          + "; ".join(f"{name} {pre:,.0f} vs {dec:,.0f} ({pre / dec:,.0f}x)"
+                                      for name, pre, dec in groups) + ".")
 
 
 def ttft_plot(records: Iterable = (), *, cfg=None, spec=None, dtype=None,
@@ -76,11 +83,13 @@ def ttft_plot(records: Iterable = (), *, cfg=None, spec=None, dtype=None,
     by_batch = defaultdict(list)
     for r in recs:
         by_batch[int(r.batch)].append(r)
-    shades = np.linspace(1.0, 0.45, max(len(by_batch), 1))
-    for shade, (b, rs) in zip(shades, sorted(by_batch.items())):
+    measured = []
+    for i, (color, (b, rs)) in enumerate(zip(_shades(PREFILL_COLOR, len(by_batch)), sorted(by_batch.items()))):
         T, sec = _median_by((int(r.prompt_len), r.seconds) for r in rs)
-        color = tuple(shade * np.array([0x1f, 0x6f, 0xb4]) / 255)
-        ax.plot(T, sec * 1e3, "-o", color=color, ms=6, mec="white", label=f"measured, batch {b}")
+        measured.append(f"batch {b}: {sec[0] * 1e3:,.3g} ms at {T[0]:,.0f} tokens to {sec[-1] * 1e3:,.3g} ms "
+                        f"at {T[-1]:,.0f}")
+        ax.plot(T, sec * 1e3, "-", marker=MARKERS[i % len(MARKERS)], color=color, ms=6, mec="white",
+                label=f"measured, batch {b}")
     if cfg is not None:
         lengths = prompt_lengths or sorted({int(r.prompt_len) for r in recs}) or [64, 8192]
         lo, hi = min(lengths), max(lengths)
@@ -95,7 +104,10 @@ def ttft_plot(records: Iterable = (), *, cfg=None, spec=None, dtype=None,
     ax.set_ylabel("time to first token (ms)")
     ax.set_title(title or "Time to first token grows with the prompt")
     ax.legend(fontsize=8, frameon=False, loc="upper left")
-    return fig
+    parts = ["measured " + "; ".join(measured)] if measured else []
+    if cfg is not None:
+        parts.append(f"the roofline's prediction for {spec.name} at batch 1 (grey line)")
+    return _describe(fig, "Time to first token against prompt length, log-log: " + "; ".join(parts) + ".")
 
 
 def prefill_flops_vs_length(records: Iterable, spec, dtype, *, highlight: int | None = None) -> Figure:
@@ -124,7 +136,9 @@ def prefill_flops_vs_length(records: Iterable, spec, dtype, *, highlight: int | 
     ax.set_ylabel(f"achieved ({unit})")
     ax.set_title("Prefill climbs toward the compute ceiling as the prompt grows")
     ax.legend(fontsize=8, frameon=False, loc="lower right")
-    return fig
+    return _describe(fig, f"Achieved prefill {unit} against prompt length, log-log: from {achieved[0] / scale:,.3g} "
+                          f"at {int(T[0]):,} tokens to {achieved[-1] / scale:,.3g} at {int(T[-1]):,}, under the "
+                          f"measured matmul peak of {peak / scale:,.3g} {unit}; dashed: the roofline's prediction.")
 
 
 def decode_bytes_bars(records: Iterable, cfg, *, highlight: int | None = None) -> Figure:
@@ -138,7 +152,7 @@ def decode_bytes_bars(records: Iterable, cfg, *, highlight: int | None = None) -
     weights = np.array([c.parts.get("weights", 0) + c.parts.get("embedding_rows", 0) for c in costs]) / 1e6
     kv = np.array([c.parts.get("kv_read", 0) + c.parts.get("kv_write", 0) for c in costs]) / 1e6
     left.bar(x, weights, color="#8c8c8c", label="weights")
-    left.bar(x, kv, bottom=weights, color=DECODE_COLOR, label="KV cache")
+    left.bar(x, kv, bottom=weights, color=DECODE_COLOR, hatch=HATCH, edgecolor="white", label="KV cache")
     right.bar(x, [r.step_seconds * 1e3 for r in recs], color=DECODE_COLOR)
     for ax in (left, right):
         ax.set_xticks(x, [f"{r.context:,}" for r in recs])
@@ -148,13 +162,17 @@ def decode_bytes_bars(records: Iterable, cfg, *, highlight: int | None = None) -
             for i, r in enumerate(recs):
                 if r.context == highlight:
                     ax.get_xticklabels()[i].set_fontweight("bold")
-                    ax.axvspan(i - 0.45, i + 0.45, color="#fff2cc", zorder=0)
+                    ax.axvspan(i - 0.45, i + 0.45, color=_tint(OKABE_ITO["yellow"], 0.35), zorder=0)
     left.set_ylabel("bytes moved per step (MB)")
     left.set_title("What one decode step must move")
     left.legend(fontsize=8, frameon=False)
     right.set_ylabel("measured step time (ms)")
     right.set_title("How long it takes (batch 1)")
-    return fig
+    steps = [r.step_seconds * 1e3 for r in recs]
+    return _describe(fig, f"Two bar charts over contexts {', '.join(f'{r.context:,}' for r in recs)} tokens: the "
+                          f"bytes one decode step moves, {weights[0]:,.0f} MB of weights (grey) plus "
+                          f"{kv[0]:,.1f} to {kv[-1]:,.1f} MB of KV cache (hatched), and its measured time, "
+                          f"{min(steps):,.3g} to {max(steps):,.3g} ms.")
 
 
 def decode_time_vs_bytes(records: Iterable, spec, dtype=None, *, label=None) -> Figure:
@@ -190,7 +208,12 @@ def decode_time_vs_bytes(records: Iterable, spec, dtype=None, *, label=None) -> 
     ax.set_ylabel("step time (ms)")
     ax.set_title("Decode step time follows the bytes, not the FLOPs")
     ax.legend(fontsize=8, frameon=False, loc="upper left")
-    return fig
+    mbu = [100 * (r.mbu or 0) for r in recs]
+    return _describe(fig, f"Measured decode step time against the bytes the step moves: {len(recs)} points from "
+                          f"{b[0] / 1e6:,.0f} MB in {t[0] * 1e3:,.3g} ms to {b[-1] / 1e6:,.0f} MB in "
+                          f"{t[-1] * 1e3:,.3g} ms (MBU {min(mbu):.0f} to {max(mbu):.0f}%), close to the memory "
+                          "line (bytes / bandwidth)" + (" and far above the dashed compute line"
+                                                        if dtype is not None else "") + ".")
 
 
 def decode_throughput_plot(records: Iterable, *, cfg=None, spec=None, dtype=None,
@@ -231,6 +254,7 @@ def decode_throughput_plot(records: Iterable, *, cfg=None, spec=None, dtype=None
             ax.axvline(flip, color=ROOF_COLOR, ls=":", lw=1.2)
             ax.annotate(f"predicted flip B={flip}", xy=(flip, ax.get_ylim()[0]), xytext=(4, 8),
                         textcoords="offset points", fontsize=9, color=ROOF_COLOR, rotation=90)
+    knee = None
     if recs and 1 in batches_all and len(set((r.device, r.preset, r.context) for r in recs)) == 1:
         knee = roofline.measured_knee(recs, knee_factor)
         if knee is not None:
@@ -246,4 +270,11 @@ def decode_throughput_plot(records: Iterable, *, cfg=None, spec=None, dtype=None
     ax.set_ylabel("decode throughput (tokens/s, whole batch)")
     ax.set_title(title or "Batching shares each weight read: tokens/s climbs until the knee")
     ax.legend(fontsize=8, frameon=False, loc="upper left")
-    return fig
+    parts = []
+    if recs:
+        parts.append(f"measured from {tps[0]:,.0f} at batch {int(b[0])} to {tps[-1]:,.0f} at batch {int(b[-1])}")
+        if knee is not None:
+            parts.append(f"measured knee at batch {knee}")
+    if cfg is not None:
+        parts.append(f"the roofline for {spec.name} at context {context:,} ({verdict})")
+    return _describe(fig, "Decode tokens/s against batch size, log scales: " + "; ".join(parts) + ".")

@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 
 from inference_lab import economics
 from inference_lab.plots._style import (
-    DECODE_COLOR, DEVICE_MARKERS, GRID, MODE_STYLES, PREFILL_COLOR, _figure, _style_log, _base2_batches,
-    _si_ticks)
+    DECODE_COLOR, DEVICE_MARKERS, GRID, MARKERS, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, _describe, _figure,
+    _style_log, _base2_batches, _si_ticks, _shades, _tint)
 
 _LINESTYLES = ("-", "--", ":", "-.")
 
@@ -30,13 +30,15 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     and prefill MFU assumed (line style), with the 3-5x band providers charge shaded."""
     mfus = [prefill_mfu] if isinstance(prefill_mfu, (int, float)) else list(prefill_mfu)
     fig, (ax,) = _figure()
-    ax.axhspan(*band, color="#fde8c8", zorder=0, label=f"what providers charge ({band[0]:g}-{band[1]:g}x)")
-    shades = np.linspace(0.45, 1.0, len(contexts))
+    ax.axhspan(*band, color=_tint(OKABE_ITO["orange"]), zorder=0,
+               label=f"what providers charge ({band[0]:g}-{band[1]:g}x)")
+    ends = []
     for j, mfu in enumerate(mfus):
-        for shade, ctx in zip(shades, contexts):
+        for i, (color, ctx) in enumerate(zip(_shades(DECODE_COLOR, len(contexts)), contexts)):
             ratios = economics.price_ratio_vs_batch(cfg, spec, batches, context=ctx, dtype=dtype, prefill_mfu=mfu)
-            color = tuple(shade * np.array([0xe0, 0x7b, 0x00]) / 255)
-            ax.plot(batches, ratios, marker=DEVICE_MARKERS[j % len(DEVICE_MARKERS)], ls=_LINESTYLES[j % 4],
+            ends.append(f"context {ctx:,} at {mfu:.0%} MFU: {ratios[0]:,.3g}x at batch {batches[0]} to "
+                        f"{ratios[-1]:,.3g}x at {batches[-1]}")
+            ax.plot(batches, ratios, marker=MARKERS[(i + j * len(contexts)) % len(MARKERS)], ls=_LINESTYLES[j % 4],
                     color=color, ms=5, mec="white", label=f"context {ctx:,} tokens, prefill at {mfu:.0%} MFU")
     _style_log(ax, x=False)
     _base2_batches(ax, batches)
@@ -45,7 +47,9 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     ax.set_ylabel("output / input price (x, per token)")
     ax.set_title(title or f"Why output costs more: {cfg.name} on {spec.name} (roofline)")
     ax.legend(fontsize=8, frameon=False)
-    return fig
+    return _describe(fig, f"Predicted output/input price ratio of {cfg.name} on {spec.name} against decode batch, "
+                          f"one line per context: {'; '.join(ends)}; shaded band: the {band[0]:g}-{band[1]:g}x "
+                          "providers charge.")
 
 
 def _style(name: str, i: int, n: int) -> dict:
@@ -112,7 +116,9 @@ def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = N
         ax.set_title(t)
     axes[0].legend(fontsize=7, frameon=False)
     fig.suptitle(title or "Under load: what each serving mode does to TTFT, TPOT and ITL")
-    return fig
+    return _describe(fig, f"Three panels against {xlabel}: time to first token, time per output token and "
+                          f"inter-token latency, median (thin line, hollow markers) and p99 (thick, filled), one "
+                          f"colour, marker and line style per {series} ({', '.join(map(str, names))}).")
 
 
 def _trace_of(result):
@@ -144,7 +150,10 @@ def latency_distributions(results: dict) -> Figure:
         ax.set_ylabel("fraction of requests" if "gap" not in what else "fraction of gaps")
         ax.set_title(t)
     axes[0].legend(fontsize=8, frameon=False, loc="lower right")
-    return fig
+    medians = [f"{name}: median TTFT {np.nanmedian(_trace_of(res).ttft) * 1e3:,.3g} ms, TPOT "
+               f"{np.nanmedian(_trace_of(res).tpot) * 1e3:,.3g} ms" for name, res in results.items()]
+    return _describe(fig, "Cumulative distributions (log time axes, one line style and end marker per run) of time "
+                          "to first token, time per output token and inter-token gaps; " + "; ".join(medians) + ".")
 
 
 def goodput_plot(rows: Sequence[dict], *, x: str = "rate", series: str = "config",
@@ -169,7 +178,10 @@ def goodput_plot(rows: Sequence[dict], *, x: str = "rate", series: str = "config
     ax.set_ylabel("goodput (requests/s meeting the SLO)")
     ax.set_title(title or ("Goodput" + (f" at {slo}" if slo else "")))
     ax.legend(fontsize=7, frameon=False, loc="upper left", ncol=2)
-    return fig
+    peaks = [f"{name} peaks at {max(r['goodput_rps'] for r in rows if r[series] == name):,.3g}" for name in names]
+    return _describe(fig, f"Goodput (requests/s meeting the SLO) against offered load, one line, marker and style "
+                          f"per {series}: {'; '.join(peaks)} requests/s; a dotted diagonal where every request "
+                          "meets the SLO.")
 
 
 def pool_balance_plot(splits: Sequence[str], prefill_rps: Sequence[float], decode_rps: Sequence[float], *,
@@ -193,4 +205,6 @@ def pool_balance_plot(splits: Sequence[str], prefill_rps: Sequence[float], decod
     ax.set_ylabel("sustainable load (requests/s)")
     ax.set_title(title or "Sizing the pools: each must keep up")
     ax.legend(fontsize=8, frameon=False)
-    return fig
+    return _describe(fig, f"Paired bars per xPyD split ({', '.join(splits)}): requests/s the prefill pool (solid) "
+                          f"and the decode pool (hatched) can sustain; the system takes the smaller, best at "
+                          f"{splits[best]}.")

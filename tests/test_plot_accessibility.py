@@ -1,0 +1,233 @@
+"""Every lesson figure reads without colour vision and without sight.
+
+- No two series of a figure differ by colour alone: two lines, two scatters or two bar series in
+  one panel that share marker, line style, fill and hatching but not colour fail (a reader who
+  cannot tell vermillion from green, or a greyscale print, sees one series). A figure built to
+  break the rule proves the check can fail.
+- Every figure carries a one-line description with its numbers (``fig.alt_text``), which a
+  notebook stores as the image's ``alt`` and a dashboard shows as its caption.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
+from matplotlib.colors import to_hex, to_rgba  # noqa: E402
+from matplotlib.container import BarContainer  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from inference_lab import economics, hardware, plots, roofline, simulator  # noqa: E402
+from inference_lab.config import ModelConfig  # noqa: E402
+from inference_lab.measure import DecodeRecord, PrefillRecord  # noqa: E402
+
+SPEC = hardware.PRESETS["H200"]
+H100 = hardware.PRESETS["H100_SXM"]
+CFG = ModelConfig.preset("base")
+CFG8B = ModelConfig.preset("llama3_8b")
+
+
+# ------------------------------------------------------------------------ the colour-only check
+@dataclass(frozen=True)
+class Series:
+    panel: int
+    label: str
+    kind: str        # line, scatter, bar
+    marker: object   # marker name, or the marker path's vertices for a scatter
+    linestyle: str
+    fill: str        # filled / hollow
+    hatch: str
+    colour: str
+
+
+def _no(value) -> bool:
+    return value is None or str(value).lower() in ("", " ", "none")
+
+
+def _whiteish(colour) -> bool:
+    r, g, b, a = to_rgba(colour)
+    return a == 0 or min(r, g, b) > 0.95
+
+
+def series(fig) -> list[Series]:
+    """The legend-labelled series of every panel, with what tells them apart."""
+    out = []
+    for i, ax in enumerate(fig.axes):
+        for line in ax.get_lines():
+            if line.get_label().startswith("_") or not line.get_visible():
+                continue
+            marker = "none" if _no(line.get_marker()) else str(line.get_marker())
+            ls = "none" if _no(line.get_linestyle()) else str(line.get_linestyle())
+            hollow = marker != "none" and _whiteish(line.get_markerfacecolor())
+            out.append(Series(i, line.get_label(), "line", marker, ls, "hollow" if hollow else "filled", "",
+                              to_hex(line.get_color())))
+        for coll in ax.collections:
+            if not isinstance(coll, PathCollection) or coll.get_label().startswith("_"):
+                continue
+            shape = tuple(np.round(coll.get_paths()[0].vertices, 3).ravel())
+            faces, edges = coll.get_facecolors(), coll.get_edgecolors()
+            hollow = len(faces) == 0 or _whiteish(faces[0])
+            colour = edges[0] if hollow and len(edges) else faces[0]
+            out.append(Series(i, coll.get_label(), "scatter", shape, "none", "hollow" if hollow else "filled", "",
+                              to_hex(colour)))
+        for cont in ax.containers:
+            if not isinstance(cont, BarContainer) or cont.get_label().startswith("_") or not cont.patches:
+                continue
+            patch = cont.patches[0]
+            out.append(Series(i, cont.get_label(), "bar", "", "", "", patch.get_hatch() or "",
+                              to_hex(patch.get_facecolor())))
+    return out
+
+
+def colour_only_pairs(fig) -> list[tuple[str, str]]:
+    """Pairs of series in one panel that differ by colour and by nothing else a reader sees."""
+    pairs = []
+    for a, b in itertools.combinations(series(fig), 2):
+        same_look = (a.panel, a.kind, a.marker, a.linestyle, a.fill, a.hatch) == \
+                    (b.panel, b.kind, b.marker, b.linestyle, b.fill, b.hatch)
+        if same_look and a.colour != b.colour:
+            pairs.append((a.label, b.label))
+    return pairs
+
+
+def test_the_check_fails_on_series_told_apart_by_colour_only():
+    fig = Figure()
+    left, middle, right = fig.subplots(1, 3)
+    left.plot([1, 2], [1, 2], "-o", color="#c62d42", label="colocated")
+    left.plot([1, 2], [2, 3], "-o", color="#2a9d4b", label="disaggregated")
+    middle.scatter([1], [1], color="red", label="a")
+    middle.scatter([2], [2], color="green", label="b")
+    right.bar([0], [1], color="blue", label="prefill")
+    right.bar([1], [2], color="orange", label="decode")
+    assert colour_only_pairs(fig) == [("colocated", "disaggregated"), ("a", "b"), ("prefill", "decode")]
+
+    fixed = Figure()
+    left, middle, right = fixed.subplots(1, 3)
+    left.plot([1, 2], [1, 2], "-o", color="#c62d42", label="colocated")
+    left.plot([1, 2], [2, 3], ":^", color="#2a9d4b", label="disaggregated")
+    middle.scatter([1], [1], color="red", marker="o", label="a")
+    middle.scatter([2], [2], color="green", marker="s", label="b")
+    right.bar([0], [1], color="blue", label="prefill")
+    right.bar([1], [2], color="orange", hatch="//", label="decode")
+    assert colour_only_pairs(fixed) == []
+
+
+# ------------------------------------------------------------------------ every lesson figure
+def _records(device="NVIDIA H200", efficiency=0.4, overhead=2e-4, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for batch in (1, 4):
+        for T in (128, 512, 2048):
+            c = roofline.prefill_cost(CFG, batch, T)
+            t = (roofline.predict_time(c, SPEC, "bf16") / efficiency + overhead) * rng.uniform(0.97, 1.03)
+            out.append(PrefillRecord(device, "gpu", "pallas", "base", "bfloat16", batch, T, t, batch * T / t,
+                                     c.flops, c.bytes, None))
+    for context in (512, 4096):
+        for B in (1, 2, 4, 8, 16, 32, 64):
+            c = roofline.decode_cost(CFG, B, context)
+            t = (roofline.predict_time(c, SPEC, "bf16") / efficiency + overhead) * rng.uniform(0.97, 1.03)
+            out.append(DecodeRecord(device, "gpu", "pallas", "base", "bfloat16", B, context, t, B / t,
+                                    c.bytes, c.flops, c.bytes / t / SPEC.bandwidth, None))
+    return out
+
+
+def _decode_batch1(recs):
+    return [r for r in recs if r.phase == "decode" and r.batch == 1]
+
+
+def _simulated():
+    phases = economics.roofline_phases(CFG8B, H100)
+    rows = economics.load_sweep(phases, [2.0, 6.0], n_requests=80, prompt_len=(256, 2048), output_len=(8, 32),
+                                interconnect_bandwidth=450e9)
+    runs = {mode: simulator.simulate(phases, rate=4.0, n_requests=80, prompt_len=(256, 2048), output_len=(8, 32),
+                                     mode=mode, **({"interconnect_bandwidth": 450e9} if mode != "colocated" else {}))
+            for mode in ("colocated", "disaggregated")}
+    return rows, runs
+
+
+def _goodput_rows():
+    from inference_lab.serving_metrics import SLO
+
+    phases = economics.roofline_phases(CFG8B, H100)
+    slo = SLO(ttft_ms=200, tpot_ms=20)
+    return [dict(simulator.simulate(phases, rate=rate, n_requests=60, mode=m, interconnect_bandwidth=450e9)
+                 .with_slo(slo).summary(), rate=rate, config=m)
+            for m in simulator.MODES for rate in (2.0, 6.0)]
+
+
+FIGURES = {
+    "roofline_plot": lambda: plots.roofline_plot(SPEC, "bf16", _records(), cfg=CFG),
+    "ridge_comparison": lambda: plots.ridge_comparison([H100, SPEC], ["bf16", "bf16"]),
+    "intensity_vs_context": lambda: plots.intensity_vs_context(CFG8B, batches=(1, 8, 64)),
+    "time_split_bars": lambda: plots.time_split_bars(1e-3, 5e-3),
+    "kitchen": lambda: plots.kitchen(CFG8B, H100),
+    "request_timeline": lambda: plots.request_timeline(0.1, 0.9, 256, 16),
+    "two_speeds_bars": lambda: plots.two_speeds_bars(
+        SimpleNamespace(prefill_tokens_per_s=3000.0, decode_tokens_per_s=120.0),
+        reference={"name": "27B on 4xH100", "prefill_tokens_per_s": 3288, "decode_tokens_per_s": 108}),
+    "ttft_plot": lambda: plots.ttft_plot(_records(), cfg=CFG, spec=SPEC),
+    "prefill_flops_vs_length": lambda: plots.prefill_flops_vs_length(
+        [r for r in _records() if r.phase == "prefill" and r.batch == 1], SPEC, "bf16", highlight=512),
+    "decode_bytes_bars": lambda: plots.decode_bytes_bars(_decode_batch1(_records()), CFG, highlight=512),
+    "decode_time_vs_bytes": lambda: plots.decode_time_vs_bytes(_decode_batch1(_records()), SPEC, "bf16"),
+    "decode_throughput_plot": lambda: plots.decode_throughput_plot(
+        [r for r in _records() if r.phase == "decode" and r.context == 512], cfg=CFG, spec=SPEC),
+    "classroom_plot": lambda: plots.classroom_plot(
+        [r for i in range(13) for r in _records(f"device {i:02d}", 0.4 / (i + 1), seed=i)]),
+    "price_ratio_plot": lambda: plots.price_ratio_plot(CFG8B, H100, contexts=(512, 2048, 8192)),
+    "serving_plot": lambda: plots.serving_plot(_simulated()[0]),
+    "latency_distributions": lambda: plots.latency_distributions(_simulated()[1]),
+    "goodput_plot": lambda: plots.goodput_plot(_goodput_rows()),
+    "pool_balance_plot": lambda: plots.pool_balance_plot(["1P3D", "2P2D", "3P1D"], [10, 20, 30], [60, 40, 20]),
+}
+
+
+def test_every_public_figure_is_checked():
+    public = {name for name in plots.__all__ if name[0].islower() and name != "alt_text"}
+    assert public == set(FIGURES), f"add these figures to FIGURES: {sorted(public - set(FIGURES))}"
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_no_series_told_apart_by_colour_alone(name):
+    fig = FIGURES[name]()
+    assert colour_only_pairs(fig) == [], f"{name}: series that differ by colour only"
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_every_figure_says_what_it_shows(name):
+    fig = FIGURES[name]()
+    text = fig.alt_text
+    assert isinstance(fig, plots.LabFigure) and plots.alt_text(fig) == text
+    assert "\n" not in text and 40 <= len(text) <= 700, f"{name}: {text!r}"
+    assert any(ch.isdigit() for ch in text), f"{name}: the description should carry the figure's numbers"
+    titles = {ax.get_title() for ax in fig.axes}
+    assert text not in titles
+
+
+def test_displayed_figures_store_their_description_as_alt():
+    """In IPython (the notebooks' inline backend) the PNG output carries the description."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.pylabtools import select_figure_formats
+
+    shell = InteractiveShell.instance()
+    try:
+        select_figure_formats(shell, {"png"})
+        fig = FIGURES["time_split_bars"]()
+        data, metadata = shell.display_formatter.format(fig)
+        assert "image/png" in data and metadata["image/png"]["alt"] == fig.alt_text
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_alt_text_of_a_plain_figure_falls_back_to_its_titles():
+    fig = Figure()
+    fig.subplots().set_title("Hand-made figure")
+    assert plots.alt_text(fig) == "Hand-made figure"
