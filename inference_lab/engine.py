@@ -24,8 +24,8 @@ the compiled programs, e.g. to check that no step copies the cache: :mod:`infere
 One decode step, from the top: :func:`decode_step` checks its inputs, donates the cache and
 calls ``_decode_jit``, which runs ``model.decode_forward`` (per device under a mesh): the
 embedding, then for each layer ``model.block`` (RMSNorm, ``model.decode_attention``: QKV via
-``pk.matmul``, RoPE, the K/V scatter into the cache, ``pk.decode_attention``, the output
-projection; RMSNorm, ``model.mlp``: two more ``pk.matmul``), then the head (``pk.matmul``).
+``pk.matmul``, RoPE, ``pk.decode_attention`` handed the new K/V, which it writes into the
+donated cache in place and attends over, the output projection; RMSNorm, ``model.mlp``: two more ``pk.matmul``), then the head (``pk.matmul``).
 Each ``pk.*`` call goes through ``pallas_kernels.mode`` to the Pallas kernel or its reference.
 """
 

@@ -23,7 +23,10 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\([^=]*?\)|[a-z0
                           r"\s+([a-z][a-z\-]*)\(")
 _ARRAY = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_CALLED = re.compile(r"(?:body|condition|to_apply)=%?([\w.\-]+)|branch_computations=\{([^}]*)\}")
+_CALLED = re.compile(r"(?:body|condition)=%?([\w.\-]+)|branch_computations=\{([^}]*)\}")
+_CALL_TO_APPLY = re.compile(r"\scall\(.*to_apply=%?([\w.\-]+)")   # only a `call` runs its to_apply as code;
+                                                                    # reducers of reduce/all-reduce/sort are inside those ops
+_INDEX_COMMENT = re.compile(r"/\*index=\d+\*/")                   # XLA's markers inside long tuple types
 _FUSION_CALLS = re.compile(r"calls=%?([\w.\-]+)")
 _ALIAS = re.compile(r"\{[0-9,]*\}:\s*\((\d+),")
 # Instructions that launch no device work of their own.
@@ -62,9 +65,11 @@ def _top_level_lines(hlo_text: str):
             continue
         seen.add(name)
         for line in comps[name]:
+            line = _INDEX_COMMENT.sub("", line)
             yield line
             for m in _CALLED.finditer(line):
                 todo.extend(n.strip().lstrip("%") for n in (m.group(1) or m.group(2)).split(","))
+            todo.extend(_CALL_TO_APPLY.findall(line))
 
 
 def _elements(type_text: str) -> int:
@@ -92,7 +97,7 @@ def _fusion_roots(hlo_text: str) -> dict:
     for name, lines in _computations(hlo_text)[0].items():
         for line in lines:
             if line.strip().startswith("ROOT"):
-                m = _INSTRUCTION.match(line)
+                m = _INSTRUCTION.match(_INDEX_COMMENT.sub("", line))
                 roots[name] = m.group(3) if m else None
     return roots
 

@@ -66,14 +66,16 @@ from inference_lab.weights import LAYER_PARAMS
 # ----------------------------------------------------------------------------- input checks
 def check_tokens(tokens, name: str, ndim: int, cfg: ModelConfig) -> np.ndarray:
     """``tokens`` as int32 after checking, on the host, everything a compiled program would
-    get wrong silently: the rank, integer ids inside the vocabulary (a gather clamps an
-    out-of-range id without a word) and at most ``cfg.max_seq_len`` positions per row.
+    get wrong silently: the rank, integer ids inside the vocabulary (``jnp.take`` gives NaN rows
+    for ids >= V and wraps negative ones, without a word) and at most ``cfg.max_seq_len``
+    positions per row.
 
-    A jax array already on the device (e.g. the token ``decode_step`` just sampled) is checked
-    for its shape and dtype only: reading its values would copy it to the host and wait for the
-    device on every step. Ids that come from the host (lists, NumPy) are range-checked.
+    One exception: a 1-D jax array already on the device (the token ``decode_step`` just
+    sampled, fed back) is checked for its shape and dtype only, because reading its values
+    would copy it to the host and wait for the device on every decode step. Prompts (2-D) are
+    always range-checked: one host copy per prefill is cheap next to the prefill.
     """
-    on_device = isinstance(tokens, jax.Array)
+    on_device = isinstance(tokens, jax.Array) and ndim == 1
     arr = tokens if on_device else np.asarray(tokens)
     if arr.ndim != ndim:
         want = "[B, T]" if ndim == 2 else "[B]"
@@ -324,8 +326,9 @@ class LayerWeights(nnx.Module):
 class Transformer(nnx.Module):
     """The lab's model. ``Transformer(cfg, rngs=nnx.Rngs(0), kernels="auto")``.
 
-    ``kernels``: a mode string for ``pallas_kernels`` (``"auto"``, ``"pallas"``,
-    ``"interpret"``, ``"reference"``); the model keeps what it resolved to on this machine in
+    ``kernels``: a mode string for ``pallas_kernels`` (``"auto"``, ``"pallas"``, ``"triton"``,
+    ``"mosaic"``, ``"interpret"``, ``"mosaic_interpret"``, ``"reference"``: see
+    :mod:`pallas_kernels.mode`); the model keeps what it resolved to on this machine in
     ``model.kernels``. ``params=`` builds the module around existing weights (a
     :meth:`params` dict) instead of initialising new ones. ``mesh=``: a jax Mesh with the axis
     ``"tp"`` to split the weights over (tensor parallelism, :mod:`inference_lab.parallel`;
@@ -374,11 +377,6 @@ class Transformer(nnx.Module):
         if not self.cfg.tie_embeddings:
             out["embed"] = self.embed.get_raw_value()
         return out
-
-    @property
-    def tier(self) -> str:
-        """Which kernels the model runs: "triton", "mosaic" or "reference" (``pk.mode.tier``)."""
-        return pk.mode.tier(self.kernels)
 
     @property
     def nbytes(self) -> int:

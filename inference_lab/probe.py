@@ -106,7 +106,7 @@ def run(args, *, save=None) -> dict:
     spec = measure_ceilings(cfg.dtype, verbose=True)
     r = {"schema_version": SCHEMA_VERSION, "machine": machine(args.name),
          "device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "kernels": model.kernels,
-         "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(),
+         "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(),   # replaced by what ran, below
          "model": {"preset": cfg.name, "params": cfg.num_params, "dtype": cfg.dtype},
          "ceilings": {"matmul_flops_per_s": spec.peak_flops(cfg.dtype), "bandwidth_bytes_per_s": spec.bandwidth,
                       "method": f"matmul: {spec.sources.get('flops', '?')}; "
@@ -115,7 +115,8 @@ def run(args, *, save=None) -> dict:
          "ratio": None, "tp": args.tp, "weight_bytes_per_device": parallel.weight_bytes_per_device(model),
          "all_reduces_per_step": None, "complete": False, "skipped": []}
     # A bar with the time left, on stderr (the table goes to stdout); see inference_lab.progress.
-    with progress.bar(total=1 + len(batches), desc="probe", unit="point") as bar:
+    # record_tiers: which kernel tier each traced call actually chose (fallbacks included).
+    with progress.bar(total=1 + len(batches), desc="probe", unit="point") as bar, pk_mode.record_tiers() as ran:
         bar.set_postfix_str(f"prefill batch 1 prompt {args.prompt_len}")
         try:
             pre = measure.measure_prefill(model, 1, args.prompt_len, repeats=args.repeats, ceilings=spec)
@@ -133,6 +134,8 @@ def run(args, *, save=None) -> dict:
             bar.set_postfix_str(f"decode batch {b} context {args.prompt_len}")
             oom = _decode_point(model, r, pre, b, oom, args, spec, save)
             bar.update(1)
+    if ran:
+        r["kernel_tier"] = "+".join(sorted(ran)) if ran != {"reference"} else "reference"
     if r["decode"]:
         # Collectives are counted in the compiled decode loop (its body is one step), not assumed.
         shape_cache = KVCache.create(cfg, 1, args.prompt_len + args.new_tokens)

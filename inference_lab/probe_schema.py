@@ -105,7 +105,7 @@ def _v2() -> dict:
     p["all_reduces_per_step"] = dict(_COUNT, type=["integer", "null"])
     p["complete"] = {"type": "boolean"}
     # Which kernels ran (pallas_kernels.mode.tier): optional, so older version-2 files still load.
-    p["kernel_tier"] = {"enum": ["triton", "mosaic", "reference"]}
+    p["kernel_tier"] = {"enum": ["triton", "mosaic", "mosaic+triton", "reference"]}
     p["skipped"] = {"type": "array", "maxItems": 64,
                     "items": {"type": "object", "required": ["batch", "reason"], "additionalProperties": False,
                               "properties": {"batch": _BATCH, "reason": {"type": "string", "maxLength": 500}}}}

@@ -139,10 +139,12 @@ def pick_tier(mode: str, config, triton_config, mosaic_config, unsupported) -> s
         why = unsupported()
         if why:
             raise ValueError(f"config is a {mosaic_config.__name__} but {why}")
+        mode_mod.note_tier("mosaic")
         return "mosaic"
     if isinstance(config, triton_config):
         if mode in ("mosaic", "mosaic_interpret"):
             raise ValueError(f"config is a {triton_config.__name__} but mode={mode!r} runs the Mosaic GPU tier; "
                              f"pass a {mosaic_config.__name__} or None")
+        mode_mod.note_tier("triton")
         return "triton"
     return "mosaic" if mode_mod.use_mosaic(mode, unsupported()) else "triton"

@@ -70,20 +70,26 @@ def _first_leaf(out):
 def looped(fn: Callable, iters: int) -> Callable:
     """``fn(*args)`` run ``iters`` times inside one jitted ``fori_loop``; returns a scalar.
 
-    The first argument is carried through the loop and each iteration adds ``0 * (a value of
-    the previous result)`` to one of its elements: a real data dependence (XLA does not fold
-    ``x * 0`` for floats), so the call cannot be computed once outside the loop, at the cost
-    of a one-element in-place update per call. An optimisation barrier is not enough: XLA:CPU
+    Every floating-point argument is carried through the loop, and each iteration adds
+    ``0 * (a value of the previous result)`` to one of its elements: a real data dependence (XLA
+    does not fold ``x * 0`` for floats), so neither the call nor any work on one of its inputs
+    (a transpose, a cast) can be computed once outside the loop, at the cost of a one-element
+    in-place update per argument per call. An optimisation barrier is not enough: XLA:CPU
     removes barriers before it hoists loop-invariant code.
     """
-    def run(first, *rest):
-        def body(i, carry):
-            x, acc = carry
-            out = _first_leaf(fn(x, *rest)).reshape(-1)[0].astype(jnp.float32)
-            x = x.at[(0,) * x.ndim].add((out * 0).astype(x.dtype))
-            return x, acc + out
+    def run(*args):
+        carried = [i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating)]
 
-        return lax.fori_loop(0, iters, body, (first, jnp.float32(0)))[1]
+        def body(i, carry):
+            xs, acc = carry
+            full = list(args)
+            for j, x in zip(carried, xs):
+                full[j] = x
+            out = _first_leaf(fn(*full)).reshape(-1)[0].astype(jnp.float32)
+            xs = [x.at[(0,) * x.ndim].add((out * 0).astype(x.dtype)) for x in xs]
+            return xs, acc + out
+
+        return lax.fori_loop(0, iters, body, ([args[j] for j in carried], jnp.float32(0)))[1]
 
     return jax.jit(run)
 

@@ -24,8 +24,17 @@ Grid, blocks and why
   (f32, base-2 logs). A final combine (a few fused jnp ops on these small partials) merges
   the splits with the log-sum-exp rule: ``M = max_s m_s``, ``w_s = 2**(m_s - M)``,
   ``out = sum_s w_s acc_s / sum_s w_s l_s``.
+- This step's new K/V (``k_new``, ``v_new``) can be handed to the kernel instead of being
+  scattered into the cache first: split 0 folds the new key and value into its online softmax
+  straight from registers (so its running max is finite from the start) and stores them at
+  position ``lengths[b] - 1`` of the caches, which are aliased input to output
+  (``input_output_aliases``) and so updated in place. Every program then reads only cached
+  positions ``< lengths[b] - 1``: nothing reads the row being written, so nothing races.
+- With one split the kernel normalises and writes the output itself; with several it writes
+  partials and the combine below merges them.
 - Work follows each row's real length: the loop bound is
-  ``cdiv(min(chunk_end, lengths[b]) - chunk_start, block_k)``, so a program whose chunk
+  ``cdiv(min(chunk_end, cached) - chunk_start, block_k)`` (``cached`` = ``lengths[b]``, or
+  ``lengths[b] - 1`` when the new key comes in registers), so a program whose chunk
   starts at or past ``lengths[b]`` loads no K/V at all (it writes ``m = -inf, l = 0``, which
   the combine weighs by 0). Full blocks run unmasked; only the block holding the row's last
   key is masked.
@@ -48,7 +57,7 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels import _checks, _triton, device, reference
 from pallas_kernels import _online_softmax as online_softmax
 from pallas_kernels._triton import cdiv, pow2_block
-from pallas_kernels.mode import resolve_mode
+from pallas_kernels.mode import note_tier, resolve_mode
 from pallas_kernels.mosaic import decode_attention as mosaic_decode
 
 LOG2E = math.log2(math.e)
@@ -123,12 +132,19 @@ def plan(batch: int, s_max: int, hkv: int, d: int, *, num_sms: int | None = None
 
 
 def _decode_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused, single):
-    # lengths_ref: [B] int32; q_ref: [B, Hq, D]; k_ref, v_ref: [B, S_max, Hkv, D];
-    # fused: knew_ref, vnew_ref: [B, Hkv, D] (this step's K/V), written into the caches in place;
-    # single split: o_ref [B, Hq, D]; else acc_ref [B, splits, Hq, D], m_ref, l_ref [B, splits, Hq] f32.
-    lengths_ref, q_ref, k_ref, v_ref, *rest = refs
-    knew_ref, vnew_ref, *rest = rest if fused else (None, None, *rest)
-    *outs, k_out_ref, v_out_ref = rest if fused else (*rest, None, None)
+    # The refs, in order (inputs, then outputs):
+    #   lengths_ref [B] int32, q_ref [B, Hq, D], k_ref, v_ref [B, S_max, Hkv, D],
+    #   fused only: knew_ref, vnew_ref [B, Hkv, D] (this step's K/V),
+    #   one split: o_ref [B, Hq, D];  several: acc_ref [B, splits, Hq, D], m_ref, l_ref [B, splits, Hq] f32,
+    #   fused only: k_out_ref, v_out_ref [B, S_max, Hkv, D] (the same buffers as k_ref, v_ref: aliased).
+    lengths_ref, q_ref, k_ref, v_ref = refs[:4]
+    rest = list(refs[4:])
+    knew_ref = vnew_ref = k_out_ref = v_out_ref = None
+    if fused:
+        knew_ref, vnew_ref = rest[:2]
+        k_out_ref, v_out_ref = rest[-2:]
+        rest = rest[2:-2]
+    outs = rest
     d = q_ref.shape[-1]
     split = pl.program_id(0)
     h = pl.program_id(1)
@@ -172,7 +188,8 @@ def _decode_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused,
                            jnp.zeros((group_rows, d), jnp.float32)),
                  jnp.where(in_rows, s_new, jnp.full_like(s_new, -jnp.inf)),
                  jnp.where(in_rows, jnp.ones_like(s_new), jnp.zeros_like(s_new)))
-        only_first = jnp.full((1, d), first)
+        # Inside jit the lengths are not checked: never write outside the row for a bad one.
+        only_first = jnp.full((1, d), first & (length >= 1) & (length <= k_out_ref.shape[1]))
         plgpu.store(k_out_ref.at[b, pl.ds(length - 1, 1), h, :], k_new, mask=only_first)
         plgpu.store(v_out_ref.at[b, pl.ds(length - 1, 1), h, :], v_new, mask=only_first)
     carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
@@ -286,6 +303,7 @@ def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm
     _checks.check_config_type(config, DecodeAttentionConfig, mosaic_decode.MosaicDecodeConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
+        note_tier("reference")
         return reference.decode_attention(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new,
                                           sm_scale=sm_scale)
     tier = _checks.pick_tier(mode, config, DecodeAttentionConfig, mosaic_decode.MosaicDecodeConfig,

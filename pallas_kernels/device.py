@@ -1,7 +1,8 @@
 """What a kernel plan needs to know about the GPU: how many SMs it has.
 
-A plan sizes its grid against the SM count so every SM gets work (decode matmuls and decode
-attention are split until there are at least two programs per SM). ``num_sms=None`` reads the
+A plan sizes its grid against the SM count so every SM gets work (decode matmuls split K until
+there are at least two programs per SM; decode attention splits the cache until there are about
+eight). ``num_sms=None`` reads the
 default device; where there is no GPU (a CPU, or an abstract device used to lower kernels for
 CUDA on a CPU) the H200's count is assumed, stated here so a reader knows what was planned for.
 """

@@ -43,7 +43,7 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels import _checks, _triton, reference
 from pallas_kernels import _online_softmax as online_softmax
 from pallas_kernels._triton import cdiv, pow2_block
-from pallas_kernels.mode import resolve_mode
+from pallas_kernels.mode import note_tier, resolve_mode
 from pallas_kernels.mosaic import flash_attention as mosaic_flash
 
 LOG2E = math.log2(math.e)
@@ -200,6 +200,7 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None, mode: str = "auto",
     _checks.check_config_type(config, FlashAttentionConfig, mosaic_flash.MosaicFlashConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
+        note_tier("reference")
         return reference.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
     tier = _checks.pick_tier(mode, config, FlashAttentionConfig, mosaic_flash.MosaicFlashConfig,
                              lambda: mosaic_flash.unsupported(q, k, v))

@@ -46,7 +46,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import _checks, _triton, device, reference
 from pallas_kernels._triton import cdiv, pow2_block
-from pallas_kernels.mode import resolve_mode
+from pallas_kernels.mode import note_tier, resolve_mode
 from pallas_kernels.mosaic import matmul as mosaic_matmul
 
 GROUP_M = 8                # tile-rows per group in the program order (L2 reuse)
@@ -268,6 +268,7 @@ def matmul(a, b, *, out_dtype=None, mode: str = "auto", config: MatmulConfig | N
     _checks.check_config_type(config, MatmulConfig, mosaic_matmul.MosaicMatmulConfig)
     mode = resolve_mode(mode)
     if mode == "reference":
+        note_tier("reference")
         return reference.matmul(a, b, out_dtype=out_dtype)
     tier = _checks.pick_tier(mode, config, MatmulConfig, mosaic_matmul.MosaicMatmulConfig,
                              lambda: mosaic_matmul.unsupported(a, b, out_dtype, config))

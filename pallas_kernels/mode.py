@@ -4,11 +4,12 @@ Every kernel takes ``mode=`` and hands it to :func:`resolve_mode`, which turns i
 these concrete modes:
 
 - ``"pallas"``: compiled Pallas on an NVIDIA GPU of compute capability 8.0 or newer, the best
-  tier the chip has (:func:`compiled_tier`): on Hopper (9.0) and newer the Mosaic GPU tier
+  tier the chip has (:func:`compiled_tier`): on Hopper (9.x) the Mosaic GPU tier
   (``pallas_kernels.mosaic``: TMA, wgmma, warp specialisation) wherever a call's shape and
-  dtype fit it, the Triton tier for the rest; on Ampere and Ada (8.x) the Triton tier.
+  dtype fit it, the Triton tier for the rest; on Ampere and Ada (8.x), and on chips newer than
+  Hopper (whose tensor cores have no ``wgmma``), the Triton tier.
 - ``"triton"``: the Triton-style kernels compiled, on any GPU of compute capability >= 8.0.
-- ``"mosaic"``: the Mosaic GPU kernels compiled, on compute capability >= 9.0 only; a call
+- ``"mosaic"``: the Mosaic GPU kernels compiled, on compute capability 9.x only; a call
   whose shape or dtype that tier cannot take is an error (``"pallas"`` would fall back).
 - ``"interpret"``: the Triton-style kernels under the Pallas interpreter, on any machine.
   Correct but slow: it times the interpreter, never the hardware.
@@ -31,7 +32,7 @@ import os
 MODES = ("auto", "pallas", "triton", "mosaic", "interpret", "mosaic_interpret", "reference")
 ENV_VAR = "PALLAS_KERNELS_MODE"
 MIN_COMPUTE_CAPABILITY = (8, 0)      # Pallas' Triton lowering: Ampere and newer
-MOSAIC_COMPUTE_CAPABILITY = (9, 0)   # Mosaic GPU (wgmma, TMA): Hopper and newer
+MOSAIC_COMPUTE_CAPABILITY = (9, 0)   # Mosaic GPU tier (wgmma, TMA): Hopper, 9.x only
 
 
 def _check_name(mode: str, where: str) -> str:
@@ -102,14 +103,15 @@ def pallas_supported() -> bool:
 
 
 def mosaic_supported() -> bool:
-    """True where the Mosaic GPU tier compiles (compute capability >= 9.0)."""
+    """True where the Mosaic GPU tier compiles: Hopper, compute capability 9.x (its kernels use
+    ``wgmma``, which exists on sm_90a only; newer chips run the Triton tier)."""
     cc = _gpu()[0]
-    return pallas_supported() and cc is not None and cc >= MOSAIC_COMPUTE_CAPABILITY
+    return pallas_supported() and cc is not None and cc[0] == MOSAIC_COMPUTE_CAPABILITY[0]
 
 
 def compiled_tier() -> str | None:
-    """The tier ``"pallas"`` prefers here: ``"mosaic"`` on Hopper and newer, ``"triton"`` on
-    Ampere and Ada, None where nothing compiles."""
+    """The tier ``"pallas"`` prefers here: ``"mosaic"`` on Hopper, ``"triton"`` on other GPUs of
+    compute capability >= 8.0, None where nothing compiles."""
     if not pallas_supported():
         return None
     return "mosaic" if mosaic_supported() else "triton"
@@ -129,7 +131,7 @@ def _auto() -> tuple[str, str]:
         if chosen in ("pallas", "triton", "mosaic"):
             ok, why = _gpu_support()
             if chosen == "mosaic" and ok and not mosaic_supported():
-                ok, why = False, f"{_gpu()[1]} is not a Hopper-class GPU (compute capability >= 9.0)"
+                ok, why = False, f"{_gpu()[1]} is not a Hopper GPU (compute capability 9.x)"
             if not ok:
                 raise ValueError(f"{ENV_VAR}={override} cannot run here: {why}; unset it, or set it to "
                                  "interpret to run the Pallas kernels under the interpreter")
@@ -158,15 +160,38 @@ def resolve_mode(mode: str = "auto") -> str:
             raise ValueError(f"mode={mode!r} cannot run here: {why}; use mode='interpret' to run the "
                              "Pallas kernels under the interpreter, or mode='auto'")
     if mode == "mosaic" and not mosaic_supported():
-        raise ValueError(f"mode='mosaic' cannot run here: {_gpu()[1]} is not a Hopper-class GPU (compute "
-                         "capability >= 9.0); use mode='mosaic_interpret' to run the Mosaic GPU kernels "
+        raise ValueError(f"mode='mosaic' cannot run here: {_gpu()[1]} is not a Hopper GPU (compute "
+                         "capability 9.x); use mode='mosaic_interpret' to run the Mosaic GPU kernels "
                          "under GPU interpret mode, or mode='pallas'")
     return mode
 
 
+_TIER_LOGS: list = []   # sets filled by record_tiers() blocks
+
+
+@contextlib.contextmanager
+def record_tiers():
+    """Collect the tiers that kernel calls traced inside the block chose: ``"triton"``,
+    ``"mosaic"`` or ``"reference"`` (what ran, per call, fallbacks included). The probe uses it
+    to report the tier of the programs it timed."""
+    seen: set = set()
+    _TIER_LOGS.append(seen)
+    try:
+        yield seen
+    finally:
+        _TIER_LOGS.remove(seen)
+
+
+def note_tier(tier_name: str) -> None:
+    """Called by the kernels as they pick a tier (at trace time)."""
+    for seen in _TIER_LOGS:
+        seen.add(tier_name)
+
+
 def tier(mode: str) -> str:
-    """Which kernels a resolved mode runs: ``"mosaic"``, ``"triton"`` or ``"reference"`` (for
-    ``"pallas"``, the tier this device prefers; single calls may fall back to Triton)."""
+    """Which kernels a mode prefers here: ``"mosaic"``, ``"triton"`` or ``"reference"`` (for
+    ``"pallas"``, the tier this device prefers; a call whose shape or dtype the Mosaic tier cannot
+    take falls back to Triton: :func:`record_tiers` tells what ran)."""
     mode = _check_name(mode, "mode")
     if mode == "auto":
         mode = _auto()[0]
@@ -184,10 +209,14 @@ def use_mosaic(mode: str, unsupported_because: str | None) -> bool:
     """
     if mode in ("mosaic", "mosaic_interpret"):
         if unsupported_because:
-            raise ValueError(f"mode={mode!r} cannot run this call: {unsupported_because}; "
-                             "use mode='pallas' (falls back to the Triton tier) or mode='triton'")
+            other = ("mode='interpret' (the Triton-style kernels, interpreted)" if mode == "mosaic_interpret"
+                     else "mode='pallas' (falls back to the Triton tier) or mode='triton'")
+            raise ValueError(f"mode={mode!r} cannot run this call: {unsupported_because}; use {other}")
+        note_tier("mosaic")
         return True
-    return mode == "pallas" and unsupported_because is None and compiled_tier() == "mosaic"
+    chosen = mode == "pallas" and unsupported_because is None and compiled_tier() == "mosaic"
+    note_tier("mosaic" if chosen else "triton")
+    return chosen
 
 
 def describe() -> str:
