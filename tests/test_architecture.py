@@ -27,7 +27,7 @@ LAYER_OF = {
     "inference_lab.serving_metrics": "analytic",
     "inference_lab.kv_cache": "model", "inference_lab.parallel": "model", "inference_lab.model": "model",
     "inference_lab.weights": "model",
-    "inference_lab.engine": "engine", "inference_lab.hlo": "engine",
+    "inference_lab.engine": "engine", "inference_lab.hlo": "engine", "inference_lab.streaming": "engine",
     "inference_lab.measure": "measurement", "inference_lab.records": "measurement",
     "inference_lab.probe": "measurement", "inference_lab.vllm_bench": "measurement",
     "inference_lab.probe_args": "measurement", "inference_lab.probe_schema": "measurement",
