@@ -187,6 +187,9 @@ FIGURES = {
     "latency_distributions": lambda: plots.latency_distributions(_simulated()[1]),
     "goodput_plot": lambda: plots.goodput_plot(_goodput_rows()),
     "pool_balance_plot": lambda: plots.pool_balance_plot(["1P3D", "2P2D", "3P1D"], [10, 20, 30], [60, 40, 20]),
+    "token_timeline": lambda: plots.token_timeline([0.05 + 0.004 * i for i in range(20)]),
+    "cache_vs_recompute": lambda: plots.cache_vs_recompute(range(10, 30), [1e-3 * (1 + i / 10) for i in range(20)],
+                                                           [8e-4] * 20),
 }
 
 

@@ -24,6 +24,7 @@ from inference_lab.plots.phases import (decode_bytes_bars, decode_throughput_plo
                                         prefill_flops_vs_length, request_timeline, ttft_plot, two_speeds_bars)
 from inference_lab.plots.ceilings import (intensity_vs_context, kitchen, ridge_comparison, roofline_plot,
                                           time_split_bars)
+from inference_lab.plots.streaming import cache_vs_recompute, token_timeline
 from inference_lab.plots.serving import (goodput_plot, latency_distributions, pool_balance_plot, price_ratio_plot,
                                          serving_plot)
 
@@ -31,4 +32,5 @@ __all__ = ["roofline_plot", "ridge_comparison", "intensity_vs_context", "time_sp
            "request_timeline", "two_speeds_bars", "ttft_plot", "prefill_flops_vs_length", "decode_bytes_bars",
            "decode_time_vs_bytes", "decode_throughput_plot", "classroom_plot", "price_ratio_plot",
            "serving_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "PREFILL_COLOR",
-           "DECODE_COLOR", "ROOF_COLOR", "OKABE_ITO", "MODE_STYLES", "LabFigure", "alt_text"]
+           "DECODE_COLOR", "ROOF_COLOR", "OKABE_ITO", "MODE_STYLES", "LabFigure", "alt_text", "token_timeline",
+           "cache_vs_recompute"]
