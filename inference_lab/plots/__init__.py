@@ -15,6 +15,7 @@ or hatching difference between any two of its series (tests/test_plot_accessibil
 - :mod:`~inference_lab.plots.phases`: measured prefill and decode
 - :mod:`~inference_lab.plots.classroom`: many machines on one chart
 - :mod:`~inference_lab.plots.serving`: prices, serving latency and goodput (simulated or a vLLM run), pool sizes
+- :mod:`~inference_lab.plots.streaming`: one answer token by token, and what the KV cache saves
 """
 
 from inference_lab.plots._style import (DECODE_COLOR, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR,
