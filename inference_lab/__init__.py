@@ -21,7 +21,7 @@ _LAZY = {
     "generate": "inference_lab.engine",
 }
 _SUBMODULES = ("config", "tokenizer", "model", "cache", "engine", "hardware", "roofline",
-               "measure", "economics", "parallel", "plots", "widgets")
+               "measure", "economics", "parallel", "plots", "widgets", "pretrained", "train")
 
 __all__ = list(_LAZY) + list(_SUBMODULES)
 
