@@ -66,7 +66,8 @@ class TrainResult:
     heldout_bits_per_byte: float
     heldout_bytes: int
     train_bytes: int
-    history: tuple = ()              # (step, mean train loss since last eval, held-out sample loss)
+    history: tuple = ()              # (step, mean train loss since the last eval, held-out loss):
+                                     # on the eval sample, except the last entry's (whole split)
 
     def summary(self) -> str:
         return (f"{self.cfg.name}: {self.num_params:,} parameters, {self.steps} steps x {self.batch} x "
