@@ -21,9 +21,9 @@ _LAZY = {
     "decode_loop": "inference_lab.engine",
     "generate": "inference_lab.engine",
 }
-_SUBMODULES = ("config", "tokenizer", "model", "kv_cache", "parallel", "engine", "hlo", "hardware",
+_SUBMODULES = ("config", "tokenizer", "model", "kv_cache", "parallel", "engine", "hlo", "streaming", "hardware",
                "roofline", "measure", "records", "economics", "simulator", "serving_metrics", "vllm_bench",
-               "probe", "plots", "widgets", "lessons")
+               "probe", "pretrained", "train", "plots", "widgets", "lessons")
 
 __all__ = list(_LAZY) + list(_SUBMODULES)
 

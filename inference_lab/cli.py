@@ -1,7 +1,8 @@
-"""``python -m inference_lab env | probe ...``: the lab's command line.
+"""``python -m inference_lab env | probe ... | train ...``: the lab's command line.
 
 ``env`` says what this machine is and how the kernels will run on it; ``probe`` measures
-prefill and decode tokens/s on it (see :mod:`inference_lab.probe`).
+prefill and decode tokens/s on it (see :mod:`inference_lab.probe`); ``train`` trains the
+model on a text file (see :mod:`inference_lab.train`).
 """
 
 from __future__ import annotations
@@ -87,14 +88,20 @@ def cmd_env(args) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m inference_lab", description="Inference Lab: what this machine is (env) and how fast it reads and writes tokens (probe).")
+    parser = argparse.ArgumentParser(prog="python -m inference_lab", description="Inference Lab: what this machine is (env), how fast it reads and writes tokens (probe), "
+                                     "and training the model on a text file (train).")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("env", help="what this machine is and how the kernels run here")
     sub.add_parser("probe", help="measure prefill and decode tok/s here (probe --help)", add_help=False)
+    sub.add_parser("train", help="train the model on a text file (train --help)", add_help=False)
     if argv[:1] == ["probe"]:
         from inference_lab import probe
 
         return probe.main(argv[1:])
+    if argv[:1] == ["train"]:
+        from inference_lab import train  # lazy: optax and tqdm load only for training
+
+        return train.main(argv[1:])
     args = parser.parse_args(argv)
     return cmd_env(args)
 

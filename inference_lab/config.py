@@ -5,6 +5,8 @@
 | ``tiny``    | nothing                     | tests: compiles and runs in well under a second      |
 | ``small``   | a ~56M-parameter decoder    | CPU lessons: 224 MB of f32 weights, far larger than |
 |             |                             | any CPU cache, so decode is visibly bandwidth-bound |
+| ``shakespeare`` | a ~1.7M-parameter byte model | the trained weights the lab ships                 |
+|             |                             | (``inference_lab.pretrained.load()``): real text    |
 | ``base``    | Llama-3.2-1B                | GPU lessons                                         |
 | ``llama3_8b`` | Llama-3-8B                | H200-class GPUs                                     |
 """
@@ -56,7 +58,7 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ModelConfig":
-        """A named preset (``tiny``, ``small``, ``base``, ``llama3_8b``), fields overridable."""
+        """A named preset (``tiny``, ``small``, ``shakespeare``, ``base``, ``llama3_8b``), fields overridable."""
         if name not in PRESETS:
             raise ValueError(f"preset={name!r} is unknown; choose one of {', '.join(PRESETS)}")
         return dataclasses.replace(PRESETS[name], **overrides)
@@ -108,6 +110,13 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(
         name="small", vocab_size=512, d_model=768, n_layers=8, n_heads=12, n_kv_heads=4,
         head_dim=64, d_ff=2304, max_seq_len=2048, rope_theta=10_000.0, tie_embeddings=False,
+        dtype="float32",
+    ),
+    # Trained on Shakespeare (inference_lab/weights/README.md): sized so that it trains on a
+    # 2-core CPU in about half an hour. 256 = the training window: longer contexts are untrained.
+    "shakespeare": ModelConfig(
+        name="shakespeare", vocab_size=259, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2,
+        head_dim=32, d_ff=512, max_seq_len=256, rope_theta=10_000.0, tie_embeddings=False,
         dtype="float32",
     ),
     "base": ModelConfig(

@@ -31,6 +31,7 @@ LAYER_OF = {
     "inference_lab.measure": "measurement", "inference_lab.records": "measurement",
     "inference_lab.probe": "measurement", "inference_lab.vllm_bench": "measurement",
     "inference_lab.probe_args": "measurement", "inference_lab.probe_schema": "measurement",
+    "inference_lab.pretrained": "engine", "inference_lab.train": "measurement",
     "inference_lab.lessons": "top", "inference_lab.plots": "top", "inference_lab.widgets": "top",
     "inference_lab.cli": "top", "inference_lab.triton_report": "top", "inference_lab.__main__": "top", "inference_lab": "top",
 }
