@@ -44,7 +44,7 @@ axis 1 of ``w_qkv`` gives each device whole KV heads with their query heads. Que
 
 A new model's weights are random (seeded): the timing lessons measure speed, and how long a
 matmul takes does not depend on the values in it. Trained weights load from a local file
-(:meth:`Transformer.load`).
+(:meth:`Transformer.load`); the lab ships one small trained model (:mod:`inference_lab.pretrained`).
 """
 
 from __future__ import annotations
