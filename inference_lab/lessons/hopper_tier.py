@@ -92,7 +92,7 @@ def measured_tiers(kernel: str, path: Path = MEASURED) -> str:
     "matmul_decode", "flash_attention" or "decode_attention"), or a line saying none exists yet."""
     if not path.is_file():
         return ("no GPU measurement recorded yet: `make gpu-check` on an H200 writes bench.json, "
-                f"which goes to {path.relative_to(MEASURED.parents[2])}")
+                "which goes to docs/measurements/h200-bench.json")
     result = json.loads(path.read_text())
     rows = [r for r in result.get("rows", []) if r.get("kernel") == kernel and "seconds" in r]
     meta = result.get("meta", {})
