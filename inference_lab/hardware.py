@@ -43,6 +43,7 @@ class HardwareSpec:
     memory_bytes: float | None = None
     interconnect_bandwidth: float | None = None  # bytes/s between chips, None if none
     sources: dict = dataclasses.field(default_factory=dict)  # figure -> where it comes from
+    overhead_s: float | None = None  # fixed cost of one call (dispatch/launch), measured; None if unknown
 
     def __post_init__(self):
         if not isinstance(self.flops, dict) or not self.flops:
@@ -54,7 +55,7 @@ class HardwareSpec:
                 raise ValueError(f"HardwareSpec.flops[{key!r}]={value!r} for {self.name!r} must be positive")
         if not self.bandwidth or self.bandwidth <= 0:
             raise ValueError(f"HardwareSpec.bandwidth={self.bandwidth!r} for {self.name!r} must be positive bytes/s")
-        for field in ("memory_bytes", "interconnect_bandwidth"):
+        for field in ("memory_bytes", "interconnect_bandwidth", "overhead_s"):
             value = getattr(self, field)
             if value is not None and value <= 0:
                 raise ValueError(f"HardwareSpec.{field}={value!r} for {self.name!r} must be positive or None")
@@ -152,11 +153,13 @@ def _ceiling_sizes(backend: str, key: str) -> tuple[int, int]:
 
 
 def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = True) -> HardwareSpec:
-    """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and memory bandwidth.
+    """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and memory bandwidth,
+    and the floor under them: ``overhead_s``, the fixed cost of one call.
 
     The measurement itself is :func:`pallas_kernels.ceilings.device_ceilings` (the same one the
     kernel benchmark uses): a large matmul in ``dtype`` and the faster of a read-only and a
-    copy stream, best of repeats.
+    copy stream, best of repeats; and :func:`pallas_kernels.ceilings.call_overhead`, the median
+    time of a trivial jitted op (add 1 to a scalar), called and waited for.
 
     The result is cached as JSON under ``.cache/ceilings`` keyed by device, backend, jax and
     jaxlib versions and dtype (``refresh=True`` measures again). The method is printed once
@@ -195,6 +198,8 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
                 data = None
         except (OSError, ValueError):
             data = None  # a damaged cache file: measure again
+    if data is not None and "overhead_s" not in data:
+        data = _add_overhead(data, path)  # a cache file from before the overhead was measured
     if data is None:
         from pallas_kernels.ceilings import device_ceilings
 
@@ -214,15 +219,35 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
             "memory_bytes": memory,
             "sources": {"flops": measured["matmul_method"], "bandwidth": measured["bandwidth_method"]},
         }
+        data = _add_overhead(data, None)
         try:
             path.write_text(json.dumps(data, indent=1))
         except OSError:
             pass  # read-only cache: the numbers are still returned
     spec = HardwareSpec(name=data["name"], flops=dict(data["flops"]), bandwidth=float(data["bandwidth"]),
-                        memory_bytes=data.get("memory_bytes"), sources=dict(data["sources"]))
+                        memory_bytes=data.get("memory_bytes"), sources=dict(data["sources"]),
+                        overhead_s=data.get("overhead_s"))
     if verbose and str(path) not in _CEILINGS_PRINTED:
         _CEILINGS_PRINTED.add(str(path))
         print(f"ceilings of {spec.name} ({backend}): matmul {spec.flops[key] / 1e9:,.1f} GFLOP/s "
               f"[{spec.sources['flops']}]; bandwidth {spec.bandwidth / 1e9:,.1f} GB/s "
-              f"[{spec.sources['bandwidth']}] (cached in {path})")
+              f"[{spec.sources['bandwidth']}]; overhead {spec.overhead_s * 1e6:,.1f} us per call "
+              f"[{spec.sources.get('overhead', '?')}] (cached in {path})")
     return spec
+
+
+def _add_overhead(data: dict, path) -> dict:
+    """Measure the per-call overhead into ``data`` (and rewrite the cache file at ``path``)."""
+    import json
+
+    from pallas_kernels.ceilings import call_overhead
+
+    measured = call_overhead()
+    data = dict(data, overhead_s=measured["seconds"],
+                sources=dict(data.get("sources", {}), overhead=measured["method"]))
+    if path is not None:
+        try:
+            path.write_text(json.dumps(data, indent=1))
+        except OSError:
+            pass
+    return data
