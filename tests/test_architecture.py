@@ -27,7 +27,7 @@ LAYER_OF = {
     "inference_lab.kv_cache": "model", "inference_lab.parallel": "model", "inference_lab.model": "model",
     "inference_lab.engine": "engine", "inference_lab.hlo": "engine",
     "inference_lab.measure": "measurement", "inference_lab.records": "measurement",
-    "inference_lab.probe": "measurement",
+    "inference_lab.probe": "measurement", "inference_lab.experiments": "measurement",
     "inference_lab.lessons": "top", "inference_lab.plots": "top", "inference_lab.widgets": "top",
     "inference_lab.cli": "top", "inference_lab.triton_report": "top", "inference_lab.__main__": "top", "inference_lab": "top",
 }
