@@ -11,6 +11,7 @@ fields), so plots never depend on where records came from.
 - :mod:`~inference_lab.plots.phases`: measured prefill and decode
 - :mod:`~inference_lab.plots.classroom`: many machines on one chart
 - :mod:`~inference_lab.plots.serving`: prices and simulated serving latency
+- :mod:`~inference_lab.plots.experiments`: the discriminating experiments and the three regimes
 """
 
 from inference_lab.plots._style import DECODE_COLOR, PREFILL_COLOR, ROOF_COLOR
@@ -20,8 +21,11 @@ from inference_lab.plots.phases import (decode_bytes_bars, decode_throughput_plo
 from inference_lab.plots.ceilings import (intensity_vs_context, kitchen, ridge_comparison, roofline_plot,
                                           time_split_bars)
 from inference_lab.plots.serving import latency_distributions, price_ratio_plot, serving_plot
+from inference_lab.plots.experiments import (flops_or_bytes, kernel_vs_model, ratio_vs_ridge, three_regimes,
+                                             users_vs_total)
 
 __all__ = ["roofline_plot", "ridge_comparison", "intensity_vs_context", "time_split_bars", "kitchen",
            "request_timeline", "two_speeds_bars", "ttft_plot", "prefill_flops_vs_length", "decode_bytes_bars",
            "decode_time_vs_bytes", "decode_throughput_plot", "classroom_plot", "price_ratio_plot",
-           "serving_plot", "latency_distributions", "PREFILL_COLOR", "DECODE_COLOR", "ROOF_COLOR"]
+           "serving_plot", "latency_distributions", "flops_or_bytes", "kernel_vs_model", "three_regimes",
+           "users_vs_total", "ratio_vs_ridge", "PREFILL_COLOR", "DECODE_COLOR", "ROOF_COLOR"]

@@ -1,0 +1,211 @@
+"""Figures of the discriminating experiments: each puts a measurement between the predictions
+of two (or three) explanations, so the figure shows which one the machine follows.
+
+- :func:`flops_or_bytes`: decode step time as the FLOPs grow (batch) and as the bytes grow
+  (context), against "time follows the FLOPs" and "time follows the bytes";
+- :func:`kernel_vs_model`: the model's decode step and the lone matmul kernel against batch;
+- :func:`three_regimes`: measured time against the roofline's time, with the overhead floor;
+- :func:`users_vs_total`: per-user and total decode tokens/s against batch;
+- :func:`ratio_vs_ridge`: each machine's prefill/decode ratio against the ratio its ceilings allow.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from inference_lab import roofline
+from inference_lab.plots._style import (
+    DECODE_COLOR, GRID, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR, _base2_batches, _figure, _palette, _plain_ticks,
+    _si_ticks, _style_log)
+
+COMPUTE_STYLE = dict(color=PREFILL_COLOR, ls="--", marker="s", ms=5, lw=1.4)
+BYTES_STYLE = dict(color=OKABE_ITO["green"], ls=":", marker="^", ms=6, lw=1.8)
+MEASURED_STYLE = dict(color="black", ls="-", marker="o", ms=7, lw=1.6, mec="white")
+
+
+def _ratios(recs, key):
+    recs = sorted(recs, key=lambda r: getattr(r, key))
+    base = recs[0]
+    x = [getattr(r, key) for r in recs]
+    return (x, [r.step_seconds / base.step_seconds for r in recs], [r.flops_per_step / base.flops_per_step for r in recs],
+            [r.bytes_per_step / base.bytes_per_step for r in recs])
+
+
+def flops_or_bytes(batch_records: Iterable, context_records: Iterable = (), *, title: str | None = None) -> Figure:
+    """Left: batch sweep (FLOPs grow ~B-fold, bytes barely). Right: context sweep at batch 1
+    (KV bytes grow, matmul FLOPs fixed). Each panel: measured step time relative to its
+    first point, beside what a compute-bound step (time x FLOPs) and a bandwidth-bound step
+    (time x bytes) would do."""
+    batch_records, context_records = list(batch_records), list(context_records)
+    if not batch_records:
+        raise ValueError("flops_or_bytes needs decode records of a batch sweep")
+    panels = [(batch_records, "batch", "batch size (FLOPs x batch, weight bytes x ~1)")]
+    if context_records:
+        panels.append((context_records, "context", "context at batch 1 (KV bytes grow, matmul FLOPs fixed)"))
+    fig, axes = _figure(len(panels), width=5.6 * len(panels), height=4.2)
+    for ax, (recs, key, xlabel) in zip(axes, panels):
+        x, t, f, b = _ratios(recs, key)
+        ax.plot(x, f, label="if compute-bound: time x FLOPs", **COMPUTE_STYLE)
+        ax.plot(x, b, label="if bandwidth-bound: time x bytes", **BYTES_STYLE)
+        ax.plot(x, t, label="measured step time", **MEASURED_STYLE)
+        for xi, ti in zip(x, t):
+            ax.annotate(f"x{ti:.2f}", (xi, ti), xytext=(4, 6), textcoords="offset points", fontsize=8)
+        if key == "batch":
+            _style_log(ax, x=True, y=True)
+            _base2_batches(ax, x)
+            _plain_ticks(ax, "y")
+        else:  # a short range: linear axes read better
+            ax.grid(True, **GRID)
+            ax.set_xticks(x)
+            ax.set_ylim(0.9, max(t + f + b) * 1.1)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"relative to {key} {x[0]} (x)")
+        ax.legend(fontsize=8, frameon=False, loc="upper left")
+    axes[0].set_title("Add FLOPs, keep the bytes", fontsize=10)
+    if len(axes) > 1:
+        axes[1].set_title("Add bytes, keep the matmul FLOPs", fontsize=10)
+    fig.suptitle(title or f"Which one does a decode step follow? ({batch_records[0].device}, {batch_records[0].preset})")
+    return fig
+
+
+def kernel_vs_model(records: Iterable, kernels: Iterable, *, cfg=None, spec=None, dtype=None,
+                    knee_factor: float = 1.5, title: str | None = None) -> Figure:
+    """Step time relative to batch 1: the model's decode step (per batch), the lone matmul
+    kernel (per row count m) and, with ``cfg`` and ``spec``, the roofline's prediction."""
+    recs = sorted(records, key=lambda r: r.batch)
+    ks = sorted(kernels, key=lambda k: k.m)
+    if not recs or not ks or recs[0].batch != 1 or ks[0].m != 1:
+        raise ValueError("kernel_vs_model needs decode records and kernel points that start at batch 1 / m = 1")
+    fig, (ax,) = _figure()
+    xb = [r.batch for r in recs]
+    ax.plot(xb, [r.step_seconds / recs[0].step_seconds for r in recs],
+            label=f"model decode step ({recs[0].preset}, context {recs[0].context})", **MEASURED_STYLE)
+    k = ks[0]
+    ax.plot([p.m for p in ks], [p.seconds / ks[0].seconds for p in ks],
+            label=f"one matmul [m, {k.k}] @ [{k.k}, {k.n}] {k.dtype}", **{**COMPUTE_STYLE, "color": DECODE_COLOR})
+    if cfg is not None and spec is not None:
+        c = recs[0].context
+        grid = sorted(set(xb) | {p.m for p in ks})
+        base = roofline.predicted_decode_step_seconds(cfg, spec, 1, c, dtype)
+        ax.plot(grid, [roofline.predicted_decode_step_seconds(cfg, spec, g, c, dtype) / base for g in grid],
+                color=ROOF_COLOR, lw=2, label=f"roofline on {spec.name}'s ceilings")
+    ax.axhline(knee_factor, color="#999999", ls=":", lw=1)
+    ax.text(xb[0], knee_factor * 1.03, f"knee: {knee_factor:g}x batch 1", fontsize=8, color="#777777")
+    _style_log(ax)
+    _base2_batches(ax, xb + [p.m for p in ks])
+    top = max(max(line.get_ydata()) for line in ax.get_lines())
+    ax.set_yticks([v for v in (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 32, 64) if v <= top * 1.05])
+    _plain_ticks(ax, "y")
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")
+    ax.set_xlabel("batch size (model) = rows m (kernel)")
+    ax.set_ylabel("time relative to batch 1 / m = 1 (x)")
+    ax.set_title(title or "The kernel, not the roofline, sets this machine's knee", fontsize=10)
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    return fig
+
+
+REGIME_COLORS = {"overhead": OKABE_ITO["purple"], "memory": DECODE_COLOR, "compute": PREFILL_COLOR}
+KIND_MARKERS = {"stream": "^", "matmul": "s", "decode": "o", "prefill": "D"}
+
+
+def three_regimes(ops: Iterable, spec, dtype="float32", *, title: str | None = None) -> Figure:
+    """Measured time of each op against its two-term roofline time ``max(FLOPs/peak,
+    bytes/bandwidth)``, on this machine's ceilings. On the diagonal: the roofline holds;
+    on the flat floor (``spec.overhead_s``): the fixed cost of a call dominates. Colour:
+    the regime the three-term model predicts; marker: the kind of op.
+
+    ``ops``: rows with ``kind``, ``label``, ``flops``, ``bytes``, ``seconds``.
+    """
+    ops = list(ops)
+    if not ops:
+        raise ValueError("three_regimes needs measured ops")
+    peak, bw = spec.peak_flops(dtype), spec.bandwidth
+    over = roofline.overhead_seconds(spec)
+    fig, (ax,) = _figure(width=8.0, height=5.0)
+    roof = np.array([max(o.flops / peak, o.bytes / bw) for o in ops])
+    lo, hi = min(roof.min(), over or roof.min()) / 3, max(roof.max(), max(o.seconds for o in ops)) * 3
+    x = np.logspace(np.log10(lo), np.log10(hi), 200)
+    ax.plot(x, x, color=ROOF_COLOR, lw=1.2, ls="--", label="roofline: max(FLOPs/peak, bytes/bandwidth)")
+    if over:
+        ax.plot(x, x + over, color=ROOF_COLOR, lw=2.2, label=f"+ overhead {over * 1e6:,.1f} \u00b5s per call")
+        ax.axhline(over, color=REGIME_COLORS["overhead"], lw=1, ls=":")
+    seen = set()
+    for o, r in zip(ops, roof):
+        compute, memory = o.flops / peak, o.bytes / bw
+        regime = "overhead" if over >= max(compute, memory) else ("compute" if compute >= memory else "memory")
+        key = (o.kind, regime)
+        ax.scatter([r], [o.seconds], s=55, marker=KIND_MARKERS.get(o.kind, "o"), color=REGIME_COLORS[regime],
+                   edgecolors="black", linewidths=0.5, zorder=5,
+                   label=f"{o.kind}: {regime}-bound" if key not in seen else None)
+        seen.add(key)
+        if getattr(o, "label", None):
+            ax.annotate(o.label, (r, o.seconds), xytext=(5, -10), textcoords="offset points", fontsize=7)
+    _style_log(ax)
+    ax.set_xlim(lo, hi)
+    floor = min([o.seconds for o in ops] + ([over] if over else []))
+    ax.set_ylim(floor / 3, hi)
+    ax.set_xlabel("roofline time on this machine's ceilings (s)")
+    ax.set_ylabel("measured time per call (s)")
+    ax.set_title(title or f"Three regimes on {spec.name}: overhead, bandwidth, compute", fontsize=10)
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    return fig
+
+
+def users_vs_total(records: Iterable, *, highlight: int | None = None, title: str | None = None) -> Figure:
+    """Decode tokens/s against batch: the whole batch's (throughput) and one sequence's
+    (what a user sees): the serving trade-off."""
+    recs = sorted(records, key=lambda r: r.batch)
+    if not recs:
+        raise ValueError("users_vs_total needs decode records")
+    b = [r.batch for r in recs]
+    fig, (ax,) = _figure()
+    ax.plot(b, [r.decode_tokens_per_s for r in recs], label="total: every sequence of the batch",
+            color=DECODE_COLOR, marker="o", ls="-", lw=1.8, ms=7, mec="white")
+    ax.plot(b, [r.decode_tokens_per_s / r.batch for r in recs], label="per user: 1 / step time",
+            color=PREFILL_COLOR, marker="s", ls="--", lw=1.8, ms=6, mec="white")
+    if highlight is not None and highlight in b:
+        r = recs[b.index(highlight)]
+        for y in (r.decode_tokens_per_s, r.decode_tokens_per_s / r.batch):
+            ax.scatter([highlight], [y], s=200, facecolors="none", edgecolors="black", lw=1.8, zorder=6)
+    _style_log(ax)
+    _base2_batches(ax, b)
+    _si_ticks(ax, "y")
+    ax.set_xlabel("batch size (sequences decoded together)")
+    ax.set_ylabel("decode throughput (tokens/s)")
+    ax.set_title(title or "Throughput for the server, speed for each user", fontsize=10)
+    ax.legend(fontsize=8, frameon=False, loc="center left")
+    return fig
+
+
+def ratio_vs_ridge(points: Sequence[dict], *, title: str | None = None) -> Figure:
+    """Each machine's measured prefill/decode ratio (y) against the ratio its own ceilings
+    allow (x): ``peak / (2 P)`` prompt tokens/s over ``bandwidth / (P * dtype_bytes)`` decode
+    tokens/s, i.e. ``ridge * dtype_bytes / 2``. ``points``: dicts with ``label``, ``ideal``,
+    ``measured`` and optionally ``quoted=True`` (a figure quoted, not a probe file)."""
+    if not points:
+        raise ValueError("ratio_vs_ridge needs at least one machine")
+    fig, (ax,) = _figure(width=7.0, height=4.8)
+    xs = [p["ideal"] for p in points] + [p["measured"] for p in points]
+    lo, hi = min(xs) / 3, max(xs) * 3
+    ax.plot([lo, hi], [lo, hi], color=ROOF_COLOR, lw=1.5, ls="--", label="measured = what the ceilings allow")
+    colors = _palette(len(points))
+    for i, p in enumerate(points):
+        marker = "*" if p.get("quoted") else "o"
+        ax.scatter([p["ideal"]], [p["measured"]], s=140 if p.get("quoted") else 70, marker=marker, color=colors[i],
+                   edgecolors="black", linewidths=0.6, zorder=5, label=p["label"])
+        ax.annotate(f"{p['measured']:,.0f}x of {p['ideal']:,.0f}x", (p["ideal"], p["measured"]), xytext=(6, -12),
+                    textcoords="offset points", fontsize=8)
+    _style_log(ax)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    _plain_ticks(ax, "x")
+    _plain_ticks(ax, "y")
+    ax.grid(True, **GRID)
+    ax.set_xlabel("prefill/decode ratio the ceilings allow (ridge x bytes per weight / 2)")
+    ax.set_ylabel("measured prefill/decode ratio (batch 1)")
+    ax.set_title(title or "The gap each machine shows vs the gap its ceilings allow", fontsize=10)
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    return fig
