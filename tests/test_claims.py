@@ -88,6 +88,8 @@ def test_step_streams_like_the_kernel():
 def test_context_costs_time():
     assert claims.context_costs_time([decode(1, 0.011, 256), decode(1, 0.017, 1536)])
     assert not claims.context_costs_time([decode(1, 0.011, 256), decode(1, 0.0112, 1536)])   # KV for free
+    with pytest.raises(ValueError, match="two or more"):
+        claims.context_costs_time([decode(1, 0.011, 256)])
 
 
 def test_three_regimes():
@@ -112,27 +114,29 @@ def test_batching_raises_throughput():
 
 
 def test_kernel_sets_the_knee():
-    real = [decode(1, 0.011), decode(2, 0.017), decode(4, 0.026)]
+    real = [decode(1, 0.011), decode(2, 0.0198), decode(4, 0.026)]
     k = kernels({1: 0.0021, 2: 0.0036, 4: 0.0045})
-    assert claims.kernel_sets_the_knee(real, k, CFG, CPU)
+    assert claims.kernel_sets_the_knee(real, k, CFG, CPU)                       # both jump, the roofline does not
+    flat_kernel = kernels({1: 0.0021, 2: 0.0022})
+    assert claims.kernel_sets_the_knee([decode(1, 0.011), decode(2, 0.0112)], flat_kernel, CFG, CPU)  # all flat (a GPU)
     # the model jumps but the kernel does not: something else moves the knee
-    assert not claims.kernel_sets_the_knee(real, kernels({1: 0.0021, 2: 0.0022}), CFG, CPU)
-    # neither jumps: the roofline is right and there is no early knee to explain
-    assert not claims.kernel_sets_the_knee([decode(1, 0.011), decode(2, 0.0112)], kernels({1: 0.0021, 2: 0.0022}),
-                                           CFG, CPU)
-    # both jump, but a machine whose roofline predicts the jump (compute-bound at batch 1) proves nothing
-    slow = dataclasses.replace(CPU, flops={"fp32": 1e9})
-    assert not claims.kernel_sets_the_knee(real, k, CFG, slow)
+    assert not claims.kernel_sets_the_knee(real, flat_kernel, CFG, CPU)
+    # the kernel jumps but the model does not: the kernel is not what the model runs
+    assert not claims.kernel_sets_the_knee([decode(1, 0.011), decode(2, 0.0112)], k, CFG, CPU)
 
 
 def test_model_follows_kernel():
     k = kernels({1: 0.0021, 16: 0.0101, 256: 0.09})
     scale = CFG.matmul_params / 4096 ** 2
     good = [prefill(1, 0.0021 * scale * 1.1), prefill(16, 0.0101 * scale * 0.95), prefill(256, 0.09 * scale * 1.2)]
-    assert claims.model_follows_kernel(good, k, CFG)
-    bad = good[:2] + [prefill(256, 0.09 * scale * 3)]       # something besides the kernel costs 3x
-    assert not claims.model_follows_kernel(bad, k, CFG)
-    assert claims.model_follows_kernel([decode(1, 0.0021 * scale), decode(16, 0.0101 * scale)], k, CFG)
+    assert claims.model_follows_kernel(good, k, CFG, CPU)
+    # at T=256 the model takes just what the roofline says, 3x what the kernel predicts: the kernel misses
+    roof = roofline.predict_time(roofline.prefill_cost(CFG, 1, 256), CPU, "float32", overhead=True)
+    bad = good[:2] + [prefill(256, roof)]
+    assert not claims.model_follows_kernel(bad, kernels({1: 0.0021, 16: 0.0101, 256: roof / scale / 3}), CFG, CPU)
+    assert claims.model_follows_kernel([decode(1, 0.0021 * scale), decode(16, 0.0101 * scale)], k, CFG, CPU)
+    with pytest.raises(ValueError, match="share"):
+        claims.model_follows_kernel(good[:1], k, CFG, CPU)
 
 
 def test_latency_throughput_tradeoff():

@@ -89,25 +89,38 @@ def prefill_compute_bound(records, *, min_mfu: float = 0.25) -> Verdict:
                    f"need >= 0.6); MFU at T={T[-1]}: " + ("-" if mfu is None else f"{mfu:.0%} (need >= {min_mfu:.0%})"))
 
 
-def model_follows_kernel(records, kernels, cfg, *, within: float = 1.5) -> Verdict:
+def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, within: float = 1.5) -> Verdict:
     """The lone matmul predicts the model: at every measured size, the kernel's time at
-    m = tokens in flight, scaled by the model's matmul weights over the kernel's weight,
-    is within ``within`` x of the model's measured time (prefill records: m = batch x prompt
-    length; decode records: m = batch)."""
+    m = tokens in flight, scaled by the model's matmul weights over the kernel's weight, is
+    within ``within`` x of the model's measured time, or at least closer to it than the
+    roofline's time (prefill records: m = batch x prompt length; decode records: m = batch).
+    Where the roofline misses (a short prompt on a CPU), the kernel must not."""
     by_m = _by(kernels, "m")
+    dtype = cfg.dtype if dtype is None else dtype
     rows = []
     for r in records:
-        m = r.batch if getattr(r, "step_seconds", None) is not None else r.batch * r.prompt_len
-        t = getattr(r, "step_seconds", None) or r.seconds
+        if getattr(r, "step_seconds", None) is not None:
+            m, t = r.batch, r.step_seconds
+            cost = roofline.decode_cost(cfg, r.batch, r.context)
+        else:
+            m, t = r.batch * r.prompt_len, r.seconds
+            cost = roofline.prefill_cost(cfg, r.batch, r.prompt_len)
         k = by_m.get(m)
         if k is not None:
-            rows.append((m, t, k.seconds * cfg.matmul_params / (k.k * k.n)))
+            rows.append((m, t, k.seconds * cfg.matmul_params / (k.k * k.n),
+                         roofline.predict_time(cost, spec, dtype, overhead=True)))
     _need(len(rows) >= 2, "pass records and a kernel sweep that share at least two sizes m")
-    worst = max(max(t / p, p / t) for _, t, p in rows)
-    return Verdict(f"the lone matmul, scaled to the model's weights, predicts the model's time within {within:g}x",
-                   worst <= within,
-                   "; ".join(f"m={m}: {p * 1e3:,.1f} vs {t * 1e3:,.1f} ms" for m, t, p in rows)
-                   + f" (worst {worst:.2f}x)")
+
+    def err(x, y):
+        return max(x / y, y / x)
+
+    ok = [err(t, p) <= within or err(t, p) <= err(t, roof) for _, t, p, roof in rows]
+    return Verdict(f"the lone matmul, scaled to the model's weights, predicts the model's time within {within:g}x "
+                   "(or better than the roofline)", all(ok),
+                   "; ".join(f"m={m}: kernel {p * 1e3:,.1f}, roofline {roof * 1e3:,.1f}, measured {t * 1e3:,.1f} ms"
+                             for m, t, p, roof in rows)
+                   + f" (kernel off by at most {max(err(t, p) for _, t, p, _ in rows):.2f}x, roofline by "
+                     f"{max(err(t, roof) for _, t, _, roof in rows):.2f}x)")
 
 
 # ----------------------------------------------------------------------------- 03
@@ -133,7 +146,7 @@ def decode_step_mostly_not_math(records, *, max_share: float = 0.5) -> Verdict:
                    f"x{f:.1f}, bandwidth-bound x{b:.2f}; so FLOPs explain at most {share:.0%} of the batch-1 step")
 
 
-def step_streams_like_the_kernel(decode, kernels, *, min_fraction: float = 1 / 3) -> Verdict:
+def step_streams_like_the_kernel(decode, kernels, *, min_fraction: float = 0.25) -> Verdict:
     """The batch-1 step moves its bytes at least ``min_fraction`` as fast as the matrix-vector
     kernel streams one large weight, timed in the same run: the step is bandwidth-bound at the
     rate its building block streams (an overhead- or compute-bound step would fall far short)."""
@@ -149,18 +162,22 @@ def step_streams_like_the_kernel(decode, kernels, *, min_fraction: float = 1 / 3
                    f"{k1.weight_bytes_per_s / 1e9:,.1f} GB/s; {frac:.0%}")
 
 
-def context_costs_time(records, *, min_growth: float = 1.15) -> Verdict:
-    """At batch 1, the longest context's step takes at least ``min_growth`` x the shortest's:
-    every cached token is read again at every step (weights and FLOPs of the matmuls fixed)."""
+def context_costs_time(records, *, min_share: float = 0.5) -> Verdict:
+    """At batch 1, a longer context makes each step slower by at least ``min_share`` of what
+    its extra bytes would cost at the rate the step streams its weights: every cached token is
+    read again at every step (the weights and the matmul FLOPs do not change). If the KV cache
+    cost nothing, the time would not move."""
     by = _by([r for r in records if r.batch == 1], "context")
     _need(len(by) >= 2, "pass batch-1 decode records at two or more contexts")
     lo, hi = by[min(by)], by[max(by)]
     t, b = hi.step_seconds / lo.step_seconds, hi.bytes_per_step / lo.bytes_per_step
+    share = (t - 1) / (b - 1)
     kv_rate = (hi.bytes_per_step - lo.bytes_per_step) / max(hi.step_seconds - lo.step_seconds, 1e-12)
-    return Verdict(f"a longer context makes every decode step slower (>= {min_growth:g}x over the sweep)",
-                   t >= min_growth,
-                   f"context {lo.context} -> {hi.context}: bytes x{b:.2f}, time x{t:.2f}; the extra KV bytes "
-                   f"cost {(hi.step_seconds - lo.step_seconds) * 1e3:,.2f} ms ({kv_rate / 1e9:,.1f} GB/s), the weights "
+    return Verdict("a longer context makes every decode step slower: the KV bytes cost time",
+                   share >= min_share,
+                   f"context {lo.context} -> {hi.context}: bytes x{b:.2f}, time x{t:.2f} ({share:.1f}x what the extra "
+                   f"bytes cost at the weights' rate, need >= {min_share:g}); the extra KV bytes cost "
+                   f"{(hi.step_seconds - lo.step_seconds) * 1e3:,.2f} ms ({kv_rate / 1e9:,.1f} GB/s), the weights "
                    f"stream at {lo.bytes_per_step / lo.step_seconds / 1e9:,.1f} GB/s")
 
 
@@ -217,14 +234,16 @@ def batching_raises_throughput(records, *, factor: float = 2.0) -> Verdict:
                    f"x{big.step_seconds / one.step_seconds:.2f} longer")
 
 
-def kernel_sets_the_knee(records, kernels, cfg, spec, dtype=None, *, jump: float = 1.3,
-                         agree: float = 2.0) -> Verdict:
-    """Batch 1 -> 2 costs the model a big jump in step time that the roofline does not
-    predict and the kernel alone reproduces.
+def kernel_sets_the_knee(records, kernels, cfg, spec, dtype=None, *, agree: float = 1.5) -> Verdict:
+    """From batch 1 to 2, the lone matmul kernel predicts how the model's step grows, within
+    ``agree`` x and at least as well as the roofline does.
 
-    Roofline: one more sequence adds ~2% to the bytes, so the step should barely change.
-    The claim: the model's step ratio t(2)/t(1) is >= ``jump``, the kernel's t(m=2)/t(m=1)
-    is >= ``jump`` too, they agree within ``agree`` x, and the roofline predicts < ``jump``.
+    The roofline says one more sequence adds a few percent of bytes, so the step barely grows
+    (until the flip). A real machine's kernels can say otherwise: on a 2-core CPU XLA switches
+    from a matrix-vector to a matrix-matrix kernel and the step jumps; on a GPU the kernel,
+    the model and the roofline all stay flat. Either way the claim holds if the kernel alone,
+    timed at m = 1 and 2, tells the model's ratio t(2)/t(1); it fails when the model jumps and
+    the kernel does not (or the reverse): then something else moves the knee.
     """
     by, kb = _by(records, "batch"), _by(kernels, "m")
     _need(1 in by and 2 in by and 1 in kb and 2 in kb, "pass model records and a kernel sweep with batch/m 1 and 2")
@@ -233,11 +252,16 @@ def kernel_sets_the_knee(records, kernels, cfg, spec, dtype=None, *, jump: float
     kernel = kb[2].seconds / kb[1].seconds
     roof = (roofline.predicted_decode_step_seconds(cfg, spec, 2, context, dtype) /
             roofline.predicted_decode_step_seconds(cfg, spec, 1, context, dtype))
-    off = max(model / kernel, kernel / model)
-    holds = model >= jump and kernel >= jump and off <= agree and roof < jump
-    return Verdict("batch 1 -> 2: the model's step jumps as the lone matmul kernel does, not as the roofline says",
-                   holds, f"step time x{model:.2f} (model), x{kernel:.2f} (kernel, m 1 -> 2), x{roof:.3f} (roofline); "
-                   f"model and kernel within {off:.2f}x of each other")
+
+    def err(x, y):
+        return max(x / y, y / x)
+
+    # "at least as well": up to 10%, the noise of two medians when nothing jumps at all
+    holds = err(model, kernel) <= agree and err(model, kernel) <= max(err(model, roof), 1.1)
+    return Verdict(f"batch 1 -> 2: the lone matmul predicts the model's step growth within {agree:g}x, "
+                   "at least as well as the roofline", holds,
+                   f"step time x{model:.2f} (model), x{kernel:.2f} (kernel, m 1 -> 2), x{roof:.3f} (roofline): "
+                   f"the kernel is off by {err(model, kernel):.2f}x, the roofline by {err(model, roof):.2f}x")
 
 
 def latency_throughput_tradeoff(records, *, total_gain: float = 2.0, per_user_loss: float = 0.6) -> Verdict:

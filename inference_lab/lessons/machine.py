@@ -41,6 +41,8 @@ class LessonSizes:
     kernel_rows: tuple = (1, 2, 4, 8, 16, 32)  # rows m of the lone matmul kernel (05; 02 adds its prompts)
     kernel_size: int = 4096  # the kernel's weight is [kernel_size, kernel_size]: larger than a CPU's caches
     decode_steps: int = 8  # decode steps per timed loop
+    regime_stream_bytes: tuple = (2**8, 2**16, 2**20, 2**24, 2**26, 2**28)  # the three regimes (04): sums
+    regime_matmul_sizes: tuple = (32, 256, 1024)  # ... and square float32 matmuls
 
 
 CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(32, 64, 128, 256, 512), prefill_lengths=(1, 4, 16, 64, 256),
@@ -49,10 +51,12 @@ CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(32, 64, 128, 256, 512), 
 
 
 GPU_SIZES = LessonSizes(prompt_len=512, prompt_lengths=(128, 256, 512, 1024, 2048),
-                        prefill_lengths=(1, 16, 128, 512, 2048), decode_contexts=(512, 2048, 8000), context=512,
+                        prefill_lengths=(1, 16, 128, 512, 2048), decode_contexts=(512, 8192, 32768), context=512,
                         batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), probe_batches=(1, 8, 32, 64, 128),
                         rag_prompt=4000, roofline_batches=(1, 8, 32, 64, 256), new_tokens=(8, 16, 32, 64, 128),
-                        kernel_rows=(1, 2, 4, 8, 16, 32, 64, 128), kernel_size=8192, decode_steps=32)
+                        kernel_rows=(1, 2, 4, 8, 16, 32, 64, 128), kernel_size=8192, decode_steps=32,
+                        regime_stream_bytes=(2**8, 2**16, 2**24, 2**28, 2**30, 2**32),
+                        regime_matmul_sizes=(64, 2048, 8192))
 
 
 DECODE_STEPS = 16  # the default of the lesson functions that take ``steps``
