@@ -26,7 +26,7 @@ from inference_lab.kv_cache import KVCache
 from inference_lab.measure import _ceilings, _check_size, _machine, _random_cache, _random_tokens, _repeats, _tp
 from inference_lab.records import DecodeRecord, PrefillRecord
 
-__all__ = ["measure_decode_points", "measure_prefill_points", "KernelPoint", "matmul_sweep"]
+__all__ = ["measure_decode_points", "measure_prefill_points", "KernelPoint", "matmul_sweep", "model_matmuls_sweep"]
 
 
 def measure_decode_points(model, points, steps: int = 16, *, repeats: int | None = None,
@@ -82,13 +82,18 @@ def measure_decode_points(model, points, steps: int = 16, *, repeats: int | None
 
 @dataclasses.dataclass(frozen=True)
 class KernelPoint:
-    """One timed matmul ``[m, k] @ [k, n]``: the weight-shaped operand is ``[k, n]``."""
+    """One timed matmul ``[m, k] @ [k, n]``: the weight-shaped operand is ``[k, n]``. (For a
+    set of matrices, :func:`model_matmuls_sweep`: ``k`` counts all their weights, ``n`` is 1.)"""
 
     m: int
     k: int
     n: int
     dtype: str
     seconds: float   # median of the repeats
+    label: str = ""
+
+    def describe(self) -> str:
+        return self.label or f"[m, {self.k}] @ [{self.k}, {self.n}] {self.dtype}"
 
     @property
     def weight_bytes(self) -> int:
@@ -173,3 +178,41 @@ def measure_prefill_points(model, prompt_lengths, *, batch: int = 1, repeats: in
                                      mfu=cost.flops / seconds / spec.peak_flops(cfg.dtype) if spec is not None else None,
                                      repeats=repeats))
     return records
+
+
+def model_matmuls_sweep(model, ms=(1, 2, 4, 8, 16, 32), *, repeats: int | None = None, seed: int = 0) -> list:
+    """The model's own weight matrices, multiplied alone: for each ``m``, ``m`` rows through
+    every matmul weight of the model (each layer's, and the output head; the embedding table
+    is only gathered, so it is left out), in one jitted call, timed side by side.
+
+    What a decode step of batch ``m`` is, minus everything that is not a matmul (attention
+    and its KV cache, norms, sampling): if this curve has the model's shape, the matmul
+    kernels, not the rest, set it. Returns :class:`KernelPoint` rows (``k`` = all the weights).
+    """
+    ms = [_check_size("m", m) for m in ms]
+    if not ms:
+        raise ValueError("ms is empty; give row counts, e.g. (1, 2, 4, 8)")
+    repeats = _repeats(repeats)
+    leaves = jax.tree_util.tree_flatten_with_path(model.params())[0]
+    ws = [w.reshape(w.shape[0], -1) for path, w in leaves
+          if w.ndim >= 2 and "embed" not in jax.tree_util.keystr(path)]
+    if not ws:
+        raise ValueError("the model has no weight matrices")
+    dt = ws[0].dtype
+    prec = jax.lax.Precision.HIGHEST if dt == jnp.float32 else None
+    f = jax.jit(lambda xs, ws: [jnp.dot(xs[w.shape[0]], w, precision=prec, preferred_element_type=jnp.float32)
+                                for w in ws])
+    key = jax.random.key(seed)
+    inputs = [{k: jax.random.normal(jax.random.fold_in(key, k * 1000 + m), (m, k), jnp.float32).astype(dt)
+               for k in {w.shape[0] for w in ws}} for m in ms]
+    for xs in inputs:  # compile each m
+        jax.block_until_ready(f(xs, ws))
+    times = [[] for _ in ms]
+    for _ in range(repeats):
+        for i, xs in enumerate(inputs):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(xs, ws))
+            times[i].append(time.perf_counter() - t0)
+    total = sum(int(w.size) for w in ws)
+    label = f"the model's {len(ws)} weight matrices alone ({total * dt.itemsize / 1e6:,.0f} MB, {dt.name})"
+    return [KernelPoint(m, total, 1, dt.name, statistics.median(t), label) for m, t in zip(ms, times)]

@@ -101,6 +101,7 @@ def test_three_regimes():
     assert not claims.three_regimes(sweep(small_growth=256))     # no overhead floor: time follows the bytes
     assert not claims.three_regimes(sweep(stream_growth=1.0))    # large streams flat: not bandwidth
     assert not claims.three_regimes(sweep(mm_growth=2.0))        # matmuls flat: not compute
+    assert not claims.three_regimes(sweep(mm_growth=16.0))       # matmuls follow their bytes (x16): bandwidth
 
 
 def test_prefill_beats_decode_flops():
@@ -128,12 +129,13 @@ def test_kernel_sets_the_knee():
 def test_model_follows_kernel():
     k = kernels({1: 0.0021, 16: 0.0101, 256: 0.09})
     scale = CFG.matmul_params / 4096 ** 2
-    good = [prefill(1, 0.0021 * scale * 1.1), prefill(16, 0.0101 * scale * 0.95), prefill(256, 0.09 * scale * 1.2)]
+    # the model runs at a steady 0.65x the kernel-scaled time (smaller matrices), the roofline's shape is wrong
+    good = [prefill(1, 0.0021 * scale * 0.65), prefill(16, 0.0101 * scale * 0.7), prefill(256, 0.09 * scale * 0.62)]
     assert claims.model_follows_kernel(good, k, CFG, CPU)
-    # at T=256 the model takes just what the roofline says, 3x what the kernel predicts: the kernel misses
-    roof = roofline.predict_time(roofline.prefill_cost(CFG, 1, 256), CPU, "float32", overhead=True)
-    bad = good[:2] + [prefill(256, roof)]
-    assert not claims.model_follows_kernel(bad, kernels({1: 0.0021, 16: 0.0101, 256: roof / scale / 3}), CFG, CPU)
+    # a model whose time has the roofline's shape and not the kernel's: the kernel explains nothing
+    roof = [roofline.predict_time(roofline.prefill_cost(CFG, 1, t), CPU, "float32", overhead=True) for t in (1, 16, 256)]
+    like_roof = [prefill(t, 1.3 * r) for t, r in zip((1, 16, 256), roof)]
+    assert not claims.model_follows_kernel(like_roof, k, CFG, CPU)
     assert claims.model_follows_kernel([decode(1, 0.0021 * scale), decode(16, 0.0101 * scale)], k, CFG, CPU)
     with pytest.raises(ValueError, match="share"):
         claims.model_follows_kernel(good[:1], k, CFG, CPU)

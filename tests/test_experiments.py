@@ -75,3 +75,13 @@ def test_ceilings_cache_gains_the_overhead_without_measuring_again(tmp_path, mon
     spec = hardware.measure_ceilings("float32", verbose=False)
     assert spec.bandwidth == 12.5e9 and spec.overhead_s > 0
     assert "overhead_s" in json.loads(path.read_text())          # written back: measured once
+
+
+def test_model_matmuls_are_the_models_weights_alone(model):
+    pts = experiments.model_matmuls_sweep(model, (1, 2), repeats=2)
+    cfg = model.cfg
+    assert [p.m for p in pts] == [1, 2] and all(p.seconds > 0 for p in pts)
+    assert pts[0].k == cfg.matmul_params and pts[0].n == 1     # every matmul weight, the embedding left out
+    assert pts[0].weight_bytes == roofline.weight_bytes(cfg) - 2 * cfg.n_layers * cfg.d_model * 4 - cfg.d_model * 4
+    assert "weight matrices alone" in pts[0].describe()
+    assert experiments.matmul_sweep((1,), k=64, n=32, repeats=1)[0].describe() == "[m, 64] @ [64, 32] float32"

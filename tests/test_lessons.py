@@ -119,9 +119,14 @@ def test_sweeps_tables_and_views(model, here, tmp_path):
     assert text.startswith("batch size 4:") and "each user" in text
     _png(fig, tmp_path, "batch")
     ks = batching.kernel_sweep((1, 4), 256, "float32")
-    assert "weight GB/s" in batching.kernel_table(ks)
-    assert "lone matmul kernel" in batching.knee_explanation(batches, ks, here.spec, model.cfg, here.dtype)
-    _png(plots.kernel_vs_model(batches.records, ks, cfg=model.cfg, spec=here.spec), tmp_path, "knee")
+    mm = batching.model_matmuls(model, (1, 4))
+    table = batching.kernel_table(ks, mm)
+    assert "weight GB/s" in table and "weight matrices alone" in table
+    knee = batching.knee_explanation(batches, mm, here.spec, model.cfg, here.dtype, lone=ks)
+    assert "weight matrices alone" in knee and "knee of one [m, 256]" in knee
+    fig = plots.kernel_vs_model(batches.records, ks + mm, cfg=model.cfg, spec=here.spec)
+    assert len(fig.axes[0].get_lines()) >= 4        # model, two kernel series, roofline
+    _png(fig, tmp_path, "knee")
     _png(plots.flops_or_bytes(exp.batch, exp.context), tmp_path, "fob")
     with pytest.raises(KeyError):
         batches.at(3)

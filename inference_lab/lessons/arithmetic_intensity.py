@@ -52,7 +52,7 @@ def _median_time(f, *args, repeats: int) -> float:
     return statistics.median(times)
 
 
-def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matmul_sizes=(32, 256, 1024),
+def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matmul_sizes=(32, 512, 2048),
                  repeats: int = 7) -> list[Op]:
     """Time a read-only stream (a sum) over buffers of ``stream_bytes`` and square float32
     matmuls of ``matmul_sizes``, one call each (median of ``repeats``). Small ones show the

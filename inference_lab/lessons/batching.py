@@ -36,13 +36,26 @@ def kernel_sweep(rows, size: int, dtype) -> list:
     return experiments.matmul_sweep(tuple(int(m) for m in rows), k=size, n=size, dtype=dtype, repeats=15)
 
 
-def kernel_table(kernels) -> str:
-    one = [k for k in kernels if k.m == 1][0]
-    lines = [f"{'m':>5}{'ms':>9}{'x m=1':>8}{'weight GB/s':>13}{'GFLOP/s':>10}"]
-    for k in kernels:
-        lines.append(f"{k.m:>5}{k.seconds * 1e3:>9.2f}{k.seconds / one.seconds:>8.2f}"
-                     f"{k.weight_bytes_per_s / 1e9:>13.1f}{k.flops_per_s / 1e9:>10.1f}")
+def model_matmuls(model, rows) -> list:
+    """The model's own weight matrices multiplied alone, for each row count, side by side."""
+    return experiments.model_matmuls_sweep(model, tuple(int(m) for m in rows), repeats=9)
+
+
+def kernel_table(*sweeps) -> str:
+    """One block per kernel sweep: time, time relative to m = 1, weight GB/s and GFLOP/s."""
+    lines = []
+    for kernels in sweeps:
+        one = [k for k in kernels if k.m == 1][0]
+        lines += [one.describe(), f"{'m':>5}{'ms':>9}{'x m=1':>8}{'weight GB/s':>13}{'GFLOP/s':>10}"]
+        for k in kernels:
+            lines.append(f"{k.m:>5}{k.seconds * 1e3:>9.2f}{k.seconds / one.seconds:>8.2f}"
+                         f"{k.weight_bytes_per_s / 1e9:>13.1f}{k.flops_per_s / 1e9:>10.1f}")
     return "\n".join(lines)
+
+
+def _knee(kernels):
+    one = [p for p in kernels if p.m == 1][0]
+    return next((k.m for k in sorted(kernels, key=lambda k: k.m) if k.seconds >= 1.5 * one.seconds), None)
 
 
 def users_view(sweep: BatchSweep, batch: int):
@@ -56,11 +69,12 @@ def users_view(sweep: BatchSweep, batch: int):
     return fig, text
 
 
-def knee_explanation(sweep: BatchSweep, kernels, spec, cfg, dtype) -> str:
+def knee_explanation(sweep: BatchSweep, kernels, spec, cfg, dtype, lone=()) -> str:
+    """Ridge, predicted flips, and the measured knees: the model's, its matmuls' alone
+    (``kernels``) and, given, one large matmul's (``lone``)."""
     context = sweep.records[0].context
     knee = roofline.measured_knee(sweep.records)
-    kernel_knee = next((k.m for k in sorted(kernels, key=lambda k: k.m)
-                        if k.seconds >= 1.5 * [p for p in kernels if p.m == 1][0].seconds), None)
+    kernel_knee = _knee(kernels)
     flip_kv = roofline.predicted_flip(cfg, spec, dtype, context=context, include_kv=True)
     flip_w = roofline.predicted_flip(cfg, spec, dtype, context=context, include_kv=False)
     biggest = max(r.batch for r in sweep.records)
@@ -75,8 +89,10 @@ def knee_explanation(sweep: BatchSweep, kernels, spec, cfg, dtype) -> str:
         f"predicted flip, with KV reads at context {context}: " + (f"batch {flip_kv}" if flip_kv else
                                                                    "never (KV reads grow as fast as FLOPs)"),
         f"measured knee of the model (step >= 1.5x batch 1): {knee_txt}",
-        f"measured knee of the lone matmul kernel (time >= 1.5x m = 1): "
+        f"measured knee of {kernels[0].describe()} (time >= 1.5x m = 1): "
         + (f"m = {kernel_knee}" if kernel_knee else "beyond the sweep"),
+    ] + ([f"measured knee of one {lone[0].describe()}: "
+          + (f"m = {_knee(lone)}" if _knee(lone) else "beyond the sweep")] if lone else []) + [
         f"at batch {biggest}, the KV cache is {kv:.0%} of the bytes a step moves",
     ])
 

@@ -89,12 +89,18 @@ def prefill_compute_bound(records, *, min_mfu: float = 0.25) -> Verdict:
                    f"need >= 0.6); MFU at T={T[-1]}: " + ("-" if mfu is None else f"{mfu:.0%} (need >= {min_mfu:.0%})"))
 
 
-def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, within: float = 1.5) -> Verdict:
-    """The lone matmul predicts the model: at every measured size, the kernel's time at
-    m = tokens in flight, scaled by the model's matmul weights over the kernel's weight, is
-    within ``within`` x of the model's measured time, or at least closer to it than the
-    roofline's time (prefill records: m = batch x prompt length; decode records: m = batch).
-    Where the roofline misses (a short prompt on a CPU), the kernel must not."""
+def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, spread: float = 1.5) -> Verdict:
+    """The model's time follows the lone matmul's curve, up to one constant factor.
+
+    At each measured size, the kernel's time at m = tokens in flight is scaled by the model's
+    matmul weights over the kernel's weight (prefill records: m = batch x prompt length;
+    decode records: m = batch), and the roofline's time is computed too. The model may run
+    at a fixed multiple of either (its matrices are smaller, its other work adds a share):
+    what matters is whether that multiple stays put as the size changes. The claim: the
+    ratio measured / kernel-scaled varies by at most ``spread`` x across the sizes, or by no
+    more than measured / roofline does. Where the roofline's curve has the wrong shape (short
+    prompts on a CPU), the kernel's must not.
+    """
     by_m = _by(kernels, "m")
     dtype = cfg.dtype if dtype is None else dtype
     rows = []
@@ -107,20 +113,16 @@ def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, within: flo
             cost = roofline.prefill_cost(cfg, r.batch, r.prompt_len)
         k = by_m.get(m)
         if k is not None:
-            rows.append((m, t, k.seconds * cfg.matmul_params / (k.k * k.n),
-                         roofline.predict_time(cost, spec, dtype, overhead=True)))
+            rows.append((m, t / (k.seconds * cfg.matmul_params / (k.k * k.n)),
+                         t / roofline.predict_time(cost, spec, dtype, overhead=True)))
     _need(len(rows) >= 2, "pass records and a kernel sweep that share at least two sizes m")
-
-    def err(x, y):
-        return max(x / y, y / x)
-
-    ok = [err(t, p) <= within or err(t, p) <= err(t, roof) for _, t, p, roof in rows]
-    return Verdict(f"the lone matmul, scaled to the model's weights, predicts the model's time within {within:g}x "
-                   "(or better than the roofline)", all(ok),
-                   "; ".join(f"m={m}: kernel {p * 1e3:,.1f}, roofline {roof * 1e3:,.1f}, measured {t * 1e3:,.1f} ms"
-                             for m, t, p, roof in rows)
-                   + f" (kernel off by at most {max(err(t, p) for _, t, p, _ in rows):.2f}x, roofline by "
-                     f"{max(err(t, roof) for _, t, _, roof in rows):.2f}x)")
+    k_ratios, r_ratios = [x[1] for x in rows], [x[2] for x in rows]
+    k_spread, r_spread = max(k_ratios) / min(k_ratios), max(r_ratios) / min(r_ratios)
+    return Verdict(f"the model's time follows the lone matmul's curve (measured / kernel-scaled varies by "
+                   f"<= {spread:g}x, or less than measured / roofline)", k_spread <= spread or k_spread <= r_spread,
+                   "measured / kernel-scaled: " + ", ".join(f"m={m}: {k:.2f}" for m, k, _ in rows)
+                   + f" (spread {k_spread:.2f}x); measured / roofline: " + ", ".join(f"{x:.2f}" for x in r_ratios)
+                   + f" (spread {r_spread:.2f}x)")
 
 
 # ----------------------------------------------------------------------------- 03
@@ -158,7 +160,7 @@ def step_streams_like_the_kernel(decode, kernels, *, min_fraction: float = 0.25)
     return Verdict(f"a batch-1 decode step streams its bytes at >= {min_fraction:.0%} of the rate of the matrix-vector kernel",
                    frac >= min_fraction,
                    f"step: {decode.bytes_per_step / 1e6:,.0f} MB in {decode.step_seconds * 1e3:,.2f} ms = "
-                   f"{step_bw / 1e9:,.1f} GB/s; kernel [1, {k1.k}] @ [{k1.k}, {k1.n}]: "
+                   f"{step_bw / 1e9:,.1f} GB/s; kernel {k1.describe()} at m = 1: "
                    f"{k1.weight_bytes_per_s / 1e9:,.1f} GB/s; {frac:.0%}")
 
 
@@ -198,12 +200,14 @@ def three_regimes(ops) -> Verdict:
     large = (d.seconds / c.seconds) / (d.bytes / c.bytes)
     e, f = mms[-2], mms[-1]
     comp = (f.seconds / e.seconds) / (f.flops / e.flops)
-    holds = small <= 0.1 and large >= 0.6 and comp >= 0.6
+    # thresholds halfway (on a log scale) between the regimes' predictions: overhead ~0,
+    # bandwidth 1 for streams; for matmuls compute 1 against bandwidth 0.25 (x4 the bytes for x64 FLOPs)
+    holds = small <= 0.1 and large >= 0.5 and comp >= 0.4
     return Verdict("small calls cost a fixed time (overhead), large streams time in proportion to their bytes, "
                    "large matmuls in proportion to their FLOPs", holds,
                    f"stream {_b(a.bytes)} -> {_b(b.bytes)}: time x{b.seconds / a.seconds:.2f} for x{b.bytes / a.bytes:g} "
                    f"the bytes (growth {small:.3f}, need <= 0.1); stream {_b(c.bytes)} -> {_b(d.bytes)}: growth "
-                   f"{large:.2f} (need >= 0.6); matmul x{f.flops / e.flops:g} the FLOPs: growth {comp:.2f} (need >= 0.6)")
+                   f"{large:.2f} (need >= 0.5); matmul x{f.flops / e.flops:g} the FLOPs: growth {comp:.2f} (need >= 0.4)")
 
 
 def _b(n):
@@ -235,8 +239,9 @@ def batching_raises_throughput(records, *, factor: float = 2.0) -> Verdict:
 
 
 def kernel_sets_the_knee(records, kernels, cfg, spec, dtype=None, *, agree: float = 1.5) -> Verdict:
-    """From batch 1 to 2, the lone matmul kernel predicts how the model's step grows, within
-    ``agree`` x and at least as well as the roofline does.
+    """From batch 1 to 2, matmul kernels timed alone (``kernels``: the model's own matrices from
+    ``experiments.model_matmuls_sweep``, or one large matmul) predict how the model's step
+    grows, within ``agree`` x and at least as well as the roofline does.
 
     The roofline says one more sequence adds a few percent of bytes, so the step barely grows
     (until the flip). A real machine's kernels can say otherwise: on a 2-core CPU XLA switches
@@ -258,9 +263,9 @@ def kernel_sets_the_knee(records, kernels, cfg, spec, dtype=None, *, agree: floa
 
     # "at least as well": up to 10%, the noise of two medians when nothing jumps at all
     holds = err(model, kernel) <= agree and err(model, kernel) <= max(err(model, roof), 1.1)
-    return Verdict(f"batch 1 -> 2: the lone matmul predicts the model's step growth within {agree:g}x, "
+    return Verdict(f"batch 1 -> 2: the matmuls alone predict the model's step growth within {agree:g}x, "
                    "at least as well as the roofline", holds,
-                   f"step time x{model:.2f} (model), x{kernel:.2f} (kernel, m 1 -> 2), x{roof:.3f} (roofline): "
+                   f"step time x{model:.2f} (model), x{kernel:.2f} ({kb[1].describe()}, m 1 -> 2), x{roof:.3f} (roofline): "
                    f"the kernel is off by {err(model, kernel):.2f}x, the roofline by {err(model, roof):.2f}x")
 
 

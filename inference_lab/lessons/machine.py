@@ -42,7 +42,7 @@ class LessonSizes:
     kernel_size: int = 4096  # the kernel's weight is [kernel_size, kernel_size]: larger than a CPU's caches
     decode_steps: int = 8  # decode steps per timed loop
     regime_stream_bytes: tuple = (2**8, 2**16, 2**20, 2**24, 2**26, 2**28)  # the three regimes (04): sums
-    regime_matmul_sizes: tuple = (32, 256, 1024)  # ... and square float32 matmuls
+    regime_matmul_sizes: tuple = (32, 512, 2048)  # ... and square float32 matmuls (512+: at the peak)
 
 
 CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(32, 64, 128, 256, 512), prefill_lengths=(1, 4, 16, 64, 256),

@@ -47,14 +47,16 @@ def prediction_table(sweep: Sweep, kernels, cfg, spec, dtype) -> str:
     weights), and the measured time."""
     by_m = {k.m: k for k in kernels}
     lines = [f"{'prompt':>7}{'roofline ms':>13}{'kernel-scaled ms':>18}{'measured ms':>13}"
-             f"{'measured/roofline':>19}{'bound (roofline)':>18}"]
+             f"{'measured/roofline':>19}{'measured/kernel':>17}{'bound (roofline)':>18}"]
     for r in sweep.records:
         cost = roofline.prefill_cost(cfg, 1, r.prompt_len)
         roof = roofline.predict_time(cost, spec, dtype, overhead=True)
         k = by_m.get(r.prompt_len)
-        scaled = f"{k.seconds * cfg.matmul_params / (k.k * k.n) * 1e3:,.2f}" if k else "-"
-        lines.append(f"{r.prompt_len:>7}{roof * 1e3:>13,.2f}{scaled:>18}{r.seconds * 1e3:>13,.2f}"
-                     f"{r.seconds / roof:>18.1f}x{roofline.bound(cost, spec, dtype):>18}")
+        scaled = k.seconds * cfg.matmul_params / (k.k * k.n) if k else None
+        lines.append(f"{r.prompt_len:>7}{roof * 1e3:>13,.2f}" + (f"{scaled * 1e3:>18,.2f}" if k else f"{'-':>18}")
+                     + f"{r.seconds * 1e3:>13,.2f}{r.seconds / roof:>18.2f}x"
+                     + (f"{r.seconds / scaled:>16.2f}x" if k else f"{'-':>17}")
+                     + f"{roofline.bound(cost, spec, dtype):>18}")
     return "\n".join(lines)
 
 

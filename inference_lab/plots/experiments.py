@@ -73,19 +73,23 @@ def flops_or_bytes(batch_records: Iterable, context_records: Iterable = (), *, t
 
 def kernel_vs_model(records: Iterable, kernels: Iterable, *, cfg=None, spec=None, dtype=None,
                     knee_factor: float = 1.5, title: str | None = None) -> Figure:
-    """Step time relative to batch 1: the model's decode step (per batch), the lone matmul
-    kernel (per row count m) and, with ``cfg`` and ``spec``, the roofline's prediction."""
+    """Step time relative to batch 1: the model's decode step (per batch), matmul kernels timed
+    alone (per row count m; one series per ``KernelPoint.describe()``, e.g. one large matmul and
+    the model's own matrices) and, with ``cfg`` and ``spec``, the roofline's prediction."""
     recs = sorted(records, key=lambda r: r.batch)
-    ks = sorted(kernels, key=lambda k: k.m)
-    if not recs or not ks or recs[0].batch != 1 or ks[0].m != 1:
+    series = {}
+    for k in sorted(kernels, key=lambda k: k.m):
+        series.setdefault(k.describe(), []).append(k)
+    if not recs or not series or recs[0].batch != 1 or any(ks[0].m != 1 for ks in series.values()):
         raise ValueError("kernel_vs_model needs decode records and kernel points that start at batch 1 / m = 1")
     fig, (ax,) = _figure()
     xb = [r.batch for r in recs]
     ax.plot(xb, [r.step_seconds / recs[0].step_seconds for r in recs],
             label=f"model decode step ({recs[0].preset}, context {recs[0].context})", **MEASURED_STYLE)
-    k = ks[0]
-    ax.plot([p.m for p in ks], [p.seconds / ks[0].seconds for p in ks],
-            label=f"one matmul [m, {k.k}] @ [{k.k}, {k.n}] {k.dtype}", **{**COMPUTE_STYLE, "color": DECODE_COLOR})
+    styles = [{**COMPUTE_STYLE, "color": DECODE_COLOR}, {**BYTES_STYLE, "color": OKABE_ITO["purple"], "marker": "D"}]
+    for (name, ks), style in zip(series.items(), styles * 4):
+        ax.plot([p.m for p in ks], [p.seconds / ks[0].seconds for p in ks], label=name, **style)
+    ks = [k for group in series.values() for k in group]
     if cfg is not None and spec is not None:
         c = recs[0].context
         grid = sorted(set(xb) | {p.m for p in ks})
