@@ -42,31 +42,30 @@ class Op:
     seconds: float
 
 
-def _median_time(f, *args, repeats: int) -> float:
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matmul_sizes=(32, 512, 2048),
-                 repeats: int = 7) -> list[Op]:
+                 repeats: int = 9) -> list[Op]:
     """Time a read-only stream (a sum) over buffers of ``stream_bytes`` and square float32
-    matmuls of ``matmul_sizes``, one call each (median of ``repeats``). Small ones show the
-    fixed cost of a call; large streams, the bandwidth; large matmuls, the math."""
-    ops = []
+    matmuls of ``matmul_sizes``, one call each (median of ``repeats``, taken round-robin over
+    all the ops so a burst of load hits them alike). Small ones show the fixed cost of a call;
+    large streams, the bandwidth; large matmuls, the math."""
     total = jax.jit(jnp.sum)
+    mm = jax.jit(lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST))
+    calls = []  # (Op without its time, function, args)
     for n in stream_bytes:
         x = jax.random.normal(jax.random.key(n), (n // 4,), jnp.float32)
-        ops.append(Op("stream", _size(n), n // 4, n, _median_time(total, x, repeats=repeats)))
-    mm = jax.jit(lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST))
+        calls.append((("stream", _size(n), n // 4, n), total, (x,)))
     for n in matmul_sizes:
         a = jax.random.normal(jax.random.key(n + 1), (n, n), jnp.float32)
-        ops.append(Op("matmul", f"{n}\u00b3", 2.0 * n ** 3, 3 * n * n * 4, _median_time(mm, a, a, repeats=repeats)))
-    return ops
+        calls.append((("matmul", f"{n}\u00b3", 2.0 * n ** 3, 3 * n * n * 4), mm, (a, a)))
+    for _, f, args in calls:  # compile and warm each
+        jax.block_until_ready(f(*args))
+    times = [[] for _ in calls]
+    for _ in range(repeats):
+        for i, (_, f, args) in enumerate(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            times[i].append(time.perf_counter() - t0)
+    return [Op(*head, statistics.median(t)) for (head, _, _), t in zip(calls, times)]
 
 
 def _size(n):
