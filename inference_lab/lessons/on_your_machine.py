@@ -92,9 +92,10 @@ def ratio_points(machines: dict, *, reference: bool = True) -> list[dict]:
 
 
 def ratio_table(points) -> str:
-    lines = [f"{'machine':<58}{'ceilings allow':>15}{'measured':>10}{'measured/allowed':>18}"]
+    width = max(len(p["label"]) for p in points) + 2
+    lines = [f"{'machine':<{width}}{'ceilings allow':>15}{'measured':>10}{'measured/allowed':>18}"]
     for p in points:
-        lines.append(f"{p['label'][:57]:<58}{p['ideal']:>14,.1f}x{p['measured']:>9,.1f}x{p['measured'] / p['ideal']:>18.2f}")
+        lines.append(f"{p['label']:<{width}}{p['ideal']:>14,.1f}x{p['measured']:>9,.1f}x{p['measured'] / p['ideal']:>18.2f}")
     return "\n".join(lines)
 
 
