@@ -51,6 +51,7 @@ class HardwareSpec:
     memory_bytes: float | None = None
     interconnect_bandwidth: float | None = None  # bytes/s between chips, None if none
     sources: dict = dataclasses.field(default_factory=dict)  # figure -> where it comes from
+    overhead_s: float | None = None  # fixed cost of one call (dispatch/launch), measured; None if unknown
 
     def __post_init__(self):
         if not isinstance(self.flops, dict) or not self.flops:
@@ -64,7 +65,7 @@ class HardwareSpec:
         if not _positive(self.bandwidth):
             raise ValueError(f"HardwareSpec.bandwidth={self.bandwidth!r} for {self.name!r} must be finite "
                              "positive bytes/s")
-        for field in ("memory_bytes", "interconnect_bandwidth"):
+        for field in ("memory_bytes", "interconnect_bandwidth", "overhead_s"):
             value = getattr(self, field)
             if value is not None and not _positive(value):
                 raise ValueError(f"HardwareSpec.{field}={value!r} for {self.name!r} must be a finite positive "
@@ -281,6 +282,9 @@ def _cache_problem(data, ident: dict, key: str) -> str | None:
     sources = data["sources"]
     if not isinstance(sources, dict) or not all(isinstance(sources.get(k), str) for k in ("flops", "bandwidth")):
         return "sources lacks the methods of the two measurements"
+    overhead = data.get("overhead_s")   # absent in files from before it was measured: added on read
+    if overhead is not None and not _positive(overhead):
+        return f"overhead_s is {overhead!r}, not a positive number"
     return None
 
 
@@ -307,11 +311,13 @@ def _read_cache(path, ident: dict, key: str):
 
 
 def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = True) -> HardwareSpec:
-    """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and memory bandwidth.
+    """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and memory bandwidth,
+    and the floor under them: ``overhead_s``, the fixed cost of one call.
 
     The measurement itself is :func:`pallas_kernels.ceilings.device_ceilings` (the same one the
     kernel benchmark uses): a large matmul in ``dtype`` and the faster of a read-only and a
-    copy stream, best of repeats.
+    copy stream, best of repeats; and :func:`pallas_kernels.ceilings.call_overhead`, the median
+    time of a trivial jitted op (add 1 to a scalar), called and waited for.
 
     The result is cached as JSON under ``.cache/ceilings`` keyed by device, backend, jax and
     jaxlib versions and dtype (``refresh=True`` measures again). A cache file that cannot be
@@ -346,6 +352,8 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     path = cache_dir("ceilings") / f"{backend}-{key}-{digest}.json"
 
     data = None if refresh else _read_cache(path, ident, key)
+    if data is not None and "overhead_s" not in data:
+        data = _add_overhead(data, path)  # a cache file from before the overhead was measured
     if data is None:
         from pallas_kernels.ceilings import device_ceilings
 
@@ -361,15 +369,36 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
             "bandwidth": float(measured["bandwidth"]), "memory_bytes": memory,
             "sources": {"flops": measured["matmul_method"], "bandwidth": measured["bandwidth_method"]},
         }
+        data = _add_overhead(data, None)
         try:
             atomic_write_text(path, json.dumps(data, indent=1))
         except OSError:
             pass  # read-only cache: the numbers are still returned
     spec = HardwareSpec(name=data["name"], flops={key: float(data["flops"][key])}, bandwidth=float(data["bandwidth"]),
-                        memory_bytes=data.get("memory_bytes"), sources=dict(data["sources"]))
+                        memory_bytes=data.get("memory_bytes"), sources=dict(data["sources"]),
+                        overhead_s=data.get("overhead_s"))
     if verbose and str(path) not in _CEILINGS_PRINTED:
         _CEILINGS_PRINTED.add(str(path))
         print(f"ceilings of {spec.name} ({backend}): matmul {spec.flops[key] / 1e9:,.1f} GFLOP/s "
               f"[{spec.sources['flops']}]; bandwidth {spec.bandwidth / 1e9:,.1f} GB/s "
-              f"[{spec.sources['bandwidth']}] (cached in {path})")
+              f"[{spec.sources['bandwidth']}]; overhead {spec.overhead_s * 1e6:,.1f} us per call "
+              f"[{spec.sources.get('overhead', '?')}] (cached in {path})")
     return spec
+
+
+def _add_overhead(data: dict, path) -> dict:
+    """Measure the per-call overhead into ``data`` (and rewrite the cache file at ``path``)."""
+    import json
+
+    from pallas_kernels.ceilings import call_overhead
+    from pallas_kernels.files import atomic_write_text
+
+    measured = call_overhead()
+    data = dict(data, overhead_s=measured["seconds"],
+                sources=dict(data.get("sources", {}), overhead=measured["method"]))
+    if path is not None:
+        try:
+            atomic_write_text(path, json.dumps(data, indent=1))
+        except OSError:
+            pass
+    return data

@@ -9,6 +9,13 @@ model says a kernel takes the *larger* of the two times::
 and the ratio ``intensity = flops / bytes`` (FLOP per byte) decides which one wins: below the
 chip's ridge point ``peak_flops / bandwidth`` a phase is memory-bound, above it compute-bound.
 
+A third term matters for small work: every call pays a fixed cost (dispatch, kernel launch,
+synchronisation) however few bytes and FLOPs it has. With it (``overhead=True``)::
+
+    time = overhead + max(flops / peak_flops, bytes / bandwidth)
+
+and :func:`regime` names the largest of the three: overhead-, memory- or compute-bound.
+
 The FLOPs and bytes of each phase are counted in :mod:`inference_lab.costs` (re-exported
 here: ``roofline.decode_cost`` and friends).
 """
@@ -27,10 +34,10 @@ from inference_lab.hardware import dtype_key
 __all__ = [
     "Cost", "weight_bytes", "kv_bytes_per_token", "kv_cache_bytes", "prefill_cost",
     "decode_cost", "forward_cost_no_attention", "forward_intensity", "ridge_point",
-    "predict_terms", "predict_time", "bound", "predicted_prefill_tokens_per_s",
+    "predict_terms", "predict_time", "bound", "overhead_seconds", "regime", "predicted_prefill_tokens_per_s",
     "predicted_prefill_seconds", "predicted_decode_step_seconds",
     "predicted_decode_tokens_per_s", "single_stream_decode_tokens_per_s", "predicted_flip",
-    "measured_knee", "memory_needed", "fits", "allreduce_bytes", "allreduce_time",
+    "measured_knee", "memory_needed", "fits", "max_batch", "allreduce_bytes", "allreduce_time",
 ]
 
 
@@ -55,14 +62,45 @@ def predict_terms(cost: Cost, spec, dtype="bf16") -> tuple[float, float]:
     return cost.flops / spec.peak_flops(dtype), cost.bytes / spec.bandwidth
 
 
-def predict_time(cost: Cost, spec, dtype="bf16") -> float:
-    """Roofline time in seconds: the larger of ``flops / peak`` and ``bytes / bandwidth``."""
-    return max(predict_terms(cost, spec, dtype))
+def overhead_seconds(spec, overhead=True) -> float:
+    """The fixed cost of one call: ``overhead=True`` reads ``spec.overhead_s`` (measured by
+    :func:`inference_lab.hardware.measure_ceilings`; 0 for a datasheet preset, which has none),
+    ``False`` is 0, a number is that many seconds."""
+    if overhead is True:
+        return float(getattr(spec, "overhead_s", None) or 0.0)
+    if overhead is False or overhead is None:
+        return 0.0
+    if not overhead >= 0:
+        raise ValueError(f"overhead={overhead!r}: pass True (the spec's measured overhead), False, or seconds >= 0")
+    return float(overhead)
+
+
+def predict_time(cost: Cost, spec, dtype="bf16", *, overhead=False) -> float:
+    """Roofline time in seconds: the larger of ``flops / peak`` and ``bytes / bandwidth``.
+
+    ``overhead=True`` adds the third term, the fixed cost of a call (``spec.overhead_s``; a
+    number adds that many seconds): ``overhead + max(compute, memory)``. Small work is then
+    *overhead-bound*: its time no longer shrinks with its FLOPs or bytes.
+    """
+    return overhead_seconds(spec, overhead) + max(predict_terms(cost, spec, dtype))
 
 
 def bound(cost: Cost, spec, dtype="bf16") -> str:
     """``"compute"`` or ``"memory"``: which roofline term is larger for this work."""
     compute, memory = predict_terms(cost, spec, dtype)
+    return "compute" if compute >= memory else "memory"
+
+
+def regime(cost: Cost, spec, dtype="bf16", *, overhead=True) -> str:
+    """``"overhead"``, ``"memory"`` or ``"compute"``: the largest of the three terms.
+
+    The three regimes of one piece of work on one machine: the fixed cost of a call (launch,
+    dispatch), the bytes over the bandwidth, the FLOPs over the peak.
+    """
+    fixed = overhead_seconds(spec, overhead)
+    compute, memory = predict_terms(cost, spec, dtype)
+    if fixed >= max(compute, memory):
+        return "overhead"
     return "compute" if compute >= memory else "memory"
 
 
@@ -197,6 +235,28 @@ def fits(cfg, batch: int, context: int, spec, *, tp: int = 1, headroom: float = 
     if spec.memory_bytes is None:
         raise ValueError(f"spec {spec.name!r} has no memory_bytes; set it to test the fit")
     return memory_needed(cfg, batch, context, tp=tp) <= headroom * spec.memory_bytes
+
+
+def max_batch(cfg, spec, context: int, *, tp: int = 1, headroom: float = 0.9) -> int:
+    """The largest batch of ``context``-token sequences that :func:`fits` (0: not even one).
+
+    What bounds a decode batch on a real device: the weights stay, and every sequence brings
+    its own KV cache (``context x kv_bytes_per_token``) plus its share of the working set.
+    Found by bisection on :func:`fits` itself, so the two always agree.
+    """
+    _check_cfg(cfg)
+    context = _check_count("context", context)
+    if not 0 < headroom <= 1:
+        raise ValueError(f"headroom={headroom!r} must be in (0, 1]: the share of memory the server may use")
+    if not fits(cfg, 1, context, spec, tp=tp, headroom=headroom):
+        return 0
+    lo, hi = 1, 2
+    while fits(cfg, hi, context, spec, tp=tp, headroom=headroom):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # fits(lo) and not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(cfg, mid, context, spec, tp=tp, headroom=headroom) else (lo, mid)
+    return lo
 
 
 # ----------------------------------------------------------------------------- tensor parallel

@@ -124,10 +124,23 @@ def _format_values(controls, values) -> str:
 
 # Check-yourself questions with an automatic check.
 
-def quiz(question: str, options: Sequence[str], answer: str, explanation: str) -> W.VBox:
-    """A multiple-choice question: pick, press "check", read right/wrong and why."""
+RIGHT = "<b style='color:#1a7f37'>Right.</b> "
+WRONG = "<b style='color:#b42318'>Not quite.</b> "
+
+
+def quiz(question: str, options: Sequence[str], answer: str, explanation: str, *,
+         why_not: dict | None = None, hint: str = "") -> W.VBox:
+    """A multiple-choice question: pick, press "check", read right/wrong and why.
+
+    A wrong pick shows ``why_not[option]`` (why that option is wrong: the feedback explains,
+    it does not just say "no"), else ``hint``; a right pick shows ``explanation``.
+    """
     if answer not in options:
         raise ValueError(f"quiz answer={answer!r} must be one of the options {list(options)}")
+    why_not = dict(why_not or {})
+    unknown = set(why_not) - set(options)
+    if unknown or answer in why_not:
+        raise ValueError(f"quiz why_not keys must be wrong options; got {sorted(unknown | ({answer} & set(why_not)))}")
     choice = W.RadioButtons(options=list(options), value=None, layout=W.Layout(width="auto"))
     button = W.Button(description="check", button_style="info")
     feedback = W.HTML()
@@ -136,18 +149,19 @@ def quiz(question: str, options: Sequence[str], answer: str, explanation: str) -
         if choice.value is None:
             feedback.value = "Pick an answer first."
         elif choice.value == answer:
-            feedback.value = "<b style='color:#1a7f37'>Right.</b> " + html.escape(explanation)
+            feedback.value = RIGHT + html.escape(explanation)
         else:
-            feedback.value = ("<b style='color:#b42318'>Not quite.</b> Think again, or open the "
-                              "answer below the question.")
+            reason = why_not.get(choice.value) or hint or "Work it out from the numbers in the question, then try again."
+            feedback.value = WRONG + html.escape(reason)
 
     button.on_click(check)
     return W.VBox([W.HTML(f"<b>{html.escape(question)}</b>"), choice, button, feedback])
 
 
 def numeric_quiz(question: str, answer: float, *, rel_tol: float = 0.15, unit: str = "",
-                 explanation: str = "") -> W.VBox:
-    """A question whose answer is a number; within ``rel_tol`` of ``answer`` counts as right."""
+                 explanation: str = "", hint: str = "") -> W.VBox:
+    """A question whose answer is a number; within ``rel_tol`` of ``answer`` counts as right.
+    A wrong answer says too high or too low, by how much, and shows ``hint`` (how to get it)."""
     if not math.isfinite(answer):
         raise ValueError(f"numeric_quiz answer={answer!r} must be a finite number")
     box = W.FloatText(description="your answer", style={"description_width": "initial"})
@@ -161,7 +175,95 @@ def numeric_quiz(question: str, answer: float, *, rel_tol: float = 0.15, unit: s
                               + html.escape(explanation))
         else:
             direction = "high" if guess > answer else "low"
-            feedback.value = f"<b style='color:#b42318'>Too {direction}.</b> Try again."
+            off = f" (off by about {_factor(guess, answer)})" if guess and answer and guess * answer > 0 else ""
+            feedback.value = (f"<b style='color:#b42318'>Too {direction}{off}.</b> "
+                              + html.escape(hint or "Try again."))
 
     button.on_click(check)
     return W.VBox([W.HTML(f"<b>{html.escape(question)}</b>"), W.HBox([box, button]), feedback])
+
+
+def _factor(guess: float, answer: float) -> str:
+    f = max(guess / answer, answer / guess)
+    return f"{f:,.1f}x" if f < 10 else f"{f:,.0f}x"
+
+
+# Predict, then measure.
+
+class Prediction(W.VBox):
+    """What the learner expects, written down before a measurement (see :func:`prediction`).
+
+    ``value``: the number entered (``None`` until "lock in" is pressed), or the chosen range's
+    label when the prediction has ``ranges``. :meth:`report` puts it beside the roofline and
+    the measurement, once they exist.
+    """
+
+    def __init__(self, question: str, *, unit: str = "", ranges: Sequence[tuple] | None = None):
+        self.question, self.unit = question, unit
+        self.ranges = [tuple(r) for r in ranges] if ranges else None
+        if self.ranges:
+            for r in self.ranges:
+                if len(r) != 3 or not r[1] < r[2]:
+                    raise ValueError(f"prediction range {r!r} must be (label, low, high) with low < high")
+            self._input = W.RadioButtons(options=[r[0] for r in self.ranges], value=None,
+                                         layout=W.Layout(width="auto"))
+        else:
+            self._input = W.FloatText(description="your prediction", style={"description_width": "initial"})
+        self._button = W.Button(description="lock in", button_style="warning")
+        self._status = W.HTML("<i>No prediction yet: write one down before running the next cell.</i>")
+        self._locked = None
+        self._button.on_click(self._lock)
+        controls = [self._input, self._button] if self.ranges else [W.HBox([self._input, self._button])]
+        super().__init__([W.HTML(f"<b>Predict:</b> {html.escape(question)}"), *controls, self._status])
+
+    def _lock(self, _=None):
+        value = self._input.value
+        if value is None:
+            self._status.value = "Pick a range first."
+            return
+        self._locked = value
+        shown = value if self.ranges else f"{value:,.4g} {self.unit}".strip()
+        self._status.value = f"Locked in: <b>{html.escape(str(shown))}</b>. Now run the measurement."
+
+    @property
+    def value(self):
+        return self._locked
+
+    def _range_of(self, x: float):
+        for label, lo, hi in self.ranges or ():
+            if lo <= x < hi:
+                return label
+        return None
+
+    def report(self, measured: float, *, roofline: float | None = None, what: str = "") -> str:
+        """A small table: the prediction, the roofline's figure (if any) and the measurement,
+        then one line on how the prediction did."""
+        unit = f" {self.unit}" if self.unit else ""
+        fmt = lambda x: f"{x:,.3g}{unit}"
+        rows = [("your prediction", "-" if self.value is None else
+                 (str(self.value) if self.ranges else fmt(self.value)))]
+        if roofline is not None:
+            rows.append(("roofline", fmt(roofline)))
+        rows.append(("measured here", fmt(measured) + (f"  ({self._range_of(measured)})" if self.ranges else "")))
+        width = max(len(r[0]) for r in rows) + 2
+        lines = [what] if what else []
+        lines += [f"{name:<{width}}{value}" for name, value in rows]
+        if self.value is None:
+            lines.append("(no prediction locked in: next time, commit to a number first)")
+        elif self.ranges:
+            hit = self._range_of(measured) == self.value
+            lines.append("your range holds the measurement" if hit else
+                         f"the measurement fell in {self._range_of(measured)!r}, not {self.value!r}: why?")
+        elif self.value > 0 and measured > 0:
+            off = max(self.value / measured, measured / self.value)
+            lines.append(f"your prediction is within {off:,.2g}x of the measurement"
+                         + ("" if off <= 2 else ": what did it leave out?"))
+        return "\n".join(lines)
+
+
+def prediction(question: str, *, unit: str = "", ranges: Sequence[tuple] | None = None) -> Prediction:
+    """A prediction box for just before a measurement: a number (or, with ``ranges`` given as
+    ``(label, low, high)`` tuples, one range) and a "lock in" button. The measurement cell
+    then prints ``guess.report(measured, roofline=...)``: prediction, roofline and
+    measurement side by side. Nothing is graded: the point is to commit before you look."""
+    return Prediction(question, unit=unit, ranges=ranges)

@@ -1,4 +1,5 @@
-"""This device's two ceilings, measured: matmul FLOP/s and memory bandwidth.
+"""This device's two ceilings, measured: matmul FLOP/s and memory bandwidth; and the floor
+under them, the fixed cost of one call.
 
 The one implementation: the kernel benchmark (:mod:`pallas_kernels.bench`) calls it at its
 sizes, and ``inference_lab.hardware.measure_ceilings`` caches it per machine for the lessons.
@@ -64,3 +65,26 @@ def device_ceilings(*, n: int, nbytes: int, dtype, repeats: int) -> dict:
                              f"(read counted) and an in-place x *= 1.0001 on it (read + write counted), "
                              f"best of {repeats + 2}"),
     }
+
+
+def call_overhead(*, calls: int = 300) -> dict:
+    """The fixed cost of one call on this device: the median wall time of a trivial jitted op
+    (``x + 1`` on a float32 scalar), dispatched and waited for (``block_until_ready``).
+
+    No bytes to speak of and one FLOP: what is left is dispatch, launch and synchronisation,
+    which every call pays however small its work. The median (not the minimum): it is a cost
+    every call pays, not a ceiling only the luckiest call reaches.
+    """
+    import statistics
+
+    f = jax.jit(lambda x: x + 1)
+    x = jnp.float32(1)
+    for _ in range(10):  # compile and warm the dispatch path
+        x = jax.block_until_ready(f(x))
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        x = jax.block_until_ready(f(x))
+        times.append(time.perf_counter() - t0)
+    return {"seconds": statistics.median(times),
+            "method": f"measured: median wall time of a jitted x + 1 on a float32 scalar, {calls} calls"}

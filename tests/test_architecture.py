@@ -32,6 +32,7 @@ LAYER_OF = {
     "inference_lab.probe": "measurement", "inference_lab.vllm_bench": "measurement",
     "inference_lab.probe_args": "measurement", "inference_lab.probe_schema": "measurement",
     "inference_lab.pretrained": "engine", "inference_lab.train": "measurement",
+    "inference_lab.experiments": "measurement",
     "inference_lab.lessons": "top", "inference_lab.plots": "top", "inference_lab.widgets": "top",
     "inference_lab.cli": "top", "inference_lab.triton_report": "top", "inference_lab.__main__": "top", "inference_lab": "top",
 }
@@ -173,4 +174,4 @@ def test_each_notebook_calls_its_own_lesson_module(nb):
     name = nb.stem[3:]
     assert (ROOT / "inference_lab" / "lessons" / f"{name}.py").is_file(), f"no lesson module for {nb.name}"
     code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
-    assert f"lessons import" in code and name in code, f"{nb.name} does not import inference_lab.lessons.{name}"
+    assert "lessons import" in code and name in code, f"{nb.name} does not import inference_lab.lessons.{name}"

@@ -6,7 +6,7 @@ import json
 import pytest
 from matplotlib.figure import Figure
 
-from inference_lab import economics, hardware, measure, plots
+from inference_lab import economics, experiments, hardware, plots, roofline
 from inference_lab.lessons import arithmetic_intensity as intensity
 from inference_lab.lessons import batching, machine, setup_check
 from inference_lab.lessons import decode_is_bandwidth_bound as decode
@@ -47,7 +47,8 @@ def test_machine_summary_names_device_kernels_and_versions(here):
     assert here.spec.bandwidth > 0 and here.spec.peak_flops(here.dtype) > 0
     assert "ridge" in machine.ceilings_line(here.spec, here.dtype)
     assert here.config.name in setup_check.plan_line(here)
-
+    plan = setup_check.plan_table(here)
+    assert "05 batching" in plan and str(max(here.sizes.batch_sizes)) in plan
 
 def test_pallas_kernels_match_their_twins_and_float64():
     for check in (setup_check.pallas_vs_reference, prefill.prefill_kernels_check, decode.decode_kernel_check):
@@ -62,61 +63,110 @@ def test_decode_split_is_memory_bound_at_batch_one(tmp_path):
     fig, text = setup_check.decode_split_view(cfg, H100, "bf16", batch=1, context=512)
     assert text.startswith("batch size 1:") and "memory-bound" in text
     _png(fig, tmp_path)
+    here = dataclasses.replace(H100, overhead_s=1e-5)
+    assert setup_check.decode_split(cfg, here, "bf16", batch=1, context=512)["overhead_s"] == 1e-5
+    assert setup_check.decode_split(cfg, here, "bf16", batch=1, context=512)["regime"] == "memory"
 
 
-def test_two_speeds_measures_both_phases(model, tmp_path):
+def test_two_speeds_measures_both_phases(model, here, tmp_path):
     result = two_speeds.two_speeds(model, prompt_len=32, new_tokens=4)
     assert result.prefill_tokens_per_s > 0 and result.decode_tokens_per_s > 0
     assert result.ratio == pytest.approx(result.prefill_tokens_per_s / result.decode_tokens_per_s)
     assert "prompt length 32, new tokens 4" in result.line()
+    gap = result.gap(model.cfg, here.spec)
+    assert gap.measured == pytest.approx(result.ratio)
+    assert gap.measured == pytest.approx(gap.ideal * gap.mfu / gap.mbu)    # the identity the lesson teaches
+    assert "MFU" in gap.table("here") and "MBU" in gap.table("here")
     fig, text = two_speeds.two_speeds_view(model, 32, 4)
-    assert text.startswith("prompt length 32, new tokens 4:")
+    assert text.startswith("prompt length 32, new tokens 4:") and "gap" in text
     _png(fig, tmp_path)
     _png(plots.two_speeds_bars(result, reference=two_speeds.REFERENCE_NODE), tmp_path, "bars")
+
+
+def test_reference_node_reconciles_30x_with_the_ridge():
+    ref = two_speeds.reference_gap()
+    cfg = two_speeds.REFERENCE_SHAPE
+    assert 26e9 < cfg.num_params < 28e9
+    assert ref.measured == pytest.approx(3288 / 108)
+    assert 0.9 * 295 < ref.ideal < 1.1 * 295              # the ceilings allow about the ridge in bf16
+    assert 0.03 < ref.mfu < 0.07 and 0.35 < ref.mbu < 0.5
+    assert ref.decode_share(19, 1) > 0.5 > ref.decode_share(47, 1)
+    assert "decode takes longer" in two_speeds.who_dominates(19, 1, ref.measured)
+    assert "prefill takes longer" in two_speeds.who_dominates(47, 1, ref.measured)
 
 
 def test_sweeps_tables_and_views(model, here, tmp_path):
     pre = prefill.prefill_sweep(model, (1, 32))
     assert len(pre.table().splitlines()) == 3 and [r.prompt_len for r in pre.records] == [1, 32]
-    fig, text = prefill.prefill_point_view(pre, here.spec, here.dtype, 32)
-    assert text.startswith("prompt length 32:")
+    kernels = experiments.matmul_sweep((1, 32), k=256, n=256, repeats=2)
+    fig, text = prefill.prefill_point_view(pre, here.spec, here.dtype, 32, kernels)
+    assert text.startswith("prompt length 32:") and "lone matmul" in text
     _png(fig, tmp_path, "pre")
+    assert "kernel-scaled" in prefill.prediction_table(pre, kernels, model.cfg, here.spec, here.dtype)
+    assert prefill.first_compute_bound_length(model.cfg, here.spec, here.dtype, (1, 32, 4096)) in (32, 4096)
 
-    dec = decode.decode_context_sweep(model, (16, 48), steps=2)
-    assert [r.context for r in dec.records] == [16, 48]
-    fig, text = decode.decode_point_view(dec, model.cfg, 48)
-    assert text.startswith("prompt length (context) 48:") and "MBU" in text
+    exp = decode.decode_experiments(model, batches=(1, 2), contexts=(16, 48), context=16, steps=2, kernel_size=256)
+    assert [r.batch for r in exp.batch] == [1, 2] and [r.context for r in exp.context] == [16, 48]
+    assert "time x" in exp.table() and "GB/s" in exp.kernel_line()
+    fig, text = decode.experiment_view(exp, 2)
+    assert text.startswith("batch size 2:") and "MBU" in text
     _png(fig, tmp_path, "dec")
-    _png(plots.decode_time_vs_bytes(dec.records, here.spec, here.dtype), tmp_path, "tvb")
-    assert "context" in decode.decode_bytes_table(model.cfg, 1, (16, 48))
+    assert "MFLOP" in decode.decode_bytes_table(model.cfg, 1, (16, 48))
 
     batches = batching.batch_sweep(model, (1, 4), context=16, steps=2)
     assert batches.at(4).batch == 4 and "batch" in batches.table()
-    fig, text = batching.batch_point_view(batches, here.spec, model.cfg, here.dtype, 4)
-    assert text.startswith("batch size 4:")
+    fig, text = batching.users_view(batches, 4)
+    assert text.startswith("batch size 4:") and "each user" in text
     _png(fig, tmp_path, "batch")
-    assert "measured knee" in batching.knee_explanation(batches, here.spec, model.cfg, here.dtype)
+    ks = batching.kernel_sweep((1, 4), 256, "float32")
+    mm = batching.model_matmuls(model, (1, 4))
+    table = batching.kernel_table(ks, mm)
+    assert "weight GB/s" in table and "weight matrices alone" in table
+    knee = batching.knee_explanation(batches, mm, here.spec, model.cfg, here.dtype, lone=ks)
+    assert "weight matrices alone" in knee and "knee of one [m, 256]" in knee
+    fig = plots.kernel_vs_model(batches.records, ks + mm, cfg=model.cfg, spec=here.spec)
+    assert len(fig.axes[0].get_lines()) >= 4        # model, two kernel series, roofline
+    _png(fig, tmp_path, "knee")
+    _png(plots.flops_or_bytes(exp.batch, exp.context), tmp_path, "fob")
     with pytest.raises(KeyError):
         batches.at(3)
 
 
-def test_depth_sweep_moves_more_bytes_per_layer(here, tmp_path):
-    depth = decode.decode_depth_sweep(here, (1, 2), context=16, steps=2)
-    shallow, deep = depth.records
-    assert deep.bytes_per_step > 1.3 * shallow.bytes_per_step
-    assert depth.label(deep) == "2 layers" and depth.table().splitlines()[0].lstrip().startswith("layers")
-    _png(plots.decode_time_vs_bytes(depth.records, here.spec, here.dtype, label=depth.label), tmp_path)
+def test_kv_capacity_table():
+    gqa = CFG8B
+    table = batching.kv_capacity_table([gqa, gqa.replace(name="mha", n_kv_heads=32)], H100, contexts=(4096,))
+    assert "128KiB" in table and "512KiB" in table and f"{roofline.max_batch(gqa, H100, 4096):>11,}" in table
 
 
-def test_roofline_points_and_rag_split(model, here, tmp_path):
-    points = intensity.roofline_points(model, (16, 32), (1, 4), context=16)
+def test_kernels_are_shown_by_their_bodies():
+    import pallas_kernels as pk
+
+    names = [f.__name__ for f in machine.kernel_parts(pk.flash_attention)]
+    assert names == ["_flash_kernel", "_run", "update"]
+    assert [f.__name__ for f in machine.kernel_parts(pk.matmul)] == ["_matmul_kernel", "_run"]
+    text = machine.function_source(roofline.decode_cost)
+    assert text.splitlines()[1].startswith("def decode_cost") and "kv_read" in text
+    excerpt = machine.function_source(roofline.decode_cost, start="kv_tok =", stop="return _cost(")
+    assert excerpt.splitlines()[1].startswith("kv_tok =") and "(excerpt)" in excerpt
+    with pytest.raises(ValueError, match="no line"):
+        machine.function_source(roofline.decode_cost, start="not in the source")
+
+
+def test_regimes_and_roofline_points(model, here, tmp_path):
+    ops = intensity.regime_sweep(stream_bytes=(256, 4096, 2**16, 2**20), matmul_sizes=(16, 64), repeats=2)
+    assert [o.kind for o in ops] == ["stream"] * 4 + ["matmul"] * 2
+    assert "regime" in intensity.regime_table(ops, here.spec, here.dtype)
+    points = intensity.roofline_points(model, (16, 32), (1, 4), context=16, steps=2)
     assert len(points.prefill) == 2 and len(points.decode) == 2
     fig, text = intensity.roofline_batch_view(points, here.spec, here.dtype, model.cfg, 4)
-    assert text.startswith("batch size 4:") and "FLOP/byte" in text
+    assert text.startswith("batch size 4:") and "FLOP/byte" in text and "of the roof" in text
     _png(fig, tmp_path)
-    split = prefill.rag_time_split(model, 32, ratios=(19, 47))
+    _png(plots.three_regimes(ops + intensity.model_ops(points.prefill[-1], points.decode[0]), here.spec, here.dtype),
+         tmp_path, "regimes")
+    assert intensity.attention_intensity(CFG8B) == 4
+    split = prefill.rag_time_split(model, 32, ratios=(19, 47), steps=2)
     assert [row[0] for row in split.rows] == [19, 47] and "47:1" in split.table()
-    assert split.rows[0][2] > split.rows[1][2]  # fewer output tokens at 47:1
+    assert split.rows[0][2] > split.rows[1][2] and 0 < split.decode_share(19) < 1
 
 
 def test_analytic_tables():
@@ -156,20 +206,37 @@ def test_serving_simulation_views(tmp_path):
 
 
 def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
-    report = classroom.run_probe(here, tmp_path, new_tokens=2)
+    report = classroom.run_probe(here, tmp_path, new_tokens=2, repeats=1)
     path = tmp_path / classroom.probe_filename(here)
     saved = json.loads(path.read_text())
     assert saved["schema_version"] == 2 and saved["complete"] and report["ratio"] > 0
     assert saved["machine"]["id"] in path.name
     (tmp_path / "broken.json").write_text("{")
-    records = measure.load_records(tmp_path)
-    assert len({r.machine_id for r in records}) == 1 and [p.name for p, _ in records.skipped] == ["broken.json"]
-    summary = classroom.classroom_summary(records)
-    assert "from 1 machine(s)" in summary and "skipped broken.json: is not valid JSON" in summary
-    fig, text = classroom.classroom_view(records, 4)
-    assert text.startswith("batch size 4: 1 machine(s)") and "1 file(s) skipped: broken.json" in text
+    machines = classroom.load_measured(tmp_path, tmp_path / "missing")
+    (label, records), = machines.items()
+    assert path.stem in label and [p.name for p, _ in machines.skipped] == ["broken.json"]
+    summary = classroom.classroom_summary(machines)
+    assert "1 run(s) from 1 machine(s)" in summary and "skipped broken.json: is not valid JSON" in summary
+    peak, bw = classroom.ceilings_of(records)
+    assert peak == pytest.approx(here.spec.peak_flops(here.dtype), rel=1e-6)
+    assert bw == pytest.approx(here.spec.bandwidth, rel=1e-6)
+    points = classroom.ratio_points(machines)
+    assert points[0]["measured"] == pytest.approx(report["ratio"]) and points[-1]["quoted"]
+    assert points[0]["ideal"] == pytest.approx(here.spec.ridge_point(here.dtype) * 4 / 2)
+    assert "measured/allowed" in classroom.ratio_table(points)
+    fig, text = classroom.classroom_view(machines, 4)
+    assert text.startswith("batch size 4: 1 run(s)") and "1 file(s) skipped: broken.json" in text
     _png(fig, tmp_path)
+    _png(plots.ratio_vs_ridge(points), tmp_path, "ratio")
     assert classroom.probe_filename(here).startswith("probe-") and " " not in classroom.probe_filename(here)
+
+
+def test_the_projects_measurements_load():
+    machines = classroom.load_measured(classroom.MEASUREMENTS)
+    assert machines, "docs/measurements/ holds at least this project's own CPU probe"
+    for records in machines.values():
+        pre, dec = classroom.split(records)
+        assert pre.prefill_tokens_per_s > 0 and 1 in dec
 
 
 def test_lesson_figures(tmp_path):

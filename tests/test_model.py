@@ -21,7 +21,7 @@ def model():
 def numpy_forward(params, tokens, cfg):
     """An independent float64 NumPy forward pass (logits at every position)."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-    d, dh = cfg.d_model, cfg.head_dim
+    dh = cfg.head_dim
     b, t = tokens.shape
 
     def norm(x, s):

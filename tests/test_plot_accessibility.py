@@ -27,6 +27,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from inference_lab import economics, hardware, plots, roofline, simulator  # noqa: E402
 from inference_lab.config import ModelConfig  # noqa: E402
+from inference_lab.experiments import KernelPoint  # noqa: E402
+from inference_lab.lessons.arithmetic_intensity import Op  # noqa: E402
 from inference_lab.measure import DecodeRecord, PrefillRecord  # noqa: E402
 
 SPEC = hardware.PRESETS["H200"]
@@ -76,8 +78,8 @@ def series(fig) -> list[Series]:
             faces, edges = coll.get_facecolors(), coll.get_edgecolors()
             hollow = len(faces) == 0 or _whiteish(faces[0])
             colour = edges[0] if hollow and len(edges) else faces[0]
-            out.append(Series(i, coll.get_label(), "scatter", shape, "none", "hollow" if hollow else "filled", "",
-                              to_hex(colour)))
+            out.append(Series(i, coll.get_label(), "scatter", shape, "none", "hollow" if hollow else "filled",
+                              coll.get_hatch() or "", to_hex(colour)))
         for cont in ax.containers:
             if not isinstance(cont, BarContainer) or cont.get_label().startswith("_") or not cont.patches:
                 continue
@@ -188,6 +190,22 @@ FIGURES = {
     "goodput_plot": lambda: plots.goodput_plot(_goodput_rows()),
     "pool_balance_plot": lambda: plots.pool_balance_plot(["1P3D", "2P2D", "3P1D"], [10, 20, 30], [60, 40, 20]),
     "token_timeline": lambda: plots.token_timeline([0.05 + 0.004 * i for i in range(20)]),
+    "flops_or_bytes": lambda: plots.flops_or_bytes(
+        [r for r in _records() if r.phase == "decode" and r.context == 512],
+        [r for r in _records() if r.phase == "decode" and r.batch == 1]),
+    "kernel_vs_model": lambda: plots.kernel_vs_model(
+        [r for r in _records() if r.phase == "decode" and r.context == 512],
+        [KernelPoint(m, 4096, 4096, "bfloat16", 2e-3 * (1 + 0.3 * m)) for m in (1, 2, 4, 8)]
+        + [KernelPoint(m, 8192, 1, "bfloat16", 1e-3 * (1 + 0.1 * m)) for m in (1, 2, 4, 8)], cfg=CFG, spec=SPEC),
+    "three_regimes": lambda: plots.three_regimes(
+        [Op("stream", "1 KiB", 256, 1024, 8e-6), Op("stream", "256 MiB", 6.7e7, 2**28, 6e-3),
+         Op("matmul", "1024", 2.1e9, 1.2e7, 0.012), Op("decode", "base", 1e9, 1e9, 3e-3)],
+        hardware.HardwareSpec("cpu", {"fp32": 190e9}, 50e9, overhead_s=6e-6), "fp32"),
+    "users_vs_total": lambda: plots.users_vs_total(
+        [r for r in _records() if r.phase == "decode" and r.context == 512], highlight=8),
+    "ratio_vs_ridge": lambda: plots.ratio_vs_ridge(
+        [{"label": f"machine {i}", "ideal": 5.0 * (i + 1), "measured": 7.0 * (i + 1)} for i in range(12)]
+        + [{"label": "27B on 4xH100 (quoted)", "ideal": 295.0, "measured": 30.4, "quoted": True}]),
     "cache_vs_recompute": lambda: plots.cache_vs_recompute(range(10, 30), [1e-3 * (1 + i / 10) for i in range(20)],
                                                            [8e-4] * 20),
 }

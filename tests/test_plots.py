@@ -162,3 +162,47 @@ def test_serving_figures_tell_modes_apart_without_colour(tmp_path):
     fig = plots.pool_balance_plot(["1P3D", "2P2D", "3P1D"], [10, 20, 30], [60, 40, 20])
     assert any("best: 2P2D" in t.get_text() for t in fig.axes[0].texts)
     _check(fig, tmp_path, "pools", log_x=False, log_y=False, units=("x prefill", "requests/s"))
+
+
+def test_experiment_figures(tmp_path):
+    from inference_lab.experiments import KernelPoint
+    from inference_lab.lessons.arithmetic_intensity import Op
+
+    recs = [r for r in _sweep() if isinstance(r, DecodeRecord)]
+    ctx = []
+    for c in (512, 2048, 8192):
+        cost = roofline.decode_cost(CFG, 1, c)
+        t = roofline.predict_time(cost, SPEC, "bf16") / 0.5
+        ctx.append(DecodeRecord("NVIDIA H200", "gpu", "pallas", "base", "bfloat16", 1, c, t, 1 / t, cost.bytes,
+                                cost.flops, None, None))
+    fig = plots.flops_or_bytes(recs[:5], ctx)
+    assert len(fig.axes) == 2 and all(len(ax.get_lines()) == 3 for ax in fig.axes)
+    styles = {line.get_linestyle() for line in fig.axes[0].get_lines()}
+    assert len(styles) == 3                       # paired series differ by line style, not colour alone
+    _check(fig, tmp_path, "fob", log_x=True, log_y=True, units=("FLOPs", "x"))
+    ks = [KernelPoint(m, 4096, 4096, "float32", 0.002 * (1 + 0.3 * m)) for m in (1, 2, 4, 8)]
+    fig = plots.kernel_vs_model(recs[:4], ks, cfg=CFG, spec=SPEC)
+    assert len(fig.axes[0].get_lines()) >= 3
+    _check(fig, tmp_path, "knee", log_x=True, log_y=True, units=("model", "x"))
+    with pytest.raises(ValueError, match="batch 1"):
+        plots.kernel_vs_model(recs[1:4], ks)
+    ops = [Op("stream", "1 KiB", 256, 1024, 8e-6), Op("stream", "256 MiB", 6.7e7, 2**28, 6e-3),
+           Op("matmul", "1024", 2.1e9, 1.2e7, 0.012)]
+    spec = hardware.HardwareSpec("cpu", {"fp32": 190e9}, 50e9, overhead_s=6e-6)
+    fig = plots.three_regimes(ops, spec, "fp32")
+    _check(fig, tmp_path, "regimes", log_x=True, log_y=True, units=("s", "s"))
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("overhead-bound" in t for t in legend) and any("compute-bound" in t for t in legend)
+    fig = plots.users_vs_total(recs, highlight=8)
+    _check(fig, tmp_path, "users", log_x=True, log_y=True, units=("sequences", "tokens/s"))
+    fig = plots.ratio_vs_ridge([{"label": "cpu", "ideal": 7.8, "measured": 12.0},
+                                {"label": "node", "ideal": 295.0, "measured": 30.4, "quoted": True}])
+    _check(fig, tmp_path, "ratio", log_x=True, log_y=True, units=("ridge", "batch 1"))
+    with pytest.raises(ValueError):
+        plots.ratio_vs_ridge([])
+
+
+def test_classroom_overlay_keeps_runs_apart(tmp_path):
+    fig = plots.classroom_plot({"cpu (run a)": _sweep("cpu", 0.02), "cpu (run b)": _sweep("cpu", 0.03, seed=1)})
+    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["cpu (run a)", "cpu (run b)"]
+    assert len({line.get_linestyle() for line in fig.axes[1].get_lines()}) == 2

@@ -263,3 +263,45 @@ def test_other_errors_are_clear():
     with pytest.raises(ValueError, match="interconnect"):
         roofline.allreduce_time(ModelConfig.preset("base"), nonet, 1, tp=2)
     assert math.isfinite(roofline.predicted_prefill_tokens_per_s(cfg, H100, 1, 16))
+
+
+def test_overhead_is_the_third_term():
+    cfg = ModelConfig.preset("small")
+    spec = dataclasses.replace(H100, overhead_s=5e-6)
+    cost = roofline.decode_cost(cfg, 1, 256)
+    two = roofline.predict_time(cost, spec, "fp32")
+    assert roofline.predict_time(cost, spec, "fp32", overhead=True) == pytest.approx(two + 5e-6)
+    assert roofline.predict_time(cost, spec, "fp32", overhead=1e-3) == pytest.approx(two + 1e-3)
+    assert roofline.predict_time(cost, H100, "fp32", overhead=True) == two      # a datasheet preset has none
+    assert roofline.regime(cost, spec, "bf16") == "memory"
+    assert roofline.regime(roofline.prefill_cost(cfg, 1, 4096), spec, "bf16") == "compute"
+    tiny = roofline.Cost(2.0, 8.0, {})
+    assert roofline.regime(tiny, spec) == "overhead" and roofline.regime(tiny, spec, overhead=False) == "memory"
+    with pytest.raises(ValueError, match="overhead"):
+        roofline.predict_time(cost, spec, overhead=-1.0)
+    with pytest.raises(ValueError, match="overhead_s"):
+        dataclasses.replace(H100, overhead_s=-1e-6)
+
+
+@pytest.mark.parametrize("context", [1, 1024, 4096, 16384])
+def test_max_batch_is_the_edge_of_fits(context):
+    cfg = ModelConfig.preset("llama3_8b")
+    for spec, tp in ((H100, 1), (H200, 1), (H100, 4)):
+        b = roofline.max_batch(cfg, spec, context, tp=tp)
+        assert b >= 1 and roofline.fits(cfg, b, context, spec, tp=tp)
+        assert not roofline.fits(cfg, b + 1, context, spec, tp=tp)
+    assert roofline.max_batch(cfg, H100, context, headroom=0.5) < roofline.max_batch(cfg, H100, context)
+
+
+def test_max_batch_follows_the_kv_cache():
+    cfg = ModelConfig.preset("llama3_8b")
+    assert roofline.kv_bytes_per_token(cfg) == 128 * 1024                      # 2 x 32 x 8 x 128 x 2 bytes
+    mha = cfg.replace(n_kv_heads=cfg.n_heads)
+    assert roofline.max_batch(mha, H100, 4096) < roofline.max_batch(cfg, H100, 4096)   # GQA fits more
+    assert roofline.max_batch(cfg, H100, 16384) < roofline.max_batch(cfg, H100, 4096)
+    huge = cfg.replace(n_layers=400)                                            # weights alone > 72 GB
+    assert roofline.max_batch(huge, H100, 1024) == 0
+    with pytest.raises(ValueError, match="headroom"):
+        roofline.max_batch(cfg, H100, 1024, headroom=1.5)
+    with pytest.raises(ValueError, match="memory_bytes"):
+        roofline.max_batch(cfg, dataclasses.replace(H100, memory_bytes=None), 1024)

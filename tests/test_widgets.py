@@ -100,8 +100,8 @@ def test_the_caption_and_the_image_alt_say_what_the_figure_shows():
     (output,) = _find(board, W.Output)
     (caption,) = [w for w in _find(board, W.HTML) if widgets.CAPTION_CLASS in w._dom_classes]
     alt = output.outputs[0]["metadata"]["image/png"]["alt"]
-    assert alt.startswith("Two bars") and "compute 1 ms" in alt
-    assert "Figure: Two bars" in caption.value and "compute 1 ms" in caption.value
+    assert alt.startswith("2 bars") and "compute 1 ms" in alt
+    assert "Figure: 2 bars" in caption.value and "compute 1 ms" in caption.value
     (slider,) = _find(board, W.SelectionSlider)
     slider.value = 8
     assert "compute 8 ms" in output.outputs[0]["metadata"]["image/png"]["alt"]
@@ -110,3 +110,55 @@ def test_the_caption_and_the_image_alt_say_what_the_figure_shows():
     plain = widgets.dashboard(lambda batch: _view(batch, 1), [widgets.Control("batch", "batch size", [1])])
     (caption,) = [w for w in _find(plain, W.HTML) if widgets.CAPTION_CLASS in w._dom_classes]
     assert caption.value == ""
+def test_wrong_answers_explain_why():
+    box = widgets.quiz("Which phase is bandwidth-bound?", ["prefill", "decode", "neither"], "decode", "one token per step",
+                       why_not={"prefill": "prefill reuses each weight for every prompt token"}, hint="count FLOPs per byte")
+    radio, button, feedback = box.children[1], box.children[2], box.children[3]
+    radio.value = "prefill"
+    button.click()
+    assert "Not quite" in feedback.value and "reuses each weight" in feedback.value
+    radio.value = "neither"
+    button.click()
+    assert "count FLOPs per byte" in feedback.value          # no specific reason: the hint
+    with pytest.raises(ValueError, match="why_not"):
+        widgets.quiz("q", ["a", "b"], "a", "", why_not={"a": "the answer cannot be wrong"})
+    number = widgets.numeric_quiz("ridge?", 295.0, rel_tol=0.1, hint="divide FLOP/s by bytes/s")
+    text, check = number.children[1].children
+    text.value = 2950
+    check.click()
+    assert "Too high" in number.children[2].value and "10x" in number.children[2].value
+    assert "divide FLOP/s" in number.children[2].value
+
+
+def test_prediction_number_then_report():
+    guess = widgets.prediction("prefill/decode ratio?", unit="x")
+    assert isinstance(guess, W.VBox) and guess.value is None
+    report = guess.report(12.0, roofline=7.8)
+    assert "your prediction  -" in report and "roofline" in report and "measured here" in report
+    assert "no prediction locked in" in report
+    (box,) = _find(guess, W.FloatText)
+    (button,) = _find(guess, W.Button)
+    box.value = 30.0
+    assert guess.value is None                   # nothing counts until it is locked in
+    button.click()
+    assert guess.value == 30.0
+    box.value = 5.0                              # changing the box later does not move the locked value
+    report = guess.report(12.0, roofline=7.8)
+    assert "30 x" in report and "7.8 x" in report and "12 x" in report
+    assert "within 2.5x" in report and "what did it leave out" in report
+
+
+def test_prediction_ranges():
+    guess = widgets.prediction("knee?", ranges=[("2", 2, 3), ("3 to 8", 3, 9), ("9 or more", 9, float("inf"))])
+    (radio,) = _find(guess, W.RadioButtons)
+    (button,) = _find(guess, W.Button)
+    button.click()
+    assert guess.value is None                   # nothing picked: nothing locked
+    radio.value = "3 to 8"
+    button.click()
+    assert guess.value == "3 to 8"
+    assert "your range holds the measurement" in guess.report(4)
+    miss = guess.report(2)
+    assert "fell in '2'" in miss and "why?" in miss
+    with pytest.raises(ValueError, match="low < high"):
+        widgets.prediction("q", ranges=[("bad", 5, 1)])

@@ -11,7 +11,11 @@
 | ``06_on_your_machine``            | :mod:`.on_your_machine`                 |
 | ``07_serving_economics``          | :mod:`.serving_economics`, :mod:`.serving_pools` |
 
-:mod:`.machine` is what they share: this machine, its lesson sizes and model, record tables.
+:mod:`.machine` is what they share: this machine, its lesson sizes and model, record tables,
+and how the notebooks show code (a kernel's body, a function or an excerpt of one).
+:mod:`.claims` holds every lesson's claims as functions over measurements: each returns a
+:class:`~.claims.Verdict` (the claim, whether it holds, the numbers that decided it), which the
+notebook prints and asserts, and ``tests/test_claims.py`` feeds counter-data to each.
 
 A notebook cell calls these at fixed values and ``assert``s the lesson's claim on the result;
 the dashboard next to it calls the same function at whatever the slider says (the ``*_view``

@@ -1,12 +1,17 @@
-"""Notebook 04, arithmetic intensity: FLOPs per byte with and without the KV terms, and this
-machine's measured points on its roofline."""
+"""Notebook 04, arithmetic intensity: FLOPs per byte with and without the KV terms, the three
+regimes measured on this machine, its prefill and decode points on its roofline, and the
+reference node's numbers reconciled with the roofline."""
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import time
 
-from inference_lab import measure, plots, roofline
-from inference_lab.lessons.machine import DECODE_STEPS
+import jax
+import jax.numpy as jnp
+
+from inference_lab import experiments, plots, roofline
 
 
 def intensity_terms_table(cfg, contexts, batch: int) -> str:
@@ -20,6 +25,80 @@ def intensity_terms_table(cfg, contexts, batch: int) -> str:
     return f"decode, batch {batch}, {cfg.name} ({cfg.dtype}): FLOP per byte\n" + "\n".join(lines)
 
 
+def attention_intensity(cfg) -> float:
+    """FLOPs per KV-cache byte of decode attention: ``4 Hq D`` FLOPs per cached token per
+    layer over ``2 Hkv D dtype_bytes`` bytes = ``2 Hq / (Hkv dtype_bytes)``. Long context pulls
+    a decode step's intensity toward this, from below at small batch, from above at large."""
+    return 2 * cfg.n_heads / (cfg.n_kv_heads * cfg.dtype_bytes)
+
+
+# ----------------------------------------------------------------------------- three regimes
+@dataclasses.dataclass(frozen=True)
+class Op:
+    kind: str   # "stream", "matmul", "decode", "prefill"
+    label: str
+    flops: float
+    bytes: float
+    seconds: float
+
+
+def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matmul_sizes=(32, 512, 2048),
+                 repeats: int = 9) -> list[Op]:
+    """Time a read-only stream (a sum) over buffers of ``stream_bytes`` and square float32
+    matmuls of ``matmul_sizes``, one call each (median of ``repeats``, taken round-robin over
+    all the ops so a burst of load hits them alike). Small ones show the fixed cost of a call;
+    large streams, the bandwidth; large matmuls, the math."""
+    total = jax.jit(jnp.sum)
+    mm = jax.jit(lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST))
+    calls = []  # (Op without its time, function, args)
+    for n in stream_bytes:
+        x = jax.random.normal(jax.random.key(n), (n // 4,), jnp.float32)
+        calls.append((("stream", _size(n), n // 4, n), total, (x,)))
+    for n in matmul_sizes:
+        a = jax.random.normal(jax.random.key(n + 1), (n, n), jnp.float32)
+        calls.append((("matmul", f"{n}\u00b3", 2.0 * n ** 3, 3 * n * n * 4), mm, (a, a)))
+    times = [[] for _ in calls]
+    for i, (_, f, args) in enumerate(calls):  # compile and warm each
+        jax.block_until_ready(f(*args))
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        times[i].append(time.perf_counter() - t0)
+    quick = [t[0] < 2e-3 for t in times]
+    times = [[] for _ in calls]
+    for _ in range(repeats):
+        for i, (_, f, args) in enumerate(calls):
+            if quick[i]:  # a short call right after a long one finds the threads asleep and the
+                jax.block_until_ready(f(*args))  # caches cold: warm it, as a loop of such calls would
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            times[i].append(time.perf_counter() - t0)
+    return [Op(*head, statistics.median(t)) for (head, _, _), t in zip(calls, times)]
+
+
+def _size(n):
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def model_ops(prefill, decode) -> list[Op]:
+    """The lesson model's own points (a prefill and a decode step) for the three-regimes figure."""
+    return [Op("prefill", f"prefill T={prefill.prompt_len}", prefill.flops, prefill.bytes, prefill.seconds),
+            Op("decode", f"decode B={decode.batch}", decode.flops_per_step, decode.bytes_per_step, decode.step_seconds)]
+
+
+def regime_table(ops, spec, dtype) -> str:
+    lines = [f"{'op':>10}{'bytes':>11}{'MFLOP':>11}{'roofline us':>13}{'measured us':>13}{'regime (3 terms)':>18}"]
+    for o in ops:
+        cost = roofline.Cost(o.flops, o.bytes, {})
+        roof = roofline.predict_time(cost, spec, dtype)
+        lines.append(f"{o.label:>10}{_size(o.bytes):>11}{o.flops / 1e6:>11,.3g}{roof * 1e6:>13,.1f}"
+                     f"{o.seconds * 1e6:>13,.1f}{roofline.regime(cost, spec, dtype):>18}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- measured points
 @dataclasses.dataclass
 class RooflinePoints:
     prefill: list
@@ -30,9 +109,9 @@ class RooflinePoints:
         return self.prefill + self.decode
 
 
-def roofline_points(model, prompt_lengths, batch_sizes, context: int) -> RooflinePoints:
-    pre = [measure.measure_prefill(model, batch=1, prompt_len=int(t)) for t in prompt_lengths]
-    dec = [measure.measure_decode(model, batch=int(b), context=context, steps=DECODE_STEPS) for b in batch_sizes]
+def roofline_points(model, prompt_lengths, batch_sizes, context: int, steps: int = 8) -> RooflinePoints:
+    pre = experiments.measure_prefill_points(model, [int(t) for t in prompt_lengths])
+    dec = experiments.measure_decode_points(model, [(int(b), int(context)) for b in batch_sizes], steps)
     return RooflinePoints(pre, dec)
 
 
@@ -43,6 +122,9 @@ def roofline_batch_view(points: RooflinePoints, spec, dtype, cfg, batch: int):
     rec = chosen[0]
     intensity = rec.flops_per_step / rec.bytes_per_step
     bound = "memory-bound" if intensity < spec.ridge_point(dtype) else "compute-bound"
-    text = (f"batch size {batch}: intensity {intensity:.1f} FLOP/byte (ridge {spec.ridge_point(dtype):.1f}), "
-            f"{rec.flops_per_step / rec.step_seconds / 1e9:,.1f} GFLOP/s achieved, {rec.decode_tokens_per_s:,.0f} tok/s: {bound}")
+    roof = min(spec.peak_flops(dtype), intensity * spec.bandwidth)
+    achieved = rec.flops_per_step / rec.step_seconds
+    text = (f"batch size {batch}: intensity {intensity:.1f} FLOP/byte (ridge {spec.ridge_point(dtype):.1f}): "
+            f"{bound} by the roofline; {achieved / 1e9:,.1f} GFLOP/s achieved = {achieved / roof:.0%} of the roof "
+            f"above it, {rec.decode_tokens_per_s:,.0f} tok/s")
     return fig, text

@@ -1,16 +1,17 @@
-"""Notebook 05, batching: the decode batch sweep, its knee against the roofline's flip, and
-tensor parallelism on the roofline (the measured half is :mod:`.tensor_parallel`)."""
+"""Notebook 05, batching: the decode batch sweep, its knee against the roofline's flip and
+against the lone matmul kernel, latency against throughput, how many sequences fit in memory,
+and tensor parallelism on the roofline (the measured half is :mod:`.tensor_parallel`)."""
 
 from __future__ import annotations
 
-from inference_lab import measure, plots, roofline
+from inference_lab import experiments, plots, roofline
 from inference_lab.lessons.machine import DECODE_COLUMNS, DECODE_STEPS, Sweep
 
 
 def batch_sweep(model, batch_sizes, context: int, steps: int = DECODE_STEPS) -> "BatchSweep":
-    result = measure.sweep(model, batch_sizes=list(batch_sizes), prompt_lengths=[context], steps=steps,
-                           phases=("decode",), progress=True)
-    return BatchSweep(list(result), DECODE_COLUMNS, skipped=result.skipped)
+    """Decode at each batch size (one context), timed side by side (round-robin)."""
+    recs = experiments.measure_decode_points(model, [(int(b), int(context)) for b in batch_sizes], steps)
+    return BatchSweep(recs, DECODE_COLUMNS)
 
 
 class BatchSweep(Sweep):
@@ -30,32 +31,82 @@ class BatchSweep(Sweep):
         return "\n".join(lines)
 
 
-def batch_point_view(sweep: BatchSweep, spec, cfg, dtype, batch: int):
+def kernel_sweep(rows, size: int, dtype) -> list:
+    """The lone matmul ``[m, size] @ [size, size]`` at each row count ``m``, side by side."""
+    return experiments.matmul_sweep(tuple(int(m) for m in rows), k=size, n=size, dtype=dtype, repeats=15)
+
+
+def model_matmuls(model, rows) -> list:
+    """The model's own weight matrices multiplied alone, for each row count, side by side."""
+    return experiments.model_matmuls_sweep(model, tuple(int(m) for m in rows), repeats=9)
+
+
+def kernel_table(*sweeps) -> str:
+    """One block per kernel sweep: time, time relative to m = 1, weight GB/s and GFLOP/s."""
+    lines = []
+    for kernels in sweeps:
+        one = [k for k in kernels if k.m == 1][0]
+        lines += [one.describe(), f"{'m':>5}{'ms':>9}{'x m=1':>8}{'weight GB/s':>13}{'GFLOP/s':>10}"]
+        for k in kernels:
+            lines.append(f"{k.m:>5}{k.seconds * 1e3:>9.2f}{k.seconds / one.seconds:>8.2f}"
+                         f"{k.weight_bytes_per_s / 1e9:>13.1f}{k.flops_per_s / 1e9:>10.1f}")
+    return "\n".join(lines)
+
+
+def _knee(kernels):
+    one = [p for p in kernels if p.m == 1][0]
+    return next((k.m for k in sorted(kernels, key=lambda k: k.m) if k.seconds >= 1.5 * one.seconds), None)
+
+
+def users_view(sweep: BatchSweep, batch: int):
+    """The serving trade-off at one batch size: total and per-user tokens/s."""
     rec, one = sweep.at(batch), sweep.at(1)
-    fig = plots.decode_throughput_plot(sweep.records, cfg=cfg, spec=spec, dtype=dtype)
-    ax = fig.axes[0]
-    ax.scatter([batch], [rec.decode_tokens_per_s], s=220, facecolors="none", edgecolors="black", linewidths=2, zorder=6)
-    text = (f"batch size {batch}: step {rec.step_seconds * 1e3:,.2f} ms ({rec.step_seconds / one.step_seconds:.2f}x batch 1), "
-            f"{rec.decode_tokens_per_s:,.0f} tok/s ({rec.decode_tokens_per_s / one.decode_tokens_per_s:.1f}x batch 1)")
+    fig = plots.users_vs_total(sweep.records, highlight=batch)
+    text = (f"batch size {batch}: step {rec.step_seconds * 1e3:,.2f} ms ({rec.step_seconds / one.step_seconds:.2f}x "
+            f"batch 1); total {rec.decode_tokens_per_s:,.0f} tok/s ({rec.decode_tokens_per_s / one.decode_tokens_per_s:.1f}x), "
+            f"each user {rec.decode_tokens_per_s / batch:,.1f} tok/s ({rec.decode_tokens_per_s / batch / one.decode_tokens_per_s:.0%} "
+            "of what one user alone gets)")
     return fig, text
 
 
-def knee_explanation(sweep: BatchSweep, spec, cfg, dtype) -> str:
+def knee_explanation(sweep: BatchSweep, kernels, spec, cfg, dtype, lone=()) -> str:
+    """Ridge, predicted flips, and the measured knees: the model's, its matmuls' alone
+    (``kernels``) and, given, one large matmul's (``lone``)."""
     context = sweep.records[0].context
     knee = roofline.measured_knee(sweep.records)
+    kernel_knee = _knee(kernels)
     flip_kv = roofline.predicted_flip(cfg, spec, dtype, context=context, include_kv=True)
     flip_w = roofline.predicted_flip(cfg, spec, dtype, context=context, include_kv=False)
     biggest = max(r.batch for r in sweep.records)
-    kv_share = roofline.decode_cost(cfg, biggest, context)
-    kv = kv_share.parts.get("kv_read", 0) / kv_share.bytes
+    cost = roofline.decode_cost(cfg, biggest, context)
+    kv = cost.parts.get("kv_read", 0) / cost.bytes
     knee_txt = f"batch {knee}" if knee else f"beyond the sweep (> {biggest})"
     return "\n".join([
-        f"ridge point here: {spec.ridge_point(dtype):.1f} FLOP/byte",
+        f"ridge point here: {spec.ridge_point(dtype):.1f} FLOP/byte; a decode step's intensity is about "
+        f"{2 / cfg.dtype_bytes:g} x batch in {cfg.dtype}, so the roofline flips near batch "
+        f"{spec.ridge_point(dtype) * cfg.dtype_bytes / 2:.0f}",
         f"predicted flip, weights only: batch {flip_w}",
-        f"predicted flip, with KV reads at context {context}: " + (f"batch {flip_kv}" if flip_kv else "never (KV reads grow as fast as FLOPs)"),
-        f"measured knee (step >= 1.5x batch 1): {knee_txt}",
+        f"predicted flip, with KV reads at context {context}: " + (f"batch {flip_kv}" if flip_kv else
+                                                                   "never (KV reads grow as fast as FLOPs)"),
+        f"measured knee of the model (step >= 1.5x batch 1): {knee_txt}",
+        f"measured knee of {kernels[0].describe()} (time >= 1.5x m = 1): "
+        + (f"m = {kernel_knee}" if kernel_knee else "beyond the sweep"),
+    ] + ([f"measured knee of one {lone[0].describe()}: "
+          + (f"m = {_knee(lone)}" if _knee(lone) else "beyond the sweep")] if lone else []) + [
         f"at batch {biggest}, the KV cache is {kv:.0%} of the bytes a step moves",
     ])
+
+
+def kv_capacity_table(cfgs, spec, contexts, *, tp: int = 1, headroom: float = 0.9) -> str:
+    """Per model and context: KV bytes per token, per sequence, and :func:`roofline.max_batch`."""
+    lines = [f"{spec.name}, {spec.memory_bytes / 1e9:.0f} GB x {headroom:.0%} usable" + (f", TP={tp}" if tp > 1 else ""),
+             f"{'model':<22}{'KV/token':>10}{'weights':>10}{'context':>9}{'KV/sequence':>13}{'max batch':>11}"]
+    for cfg in cfgs:
+        kv_tok = roofline.kv_bytes_per_token(cfg)
+        for c in contexts:
+            lines.append(f"{cfg.name:<22}{kv_tok / 1024:>7,.0f}KiB{cfg.num_params * cfg.dtype_bytes / tp / 1e9:>8.1f}GB"
+                         f"{c:>9,}{kv_tok * c / tp / 1e9:>11.2f}GB{roofline.max_batch(cfg, spec, c, tp=tp, headroom=headroom):>11,}")
+    return "\n".join(lines)
 
 
 def tensor_parallel_table(cfg, spec, *, batch: int, context: int, degrees=(1, 2, 4, 8)) -> str:

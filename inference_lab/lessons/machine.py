@@ -24,32 +24,42 @@ from inference_lab.config import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class LessonSizes:
-    """How big each lesson's measurements are on this kind of device."""
+    """How big each lesson's measurements are on this kind of device. Every tuple that feeds
+    a slider has at least five positions."""
 
     prompt_len: int  # the one request of notebooks 01 and 06
-    prompt_lengths: tuple  # slider options of notebook 01
+    prompt_lengths: tuple  # "prompt length" slider of notebook 01
     prefill_lengths: tuple  # prefill sweep of notebook 02 (first: decode-like, last: long)
-    decode_contexts: tuple  # context sweep of notebook 03
-    context: int  # decode context of the batch sweep (05) and the roofline points (04)
-    batch_sizes: tuple  # decode batch sweep (04, 05)
+    decode_contexts: tuple  # batch-1 context sweep of notebook 03 (KV bytes up, matmul FLOPs fixed)
+    context: int  # decode context of the batch sweeps (03, 04, 05)
+    batch_sizes: tuple  # decode batch sweep (05)
     probe_batches: tuple  # probe and price measurements (06, 07)
     rag_prompt: int  # prompt length of the RAG time split (02)
     roofline_batches: tuple  # decode points on the roofline (04)
-    depth_layers: tuple = (4, 8, 16)  # model depths whose decode steps 03 times (bytes x4)
+    new_tokens: tuple = (4, 8, 16, 32, 64)  # "new tokens" slider of notebook 01
+    flops_batches: tuple = (1, 2, 4, 8, 16)  # batch sweep of notebook 03 (FLOPs up, bytes ~fixed)
+    kernel_rows: tuple = (1, 2, 4, 8, 16, 32)  # rows m of the lone matmul kernel (05; 02 adds its prompts)
+    kernel_size: int = 4096  # the kernel's weight is [kernel_size, kernel_size]: larger than a CPU's caches
+    decode_steps: int = 8  # decode steps per timed loop
+    regime_stream_bytes: tuple = (2**8, 2**16, 2**20, 2**24, 2**26, 2**28)  # the three regimes (04): sums
+    regime_matmul_sizes: tuple = (32, 512, 2048)  # ... and square float32 matmuls (512+: at the peak)
 
 
-CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(64, 256, 512), prefill_lengths=(1, 16, 64, 256),
-                        decode_contexts=(256, 1536), context=256, batch_sizes=(1, 2, 4, 8, 16, 32),
-                        probe_batches=(1, 8), rag_prompt=256, roofline_batches=(1, 8, 32))
+CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(32, 64, 128, 256, 512), prefill_lengths=(1, 4, 16, 64, 256),
+                        decode_contexts=(256, 768, 1536), context=256, batch_sizes=(1, 2, 4, 8, 16, 32),
+                        probe_batches=(1, 2, 4, 8, 16), rag_prompt=256, roofline_batches=(1, 2, 4, 8, 32))
 
 
-GPU_SIZES = LessonSizes(prompt_len=512, prompt_lengths=(128, 512, 2048), prefill_lengths=(1, 16, 128, 512, 2048),
-                        decode_contexts=(512, 2048, 8000), context=512,
-                        batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), probe_batches=(1, 8, 64),
-                        rag_prompt=4000, roofline_batches=(1, 8, 64, 256))
+GPU_SIZES = LessonSizes(prompt_len=512, prompt_lengths=(128, 256, 512, 1024, 2048),
+                        prefill_lengths=(1, 16, 128, 512, 2048), decode_contexts=(512, 8192, 32768), context=512,
+                        batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), probe_batches=(1, 8, 32, 64, 128),
+                        rag_prompt=4000, roofline_batches=(1, 8, 32, 64, 256), new_tokens=(8, 16, 32, 64, 128),
+                        kernel_rows=(1, 2, 4, 8, 16, 32, 64, 128), kernel_size=8192, decode_steps=32,
+                        regime_stream_bytes=(2**8, 2**16, 2**24, 2**28, 2**30, 2**32),
+                        regime_matmul_sizes=(64, 2048, 8192))
 
 
-DECODE_STEPS = 16
+DECODE_STEPS = 16  # the default of the lesson functions that take ``steps``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,22 +126,62 @@ def kernel_check_mode() -> str:
 
 
 def ceilings_line(spec, dtype) -> str:
+    over = getattr(spec, "overhead_s", None)
     return (f"{spec.name}: matmul {spec.peak_flops(dtype) / 1e9:,.1f} GFLOP/s ({dtype}), "
-            f"bandwidth {spec.bandwidth / 1e9:,.1f} GB/s, ridge {spec.ridge_point(dtype):,.1f} FLOP/byte\n"
-            f"  method: {spec.sources.get('flops', '?')}; {spec.sources.get('bandwidth', '?')}")
+            f"bandwidth {spec.bandwidth / 1e9:,.1f} GB/s, ridge {spec.ridge_point(dtype):,.1f} FLOP/byte"
+            + (f", overhead {over * 1e6:,.1f} us per call" if over else "") + "\n"
+            f"  method: {spec.sources.get('flops', '?')}; {spec.sources.get('bandwidth', '?')}"
+            + (f"; {spec.sources.get('overhead', '?')}" if over else ""))
 
 
-def show_source(kernel_fn):
-    """Display a kernel's file, kernel body first (syntax-highlighted in JupyterLab)."""
+def function_source(fn, *, start: str | None = None, stop: str | None = None) -> str:
+    """The source of one function, or the lines of it from the first containing ``start`` to
+    the first (after it) containing ``stop``, both included: an excerpt that stays in step
+    with the code because it is cut from the code."""
+    lines = inspect.getsource(fn).splitlines()
+    first = next((i for i, line in enumerate(lines) if start in line), None) if start else 0
+    if first is None:
+        raise ValueError(f"{fn.__qualname__} has no line containing {start!r}")
+    last = next((i for i in range(first, len(lines)) if stop in lines[i]), None) if stop else len(lines) - 1
+    if last is None:
+        raise ValueError(f"{fn.__qualname__} has no line containing {stop!r} after {start!r}")
+    chunk = lines[first:last + 1]
+    indent = min(len(x) - len(x.lstrip()) for x in chunk if x.strip())
+    head = [f"# {fn.__module__}.{fn.__qualname__}" + (" (excerpt)" if start or stop else "")]
+    return "\n".join(head + [x[indent:] for x in chunk])
+
+
+def show_function(fn, *, start: str | None = None, stop: str | None = None):
+    """Display :func:`function_source` (syntax-highlighted in JupyterLab)."""
     from IPython.display import Code, display
 
+    display(Code(function_source(fn, start=start, stop=stop), language="python"))
+
+
+def kernel_parts(kernel_fn) -> list:
+    """The functions that make a Pallas kernel, for reading: the kernel body (one program of
+    the grid: its loads, its math, its stores), the launcher that picks the blocks and the
+    grid, and the online-softmax update the attention kernels share. Not the validation, the
+    plans or the docstrings: those live in the file for whoever wants them."""
     module = sys.modules[kernel_fn.__module__]
-    source = inspect.getsource(module)
-    display(Code(source, language="python"))
-    if "online_softmax" in source:  # the attention kernels share their softmax update: show it too
+    bodies = [f for name, f in vars(module).items()
+              if name.startswith("_") and name.endswith("_kernel") and inspect.isfunction(f)
+              and f.__module__ == module.__name__]
+    if not bodies:
+        raise ValueError(f"{module.__name__} has no _*_kernel function to show")
+    parts = bodies + [module._run]
+    if "online_softmax.update" in inspect.getsource(bodies[0]):
         from pallas_kernels import _online_softmax
 
-        display(Code(inspect.getsource(_online_softmax), language="python"))
+        parts.append(_online_softmax.update)
+    return parts
+
+
+def show_kernel(kernel_fn):
+    """Display a kernel's body, its launcher (the grid) and the shared softmax update: see
+    :func:`kernel_parts`."""
+    for part in kernel_parts(kernel_fn):
+        show_function(part)
 
 
 class Sweep:

@@ -1,32 +1,43 @@
-"""Notebook 06, on your machine: the probe, its JSON, and the classroom overlay."""
+"""Notebook 06, on your machine: the probe, its JSON, the overlay of every probe file measured
+(the project's own, kept in ``docs/measurements/``, and the classroom's), and each machine's
+prefill/decode ratio against the one its ceilings allow."""
 
 from __future__ import annotations
 
-from inference_lab import plots, probe
+from pathlib import Path
+
+from inference_lab import measure, plots
+from inference_lab.lessons import one_model_two_speeds as two_speeds
 from inference_lab.lessons.machine import Machine
 from inference_lab.records import machine_key, machine_label
+
+MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "measurements"
 
 
 def probe_filename(here: Machine, name: str | None = None) -> str:
     """This machine's probe file name: its name (or processor), its id, the preset and the
     kernels; two laptops never share one."""
+    from inference_lab import probe
+
     return probe.filename(probe.machine(name), here.config.name, here.kernels)
 
 
-def run_probe(here: Machine, folder, *, new_tokens: int = 16, name: str | None = None) -> dict:
+def run_probe(here: Machine, folder, *, new_tokens: int = 8, repeats: int | None = 3,
+              name: str | None = None) -> dict:
     """``python -m inference_lab probe`` for the lesson preset: prints the table and writes
     the JSON into ``folder`` (named after this machine) for the classroom overlay.
 
     The file is written after every measured point, whole or not at all: interrupting the
     cell keeps what was measured (marked ``"complete": false``) and says so."""
-    from pathlib import Path
+    from inference_lab import probe
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     flags = ["--preset", here.config.name, "--prompt-len", str(here.sizes.prompt_len),
              "--batch", ",".join(str(b) for b in here.sizes.probe_batches), "--new-tokens", str(new_tokens),
              "--json", str(folder), "--force"]  # the name is this machine's own: re-running replaces it
-    args = probe.build_parser().parse_args(flags + (["--name", name] if name else []))
+    flags += (["--repeats", str(repeats)] if repeats is not None else []) + (["--name", name] if name else [])
+    args = probe.build_parser().parse_args(flags)
     path = probe.output_path(args)
     kept = {}
 
@@ -45,37 +56,110 @@ def run_probe(here: Machine, folder, *, new_tokens: int = 16, name: str | None =
     return report
 
 
-def _machines(records) -> dict:
-    """machine key -> its label, in first-seen order."""
-    seen = {}
-    for r in records:
-        seen.setdefault(machine_key(r), machine_label(r))
-    return seen
+def split(records):
+    """(the batch-1 prefill record, the decode records by batch) of one machine's records."""
+    pre = [r for r in records if r.phase == "prefill"]
+    dec = {r.batch: r for r in records if r.phase == "decode"}
+    if not pre or 1 not in dec:
+        raise ValueError("a machine's records need a prefill and a batch-1 decode (a probe file has both)")
+    return pre[0], dec
 
 
-def skipped_lines(records) -> list[str]:
-    """One line per file ``measure.load_records`` left out: its name and why."""
-    return [f"skipped {getattr(path, 'name', path)}: {reason}" for path, reason in getattr(records, "skipped", [])]
+class Runs(dict):
+    """``{label: records}``, one entry per probe or records file; ``.skipped`` holds
+    ``(path, reason)`` for every file that could not be read (never fatal for the others)."""
+
+    skipped: list
 
 
-def classroom_summary(records) -> str:
-    """What the overlay shows: how many records from how many machines (told apart by their
-    ids, not their device names), then every file that was skipped and why."""
-    machines = _machines(records)
-    lines = [f"{len(records)} records from {len(machines)} machine(s): {', '.join(machines.values()) or '-'}"]
-    return "\n".join(lines + skipped_lines(records))
+def load_measured(*folders) -> Runs:
+    """Every probe or records file in ``folders``, one entry per file (a file is one run of one
+    machine), labelled by the machine's name or processor and id and the file; a damaged or
+    foreign file goes to ``.skipped`` with its reason."""
+    out = Runs()
+    out.skipped = []
+    for folder in folders:
+        folder = Path(folder)
+        if not folder.is_dir():
+            continue
+        for path in sorted(p for p in folder.iterdir() if p.suffix in (".json", ".csv")):
+            try:
+                records = list(measure.load_records(path))
+            except ValueError as err:
+                reason = str(err)  # the message starts with the path; the file name is shown beside it
+                out.skipped.append((path, reason.removeprefix(str(path)).lstrip(": ")))
+                continue
+            if records:
+                out[f"{machine_label(records[0])} ({path.parent.name}/{path.stem})"] = records
+    return out
 
 
-def classroom_view(records, batch: int):
-    fig = plots.classroom_plot(records)
-    right = fig.axes[1]
-    right.axvline(batch, color="black", lw=1, ls=":")
-    dec = [r for r in records if r.phase == "decode" and r.batch == batch]
-    best = max(dec, key=lambda r: r.decode_tokens_per_s) if dec else None
-    text = (f"batch size {batch}: {len(_machines(dec))} machine(s); fastest decode {machine_label(best)} at "
-            f"{best.decode_tokens_per_s:,.0f} tok/s" if best else f"batch size {batch}: no machine measured it")
-    skipped = getattr(records, "skipped", [])
-    if skipped:  # the reasons are in classroom_summary(records)
+def classroom_summary(runs) -> str:
+    """What the overlay shows: how many runs (or records) from how many machines, told apart by
+    their ids, not their device names; then every file that was skipped and why.
+
+    ``runs``: :func:`load_measured`'s ``{label: records}``, or ``measure.load_records(folder)``'s
+    flat list."""
+    if isinstance(runs, dict):
+        machines = {machine_key(recs[0]) for recs in runs.values() if recs}
+        head = f"{len(runs)} run(s) from {len(machines)} machine(s)"
+    else:
+        head = f"{len(runs)} records from {len({machine_key(r) for r in runs})} machine(s)"
+    return "\n".join([head] + [f"skipped {getattr(p, 'name', p)}: {why}" for p, why in getattr(runs, "skipped", [])])
+
+
+def ceilings_of(records) -> tuple[float, float]:
+    """(matmul FLOP/s, bandwidth) the machine measured, recovered from its records: MFU is
+    FLOPs / time / peak and MBU bytes / time / bandwidth, so each record carries its ceiling."""
+    pre, dec = split(records)
+    d1 = dec[1]
+    return pre.flops / pre.seconds / pre.mfu, d1.bytes_per_step / d1.step_seconds / d1.mbu
+
+
+def ratio_points(machines: dict, *, reference: bool = True) -> list[dict]:
+    """Per machine: the measured prefill/decode ratio at batch 1 and the ideal one its own
+    ceilings allow (``ridge * dtype_bytes / 2``: :class:`two_speeds.Gap`'s ideal without the
+    KV and attention terms). With ``reference``, the reference node's quoted figures too."""
+    points = []
+    for label, records in machines.items():
+        pre, dec = split(records)
+        peak, bw = ceilings_of(records)
+        b = 2 if pre.dtype in ("bfloat16", "float16") else 4
+        points.append({"label": label, "ideal": peak / bw * b / 2,
+                       "measured": pre.prefill_tokens_per_s / dec[1].decode_tokens_per_s})
+    if reference:
+        ref = two_speeds.reference_gap()
+        points.append({"label": f"{two_speeds.REFERENCE_NODE['name']} (quoted, assumed shape)",
+                       "ideal": ref.ideal, "measured": ref.measured, "quoted": True})
+    return points
+
+
+def ratio_table(points) -> str:
+    width = max(len(p["label"]) for p in points) + 2
+    lines = [f"{'machine':<{width}}{'ceilings allow':>15}{'measured':>10}{'measured/allowed':>18}"]
+    for p in points:
+        lines.append(f"{p['label']:<{width}}{p['ideal']:>14,.1f}x{p['measured']:>9,.1f}x{p['measured'] / p['ideal']:>18.2f}")
+    return "\n".join(lines)
+
+
+def classroom_view(machines: dict, batch: int):
+    """The overlay with the chosen batch marked, and a readout. ``machines``: ``{label:
+    records}`` (one run per label) or a flat list of records (one line per machine id)."""
+    fig = plots.classroom_plot(machines)
+    fig.axes[1].axvline(batch, color="black", lw=1, ls=":")
+    if isinstance(machines, dict):
+        kind, dec = "run(s)", [(label, r) for label, recs in machines.items() for r in recs
+                               if r.phase == "decode" and r.batch == batch]
+    else:
+        kind, dec = "machine(s)", [(machine_label(r), r) for r in machines if r.phase == "decode" and r.batch == batch]
+    if not dec:
+        return fig, f"batch size {batch}: no run measured it"
+    label, best = max(dec, key=lambda x: x[1].decode_tokens_per_s)
+    count = len(dec) if isinstance(machines, dict) else len({machine_key(r) for _, r in dec})
+    text = (f"batch size {batch}: {count} {kind} measured it; fastest decode {best.decode_tokens_per_s:,.0f} "
+            f"tok/s ({label})")
+    skipped = getattr(machines, "skipped", [])
+    if skipped:  # the reasons are in classroom_summary(runs)
         names = [str(getattr(p, "name", p)) for p, _ in skipped]
         text += f"; {len(names)} file(s) skipped: {', '.join(names[:5])}" + (", ..." if len(names) > 5 else "")
     return fig, text

@@ -1,18 +1,90 @@
-"""Notebook 01, one model, two speeds: the same request's prefill and decode, timed here."""
+"""Notebook 01, one model, two speeds: the same request's prefill and decode, timed here, the
+roofline's ideal gap beside the measured one, and the reference node the course starts from."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from inference_lab import measure, plots
+from inference_lab import hardware, measure, plots, roofline
+from inference_lab.config import ModelConfig
 
 
 REFERENCE_NODE = {
     "name": "Qwen3.5-27B, 4xH100, TP=4",
     "prefill_tokens_per_s": 3288.0,
     "decode_tokens_per_s": 108.0,
-    "source": "the brief's measured node: a 27B model on 4xH100 with tensor parallelism",
+    "source": "a 27B model measured on a 4xH100 node with tensor parallelism",
 }
+
+# The reference model's exact layout is not part of the figures we have: this is a
+# Llama-style dense shape of the same size (the GQA layout of recent 27-32B models), which
+# is what the reconciliation needs. Its answers depend on the parameter count (the weight
+# bytes, the FLOPs per token) almost only; the KV term is a few percent at the context used.
+REFERENCE_SHAPE = ModelConfig(name="dense_27b (assumed shape)", vocab_size=151_936, d_model=5120, n_layers=64,
+                              n_heads=40, n_kv_heads=8, head_dim=128, d_ff=22_016, max_seq_len=32_768,
+                              rope_theta=1_000_000.0, tie_embeddings=False, dtype="bfloat16")
+REFERENCE_TP = 4
+REFERENCE_CONTEXT = 4096  # prompt length assumed for the ceilings (a RAG request's order of size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gap:
+    """Prefill against decode tokens/s at batch 1, measured and as the ceilings allow.
+
+    ``ideal`` = roofline prefill tok/s over roofline decode tok/s. Whatever the timings, the
+    measured gap is ``ideal * mfu / mbu``: prefill's share of its ceiling over decode's
+    share of its own (the prefill is compute-bound, the decode memory-bound, on any chip
+    whose ridge lies between their intensities)."""
+
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    prefill_ceiling: float  # roofline tok/s
+    decode_ceiling: float
+
+    @property
+    def measured(self) -> float:
+        return self.prefill_tokens_per_s / self.decode_tokens_per_s
+
+    @property
+    def ideal(self) -> float:
+        return self.prefill_ceiling / self.decode_ceiling
+
+    @property
+    def mfu(self) -> float:  # of the roofline's prefill figure
+        return self.prefill_tokens_per_s / self.prefill_ceiling
+
+    @property
+    def mbu(self) -> float:  # of the roofline's decode figure
+        return self.decode_tokens_per_s / self.decode_ceiling
+
+    def decode_share(self, prompt_tokens: float, output_tokens: float) -> float:
+        """Share of one request's time spent writing, at these measured speeds."""
+        pre, dec = prompt_tokens / self.prefill_tokens_per_s, output_tokens / self.decode_tokens_per_s
+        return dec / (pre + dec)
+
+    def table(self, name: str) -> str:
+        rows = [("", "ceiling (roofline)", "measured", "share of ceiling"),
+                ("prefill tok/s", f"{self.prefill_ceiling:,.0f}", f"{self.prefill_tokens_per_s:,.0f}",
+                 f"{self.mfu:.1%} (MFU)"),
+                ("decode tok/s, batch 1", f"{self.decode_ceiling:,.1f}", f"{self.decode_tokens_per_s:,.1f}",
+                 f"{self.mbu:.1%} (MBU)"),
+                ("gap (prefill / decode)", f"{self.ideal:,.1f}x", f"{self.measured:,.1f}x",
+                 f"= {self.ideal:,.1f} x {self.mfu:.3f} / {self.mbu:.3f}")]
+        return f"{name}\n" + "\n".join(f"{a:<24}{b:>20}{c:>12}   {d}" for a, b, c, d in rows)
+
+
+def gap(prefill_tokens_per_s, decode_tokens_per_s, cfg, spec, *, prompt_len: int, tp: int = 1, dtype=None) -> Gap:
+    """The measured speeds beside the roofline's, for one request of ``prompt_len`` tokens."""
+    return Gap(prefill_tokens_per_s, decode_tokens_per_s,
+               roofline.predicted_prefill_tokens_per_s(cfg, spec, 1, prompt_len, dtype, tp=tp),
+               roofline.predicted_decode_tokens_per_s(cfg, spec, 1, prompt_len, dtype, tp=tp))
+
+
+def reference_gap() -> Gap:
+    """The reference node's measured speeds against the ceilings of 4 H100s (datasheet) for
+    :data:`REFERENCE_SHAPE` split 4 ways, at :data:`REFERENCE_CONTEXT` tokens."""
+    return gap(REFERENCE_NODE["prefill_tokens_per_s"], REFERENCE_NODE["decode_tokens_per_s"], REFERENCE_SHAPE,
+               hardware.PRESETS["H100_SXM"], prompt_len=REFERENCE_CONTEXT, tp=REFERENCE_TP)
 
 
 @dataclasses.dataclass
@@ -42,6 +114,9 @@ class TwoSpeeds:
     def decode_s(self) -> float:
         return self.decode.step_seconds * self.new_tokens
 
+    def gap(self, cfg, spec) -> Gap:
+        return gap(self.prefill_tokens_per_s, self.decode_tokens_per_s, cfg, spec, prompt_len=self.prompt_len)
+
     def line(self) -> str:
         return (f"prompt length {self.prompt_len}, new tokens {self.new_tokens}: "
                 f"prefill {self.prefill_tokens_per_s:,.0f} tok/s, decode {self.decode_tokens_per_s:,.1f} tok/s: "
@@ -49,16 +124,27 @@ class TwoSpeeds:
                 f"{REFERENCE_NODE['prefill_tokens_per_s'] / REFERENCE_NODE['decode_tokens_per_s']:.0f}x)")
 
 
-def two_speeds(model, prompt_len: int, new_tokens: int = 32) -> TwoSpeeds:
+def two_speeds(model, prompt_len: int, new_tokens: int = 16) -> TwoSpeeds:
     """Prefill of one prompt, then ``new_tokens`` decode steps from it, both timed here."""
     pre = measure.measure_prefill(model, batch=1, prompt_len=prompt_len)
     dec = measure.measure_decode(model, batch=1, context=prompt_len, steps=new_tokens)
     return TwoSpeeds(prompt_len, new_tokens, pre, dec)
 
 
+def who_dominates(prompt_tokens: float, output_tokens: float, gap_x: float) -> str:
+    """Which phase takes longer for one request: decode whenever prompt:output is below the
+    speed gap (each output token costs ``gap_x`` prompt tokens' time)."""
+    ratio = prompt_tokens / output_tokens
+    if ratio < gap_x:
+        return f"prompt:output {ratio:.3g}:1 is below the {gap_x:.3g}x gap: decode takes longer"
+    return f"prompt:output {ratio:.3g}:1 is above the {gap_x:.3g}x gap: prefill takes longer"
+
+
 def two_speeds_view(model, prompt_len: int, new_tokens: int):
     result = two_speeds(model, prompt_len, new_tokens)
     fig = plots.request_timeline(result.ttft_s, result.decode_s, prompt_len, new_tokens)
+    share = result.decode_s / (result.ttft_s + result.decode_s)
     text = (f"prompt length {prompt_len}, new tokens {new_tokens}: first token after {result.ttft_s * 1e3:,.0f} ms, "
-            f"then {result.decode_s * 1e3:,.0f} ms of decode; {result.ratio:.1f}x slower per token to write")
+            f"then {result.decode_s * 1e3:,.0f} ms of decode ({share:.0%} of the request); "
+            + who_dominates(prompt_len, new_tokens, result.ratio))
     return fig, text

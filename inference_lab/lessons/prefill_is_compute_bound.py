@@ -1,5 +1,6 @@
 """Notebook 02, prefill is compute-bound: the prefill kernels checked, FLOP/s against prompt
-length, and how a RAG request's time splits between reading and writing."""
+length beside the lone matmul kernel's, and how a RAG request's time splits between reading
+and writing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import jax
 
 import pallas_kernels as pk
-from inference_lab import measure, plots, workload
+from inference_lab import experiments, measure, plots, roofline, workload
 from inference_lab.lessons.machine import DECODE_STEPS, PREFILL_COLUMNS, Sweep, _pct, kernel_check_mode
 from pallas_kernels.testing import flash_attention_f64, matmul_f64, rel_err
 
@@ -28,15 +29,44 @@ def prefill_kernels_check(seed: int = 0) -> dict:
 
 
 def prefill_sweep(model, prompt_lengths) -> Sweep:
-    recs = [measure.measure_prefill(model, batch=1, prompt_len=int(t)) for t in prompt_lengths]
-    return Sweep(recs, PREFILL_COLUMNS)
+    """Prefill at batch 1 for each prompt length, timed side by side (round-robin)."""
+    return Sweep(experiments.measure_prefill_points(model, [int(t) for t in prompt_lengths]), PREFILL_COLUMNS)
 
 
-def prefill_point_view(sweep: Sweep, spec, dtype, prompt_len: int):
+def first_compute_bound_length(cfg, spec, dtype, lengths) -> int | None:
+    """The shortest of ``lengths`` whose prefill the roofline calls compute-bound here."""
+    for t in sorted(lengths):
+        if roofline.bound(roofline.prefill_cost(cfg, 1, int(t)), spec, dtype) == "compute":
+            return int(t)
+    return None
+
+
+def prediction_table(sweep: Sweep, kernels, cfg, spec, dtype) -> str:
+    """Per prompt length: the roofline's time (overhead + max of the two terms), the time the
+    lone kernel predicts (its time at m = T, scaled from its weight to the model's matmul
+    weights), and the measured time."""
+    by_m = {k.m: k for k in kernels}
+    lines = [f"{'prompt':>7}{'roofline ms':>13}{'kernel-scaled ms':>18}{'measured ms':>13}"
+             f"{'measured/roofline':>19}{'measured/kernel':>17}{'bound (roofline)':>18}"]
+    for r in sweep.records:
+        cost = roofline.prefill_cost(cfg, 1, r.prompt_len)
+        roof = roofline.predict_time(cost, spec, dtype, overhead=True)
+        k = by_m.get(r.prompt_len)
+        scaled = k.seconds * cfg.matmul_params / (k.k * k.n) if k else None
+        lines.append(f"{r.prompt_len:>7}{roof * 1e3:>13,.2f}" + (f"{scaled * 1e3:>18,.2f}" if k else f"{'-':>18}")
+                     + f"{r.seconds * 1e3:>13,.2f}{r.seconds / roof:>18.2f}x"
+                     + (f"{r.seconds / scaled:>16.2f}x" if k else f"{'-':>17}")
+                     + f"{roofline.bound(cost, spec, dtype):>18}")
+    return "\n".join(lines)
+
+
+def prefill_point_view(sweep: Sweep, spec, dtype, prompt_len: int, kernels=()):
     rec = sweep.at(prompt_len=prompt_len)
-    fig = plots.prefill_flops_vs_length(sweep.records, spec, dtype, highlight=prompt_len)
+    fig = plots.prefill_flops_vs_length(sweep.records, spec, dtype, highlight=prompt_len, kernels=kernels)
+    k = {p.m: p for p in kernels}.get(prompt_len)
+    lone = f"; the lone matmul at m = {prompt_len}: {_pct(k.flops_per_s / spec.peak_flops(dtype))}" if k else ""
     text = (f"prompt length {prompt_len}: {rec.flops / rec.seconds / 1e9:,.1f} GFLOP/s = {_pct(rec.mfu)} of the measured "
-            f"matmul peak; {rec.prefill_tokens_per_s:,.0f} tok/s")
+            f"matmul peak; {rec.prefill_tokens_per_s:,.0f} tok/s" + lone)
     return fig, text
 
 
@@ -50,11 +80,17 @@ class RagSplit:
             lines.append(f"{f'{ratio}:1':>14}{p:>8}{o:>8}{ps:>11.3f}{ds:>10.3f}{ds / (ps + ds):>14.0%}")
         return "\n".join(lines)
 
+    def decode_share(self, ratio) -> float:
+        for r, _, _, ps, ds in self.rows:
+            if r == ratio:
+                return ds / (ps + ds)
+        raise KeyError(ratio)
 
-def rag_time_split(model, prompt_tokens: int, ratios=workload.RAG_RATIO) -> RagSplit:
+
+def rag_time_split(model, prompt_tokens: int, ratios=workload.RAG_RATIO, steps: int = DECODE_STEPS) -> RagSplit:
     """Time of one RAG request's phases at the given prompt:output ratios, from measurements."""
     pre = measure.measure_prefill(model, batch=1, prompt_len=prompt_tokens)
-    dec = measure.measure_decode(model, batch=1, context=prompt_tokens, steps=DECODE_STEPS)
+    dec = measure.measure_decode(model, batch=1, context=prompt_tokens, steps=steps)
     rows = []
     for ratio in ratios:
         out = max(1, round(prompt_tokens / ratio))

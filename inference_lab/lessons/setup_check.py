@@ -41,17 +41,38 @@ def pallas_vs_reference(seed: int = 0) -> dict:
 
 
 def decode_split(cfg, spec, dtype, *, batch: int, context: int) -> dict:
-    """Predicted compute and memory time of one decode step (seconds)."""
+    """Predicted compute, memory and overhead time of one decode step (seconds), on ``spec``'s
+    ceilings (``overhead_s`` is 0 where the spec has none, e.g. a datasheet preset)."""
     cost = roofline.decode_cost(cfg, batch, context)
     compute_s, memory_s = roofline.predict_terms(cost, spec, dtype)
-    return {"compute_s": compute_s, "memory_s": memory_s, "intensity": cost.intensity, "cost": cost}
+    return {"compute_s": compute_s, "memory_s": memory_s, "overhead_s": roofline.overhead_seconds(spec),
+            "intensity": cost.intensity, "cost": cost, "regime": roofline.regime(cost, spec, dtype)}
 
 
 def decode_split_view(cfg, spec, dtype, *, batch: int, context: int):
     split = decode_split(cfg, spec, dtype, batch=batch, context=context)
-    fig = plots.time_split_bars(split["compute_s"], split["memory_s"],
+    fig = plots.time_split_bars(split["compute_s"], split["memory_s"], overhead_s=split["overhead_s"] or None,
                                 title=f"{cfg.name} on {spec.name}, decode batch {batch}, context {context}")
-    bound = "memory-bound" if split["memory_s"] >= split["compute_s"] else "compute-bound"
     text = (f"batch size {batch}: compute {split['compute_s'] * 1e3:.3g} ms vs memory {split['memory_s'] * 1e3:.3g} ms "
-            f"(intensity {split['intensity']:.1f} FLOP/byte, ridge {spec.ridge_point(dtype):.1f}): {bound}")
+            f"vs overhead {split['overhead_s'] * 1e3:.3g} ms (intensity {split['intensity']:.1f} FLOP/byte, "
+            f"ridge {spec.ridge_point(dtype):.1f}): {split['regime']}-bound")
     return fig, text
+
+
+def plan_table(here: Machine) -> str:
+    """What the next notebooks do on this machine, from the lesson sizes (not typed by hand)."""
+    s = here.sizes
+    gpu = here.kernels == "pallas"
+    kernels = "the compiled Pallas kernels" if gpu else "XLA's kernels (Pallas shown under the interpreter)"
+    rows = [
+        ("01 one model, two speeds", f"one request of {s.prompt_len} tokens, both phases timed"),
+        ("02 prefill is compute-bound", f"prompts of {', '.join(map(str, s.prefill_lengths))} tokens"),
+        ("03 decode is bandwidth-bound", f"batches {', '.join(map(str, s.flops_batches))}; "
+                                         f"contexts {', '.join(map(str, s.decode_contexts))}"),
+        ("04 arithmetic intensity", f"this machine's ridge, {here.spec.ridge_point(here.dtype):.1f} FLOP/byte; "
+                                    "three regimes"),
+        ("05 batching", f"decode batch sweep up to {max(s.batch_sizes)}; the lone matmul kernel"),
+        ("06 on your machine", f"the probe at batches {', '.join(map(str, s.probe_batches))}"),
+    ]
+    head = f"preset '{here.config.name}' ({here.dtype}), timed on {kernels}"
+    return head + "\n" + "\n".join(f"  {a:<30}{b}" for a, b in rows)

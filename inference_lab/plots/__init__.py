@@ -16,6 +16,7 @@ or hatching difference between any two of its series (tests/test_plot_accessibil
 - :mod:`~inference_lab.plots.classroom`: many machines on one chart
 - :mod:`~inference_lab.plots.serving`: prices, serving latency and goodput (simulated or a vLLM run), pool sizes
 - :mod:`~inference_lab.plots.streaming`: one answer token by token, and what the KV cache saves
+- :mod:`~inference_lab.plots.experiments`: the discriminating experiments and the three regimes
 """
 
 from inference_lab.plots._style import (DECODE_COLOR, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR,
@@ -28,10 +29,13 @@ from inference_lab.plots.ceilings import (intensity_vs_context, kitchen, ridge_c
 from inference_lab.plots.streaming import cache_vs_recompute, token_timeline
 from inference_lab.plots.serving import (goodput_plot, latency_distributions, pool_balance_plot, price_ratio_plot,
                                          serving_plot)
+from inference_lab.plots.experiments import (flops_or_bytes, kernel_vs_model, ratio_vs_ridge, three_regimes,
+                                             users_vs_total)
 
 __all__ = ["roofline_plot", "ridge_comparison", "intensity_vs_context", "time_split_bars", "kitchen",
            "request_timeline", "two_speeds_bars", "ttft_plot", "prefill_flops_vs_length", "decode_bytes_bars",
            "decode_time_vs_bytes", "decode_throughput_plot", "classroom_plot", "price_ratio_plot",
-           "serving_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "PREFILL_COLOR",
+           "serving_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "flops_or_bytes",
+           "kernel_vs_model", "three_regimes", "users_vs_total", "ratio_vs_ridge", "PREFILL_COLOR",
            "DECODE_COLOR", "ROOF_COLOR", "OKABE_ITO", "MODE_STYLES", "LabFigure", "alt_text", "token_timeline",
            "cache_vs_recompute"]

@@ -146,43 +146,52 @@ def intensity_vs_context(cfg, *, batches: Sequence[int] = (1, 64),
                 label=f"batch {b}: weights + KV + attention")
         ax.axhline(bare, color=color, ls=LINESTYLES[i % len(LINESTYLES)], lw=1.2,
                    label=f"batch {b}: weights only (\u2248 {bare:.0f})")
+    attn = 2 * cfg.n_heads / (cfg.n_kv_heads * cfg.dtype_bytes)  # attention FLOPs per KV byte read
+    # A marked line, not a dash pattern: matplotlib reports every custom dash as "--", and the
+    # weights-only lines already use the plain dash styles.
+    ax.plot(contexts, [attn] * len(contexts), "-", marker="x", color=ROOF_COLOR, lw=1.2, ms=6,
+            label=f"attention alone: 2\u00b7Hq/(Hkv\u00b7bytes) = {attn:.3g} FLOP/byte")
     _style_log(ax)
     _length_ticks(ax, list(contexts))
     _plain_ticks(ax, "y")
     ax.set_xlabel("context (tokens in the KV cache)")
     ax.set_ylabel("decode intensity (FLOP/byte)")
-    ax.set_title(f"{cfg.name}: long context drags decode intensity down")
+    ax.set_title(f"{cfg.name}: long context pulls decode intensity toward attention's own")
     ax.legend(fontsize=8, frameon=False)
     return _describe(fig, f"Decode arithmetic intensity of {cfg.name} against context, {contexts[0]:,} to "
                           f"{contexts[-1]:,} tokens, log-log: " + "; ".join(
                               f"batch {b} goes from {a:,.3g} to {z:,.3g} FLOP/byte (weights only: {w:,.3g})"
-                              for b, a, z, w in lines) + ".")
+                              for b, a, z, w in lines) + f"; attention alone: {attn:.3g} FLOP/byte.")
 
 
-def time_split_bars(compute_s: float, memory_s: float, *, title: str | None = None) -> Figure:
-    """Two horizontal bars: the predicted compute time and memory time of one step.
-    The longer one is the step time (the roofline's max)."""
+def time_split_bars(compute_s: float, memory_s: float, *, overhead_s: float | None = None,
+                    title: str | None = None) -> Figure:
+    """Horizontal bars: the predicted compute time and memory time of one step, and (given)
+    the fixed overhead of a call. The longest one sets the step's regime."""
     for name, v in (("compute_s", compute_s), ("memory_s", memory_s)):
         if not v > 0:
             raise ValueError(f"{name}={v!r} must be a positive number of seconds")
-    fig, (ax,) = _figure(width=7.5, height=2.6)
-    scale, unit = (1e-3, "ms") if max(compute_s, memory_s) >= 1e-3 else (1e-6, "\u00b5s")
+    fig, (ax,) = _figure(width=7.5, height=2.6 if overhead_s is None else 3.1)
     bars = [("compute: FLOPs / peak FLOP/s (the stoves)", compute_s, PREFILL_COLOR),
             ("memory: bytes / bandwidth (the van)", memory_s, DECODE_COLOR)]
-    longest = max(compute_s, memory_s)
+    if overhead_s is not None:
+        bars.append(("overhead: fixed cost of a call (the order slip)", overhead_s, "#CC79A7"))
+    longest = max(b[1] for b in bars)
+    scale, unit = (1e-3, "ms") if longest >= 1e-3 else (1e-6, "\u00b5s")
     for i, (label, value, color) in enumerate(bars):
         ax.barh(i, value / scale, color=color, alpha=1.0 if value == longest else 0.45, height=0.6,
-                hatch=HATCH if i == 1 else None, edgecolor="white")
+                hatch=(HATCH if i == 1 else "..") if i else None, edgecolor="white")
         ax.text(value / scale, i, f"  {value / scale:,.3g} {unit}", va="center", fontsize=9)
-    ax.set_yticks([0, 1], [b[0] for b in bars], fontsize=9)
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=9)
     ax.set_xlim(0, longest / scale * 1.35)
     ax.set_xlabel(f"predicted time per decode step ({unit})")
     ax.grid(True, axis="x", **GRID)
     ax.set_title(title or "Which ceiling sets the step time?", fontsize=10)
-    longer = "memory" if memory_s >= compute_s else "compute"
-    return _describe(fig, f"Two bars, the predicted time of one decode step: compute {compute_s / scale:,.3g} "
-                          f"{unit}, memory {memory_s / scale:,.3g} {unit}; the {longer} time is longer and "
-                          "sets the step time.")
+    longest_name = max(bars, key=lambda b: b[1])[0].split(":")[0]
+    extra = f", overhead {overhead_s / scale:,.3g} {unit}" if overhead_s is not None else ""
+    return _describe(fig, f"{len(bars)} bars, the predicted time of one decode step: compute {compute_s / scale:,.3g} "
+                          f"{unit}, memory {memory_s / scale:,.3g} {unit}{extra}; the {longest_name} time is the "
+                          "longest and sets the step time.")
 
 
 def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Figure:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Iterable
-
 from matplotlib.figure import Figure
 
 from inference_lab.plots._style import (
@@ -12,39 +10,47 @@ from inference_lab.plots._style import (
 from inference_lab.records import machine_key, machine_label
 
 
-def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
-    """Several machines' records overlaid, one colour and marker per machine (past eleven
-    machines the markers repeat with another line style, so no two differ by colour alone).
+def classroom_plot(records, *, title: str | None = None) -> Figure:
+    """Several machines' records overlaid, each with its own colour, marker and line style
+    (markers cycle every eleven and line styles every four, so no two of the first 44 share all
+    three, and none differ by colour alone).
 
-    Machines are told apart by their ids (:func:`inference_lab.records.machine_key`), not by
-    device name: thirty laptops that all report ``cpu`` are thirty lines, each labelled with
-    its name or processor and id, drawn as plain text (a ``$`` in a name is just a ``$``).
+    ``records``: a list of records, grouped by machine: by their ids
+    (:func:`inference_lab.records.machine_key`), not by device name, so thirty laptops that all
+    report ``cpu`` are thirty lines, each labelled with its name or processor and id; or a dict
+    ``{label: records}``, one series per label (e.g. one per probe file). Labels are drawn as
+    plain text (a ``$`` in a name is just a ``$``).
 
     Left: prefill tokens/s against prompt length. Right: decode tokens/s against batch size.
     The gap between the panels is each machine's prefill/decode asymmetry.
     """
-    recs = _records(records)
+    if isinstance(records, dict):
+        groups = {str(k): _records(v) for k, v in records.items()}
+    else:
+        flat = _records(records)
+        by_key, labels = {}, {}
+        for r in flat:
+            by_key.setdefault(machine_key(r), []).append(r)
+            labels.setdefault(machine_key(r), machine_label(r))
+        groups = {labels[k]: by_key[k] for k in sorted(by_key, key=lambda k: (labels[k], str(k)))}
+    recs = [r for g in groups.values() for r in g]
     if not recs:
         raise ValueError("classroom_plot needs records: measure.load_records(folder) of the class's probe files")
-    labels = {}
-    for r in recs:
-        labels.setdefault(machine_key(r), machine_label(r))
-    keys = sorted(labels, key=lambda k: (labels[k], str(k)))
+    names = list(groups)
     fig, (left, right) = _figure(2, width=11.0, height=4.6)
-    cmap = _palette(len(keys))
-    for i, key in enumerate(keys):
+    cmap = _palette(len(names))
+    for i, name in enumerate(names):
         color, marker = cmap[i], DEVICE_MARKERS[i % len(DEVICE_MARKERS)]
-        label = plain_text(labels[key])
-        ls = ("-", "--", ":", "-.")[(i // len(DEVICE_MARKERS)) % 4]
-        mine = [r for r in recs if machine_key(r) == key]
+        ls = ("-", "--", ":", "-.")[i % 4]
+        mine = groups[name]
         pre = [r for r in mine if _is_prefill(r)]
         dec = [r for r in mine if _is_decode(r)]
         if pre:
             T, tps = _median_by((int(r.prompt_len), r.prefill_tokens_per_s) for r in pre)
-            left.plot(T, tps, ls, color=color, marker=marker, ms=7, mec="white", label=label)
+            left.plot(T, tps, ls, color=color, marker=marker, ms=7, mec="white", label=plain_text(name))
         if dec:
             b, tps = _median_by((int(r.batch), r.decode_tokens_per_s) for r in dec)
-            right.plot(b, tps, ls, color=color, marker=marker, ms=7, mec="white", label=label)
+            right.plot(b, tps, ls, color=color, marker=marker, ms=7, mec="white", label=plain_text(name))
     for ax in (left, right):
         _style_log(ax)
         _si_ticks(ax, "y")
@@ -59,8 +65,9 @@ def classroom_plot(records: Iterable, *, title: str | None = None) -> Figure:
     handles, legend_labels = left.get_legend_handles_labels()
     if not handles:
         handles, legend_labels = right.get_legend_handles_labels()
-    fig.legend(handles, legend_labels, loc="outside right upper", fontsize=8, frameon=False, title="machine")
-    fig.suptitle(plain_text(title) if title else f"The class's machines ({len(keys)} machines)")
-    return _describe(fig, f"Two log-log panels with one line and marker per machine ({len(keys)}: "
-                          f"{', '.join(labels[k] for k in keys)}): prefill tokens/s against prompt length, "
-                          "and decode tokens/s against batch size.")
+    kind = "runs" if isinstance(records, dict) else "machines"
+    fig.legend(handles, legend_labels, loc="outside right upper", fontsize=8, frameon=False, title=kind[:-1])
+    fig.suptitle(plain_text(title) if title else f"The class's {kind} ({len(names)})")
+    return _describe(fig, f"Two log-log panels with one line and marker per {kind[:-1]} ({len(names)}: "
+                          f"{', '.join(names)}): prefill tokens/s against prompt length, and decode "
+                          "tokens/s against batch size.")

@@ -110,9 +110,11 @@ def ttft_plot(records: Iterable = (), *, cfg=None, spec=None, dtype=None,
     return _describe(fig, "Time to first token against prompt length, log-log: " + "; ".join(parts) + ".")
 
 
-def prefill_flops_vs_length(records: Iterable, spec, dtype, *, highlight: int | None = None) -> Figure:
+def prefill_flops_vs_length(records: Iterable, spec, dtype, *, highlight: int | None = None,
+                            kernels: Iterable = ()) -> Figure:
     """Achieved FLOP/s of prefill against prompt length, under the measured matmul ceiling,
-    with the roofline's prediction (min(peak, intensity x bandwidth))."""
+    with the roofline's prediction (min(peak, intensity x bandwidth)) and, given ``kernels``
+    (``experiments.KernelPoint``), the FLOP/s of one lone matmul with m = that many rows."""
     recs = sorted((r for r in _records(records) if _is_prefill(r)), key=lambda r: r.prompt_len)
     if not recs:
         raise ValueError("prefill_flops_vs_length needs prefill records")
@@ -124,6 +126,10 @@ def prefill_flops_vs_length(records: Iterable, spec, dtype, *, highlight: int | 
     fig, (ax,) = _figure()
     ax.axhline(peak / scale, color=ROOF_COLOR, lw=2, label=f"measured matmul peak ({peak / scale:,.3g} {unit})")
     ax.plot(T, predicted / scale, "--", color=ROOF_COLOR, lw=1.2, label="roofline prediction")
+    ks = sorted(kernels, key=lambda k: k.m)
+    if ks:
+        ax.plot([k.m for k in ks], [k.flops_per_s / scale for k in ks], "s:", color=DECODE_COLOR, ms=6, lw=1.4,
+                label=f"one matmul [m, {ks[0].k}] @ [{ks[0].k}, {ks[0].n}], m = prompt length")
     ax.plot(T, achieved / scale, "-o", color=PREFILL_COLOR, ms=7, mec="white", label=plain_text(f"measured ({recs[0].device})"))
     if highlight is not None:
         sel = [i for i, r in enumerate(recs) if r.prompt_len == highlight]
@@ -206,7 +212,7 @@ def decode_time_vs_bytes(records: Iterable, spec, dtype=None, *, label=None) -> 
     ax.grid(True, **GRID)
     ax.set_xlabel("bytes one decode step moves (MB: weights + KV cache)")
     ax.set_ylabel("step time (ms)")
-    ax.set_title("Decode step time follows the bytes, not the FLOPs")
+    ax.set_title("Decode step time against the bytes the step moves")
     ax.legend(fontsize=8, frameon=False, loc="upper left")
     mbu = [100 * (r.mbu or 0) for r in recs]
     return _describe(fig, f"Measured decode step time against the bytes the step moves: {len(recs)} points from "
@@ -268,7 +274,7 @@ def decode_throughput_plot(records: Iterable, *, cfg=None, spec=None, dtype=None
     _si_ticks(ax, "y")
     ax.set_xlabel("batch size (sequences decoded together)")
     ax.set_ylabel("decode throughput (tokens/s, whole batch)")
-    ax.set_title(title or "Batching shares each weight read: tokens/s climbs until the knee")
+    ax.set_title(title or "Batching shares each weight read: decode tokens/s against batch")
     ax.legend(fontsize=8, frameon=False, loc="upper left")
     parts = []
     if recs:

@@ -1,0 +1,155 @@
+"""Every lesson claim, fed synthetic records where it holds and records where it is false.
+
+A claim the notebooks assert must be able to fail: each test builds the measurements a
+machine would produce under the *other* explanation (a compute-bound decode step, a prefill
+whose time ignores its tokens, a model that does not follow its kernel...) and checks that
+the claim says FAILS there, and HOLDS on records shaped like the real ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from inference_lab import hardware, roofline
+from inference_lab.config import ModelConfig
+from inference_lab.experiments import KernelPoint
+from inference_lab.lessons import claims
+from inference_lab.lessons.arithmetic_intensity import Op
+from inference_lab.records import DecodeRecord, PrefillRecord
+
+CFG = ModelConfig.preset("small")
+CPU = hardware.HardwareSpec("cpu", {"fp32": 190e9}, 50e9, memory_bytes=24e9, overhead_s=6e-6)
+
+
+def prefill(T, seconds, mfu=None):
+    c = roofline.prefill_cost(CFG, 1, T)
+    return PrefillRecord("cpu", "cpu", "reference", "small", "float32", 1, T, seconds, T / seconds, c.flops, c.bytes,
+                         mfu if mfu is not None else c.flops / seconds / 190e9)
+
+
+def decode(batch, seconds, context=256):
+    c = roofline.decode_cost(CFG, batch, context)
+    return DecodeRecord("cpu", "cpu", "reference", "small", "float32", batch, context, seconds, batch / seconds,
+                        c.bytes, c.flops, c.bytes / seconds / 50e9, c.flops / seconds / 190e9)
+
+
+def kernels(times, size=4096):
+    return [KernelPoint(m, size, size, "float32", t) for m, t in times.items()]
+
+
+def test_verdict_is_truthy_and_prints_its_evidence():
+    v = claims.Verdict("x is y", True, "numbers")
+    assert v and str(v).startswith("HOLDS: x is y") and "evidence: numbers" in str(v)
+    assert not claims.Verdict("x is y", False, "numbers") and str(claims.Verdict("c", False, "e")).startswith("FAILS")
+
+
+def test_writing_slower_than_reading():
+    assert claims.writing_slower_than_reading(prefill(256, 0.22), decode(1, 0.011))            # 1,164 vs 91 tok/s
+    assert not claims.writing_slower_than_reading(prefill(256, 0.22), decode(1, 0.0015))      # decode as fast
+    with pytest.raises(ValueError, match="batch-1"):
+        claims.writing_slower_than_reading(prefill(256, 0.22), decode(8, 0.03))
+
+
+def test_prefill_compute_bound_needs_both_ends():
+    real = [prefill(1, 0.011), prefill(4, 0.02), prefill(16, 0.035), prefill(64, 0.07), prefill(256, 0.22)]
+    assert claims.prefill_compute_bound(real)
+    # bandwidth-bound everywhere: time ignores the tokens, so the long end fails
+    flat = [prefill(t, 0.05) for t in (1, 4, 16, 64, 256)]
+    assert not claims.prefill_compute_bound(flat)
+    # compute-bound from the first token: time x tokens everywhere, so the short end fails
+    linear = [prefill(t, 0.001 * t) for t in (1, 4, 16, 64, 256)]
+    assert not claims.prefill_compute_bound(linear)
+    # right shape, but the long prompt reaches only 5% of the peak
+    weak = [prefill(t, s, mfu=0.05) for t, s in ((1, 0.011), (16, 0.035), (64, 0.07), (256, 0.22))]
+    assert not claims.prefill_compute_bound(weak)
+    with pytest.raises(ValueError):
+        claims.prefill_compute_bound(real[:2])
+
+
+def test_decode_step_mostly_not_math():
+    real = [decode(1, 0.011), decode(2, 0.017), decode(16, 0.045)]             # x4 the time for x16 the FLOPs
+    assert claims.decode_step_mostly_not_math(real)
+    compute_bound = [decode(1, 0.011), decode(16, 0.011 * 16)]                 # time follows the FLOPs
+    assert not claims.decode_step_mostly_not_math(compute_bound)
+    with pytest.raises(ValueError, match="one context"):
+        claims.decode_step_mostly_not_math([decode(1, 0.01), decode(4, 0.02, context=512)])
+
+
+def test_step_streams_like_the_kernel():
+    k = kernels({1: 0.0022, 2: 0.004})                                         # 30 GB/s
+    assert claims.step_streams_like_the_kernel(decode(1, 0.011), k)            # 20 GB/s
+    assert not claims.step_streams_like_the_kernel(decode(1, 0.1), k)          # 2 GB/s: not the stream's doing
+    with pytest.raises(ValueError, match="m = 1"):
+        claims.step_streams_like_the_kernel(decode(1, 0.011), kernels({2: 0.004}))
+
+
+def test_context_costs_time():
+    assert claims.context_costs_time([decode(1, 0.011, 256), decode(1, 0.017, 1536)])
+    assert not claims.context_costs_time([decode(1, 0.011, 256), decode(1, 0.0112, 1536)])   # KV for free
+    with pytest.raises(ValueError, match="two or more"):
+        claims.context_costs_time([decode(1, 0.011, 256)])
+
+
+def test_three_regimes():
+    def sweep(small_growth=1.2, stream_growth=4.0, mm_growth=60.0):
+        return [Op("stream", "256 B", 64, 256, 8e-6), Op("stream", "64 KiB", 16384, 65536, 8e-6 * small_growth),
+                Op("stream", "64 MiB", 1.6e7, 2**26, 1.4e-3), Op("stream", "256 MiB", 6.4e7, 2**28, 1.4e-3 * stream_growth),
+                Op("matmul", "256", 3.3e7, 7.8e5, 4e-4), Op("matmul", "1024", 2.1e9, 1.2e7, 4e-4 * mm_growth)]
+    assert claims.three_regimes(sweep())
+    assert not claims.three_regimes(sweep(small_growth=256))     # no overhead floor: time follows the bytes
+    assert not claims.three_regimes(sweep(stream_growth=1.0))    # large streams flat: not bandwidth
+    assert not claims.three_regimes(sweep(mm_growth=2.0))        # matmuls flat: not compute
+    assert not claims.three_regimes(sweep(mm_growth=16.0))       # matmuls follow their bytes (x16): bandwidth
+
+
+def test_prefill_beats_decode_flops():
+    assert claims.prefill_beats_decode_flops(prefill(256, 0.22), decode(1, 0.011))
+    assert not claims.prefill_beats_decode_flops(prefill(256, 2.0), decode(1, 0.011))
+
+
+def test_batching_raises_throughput():
+    assert claims.batching_raises_throughput([decode(1, 0.011), decode(32, 0.076)])
+    assert not claims.batching_raises_throughput([decode(1, 0.011), decode(32, 0.011 * 32)])
+
+
+def test_kernel_sets_the_knee():
+    real = [decode(1, 0.011), decode(2, 0.0198), decode(4, 0.026)]
+    k = kernels({1: 0.0021, 2: 0.0036, 4: 0.0045})
+    assert claims.kernel_sets_the_knee(real, k, CFG, CPU)                       # both jump, the roofline does not
+    flat_kernel = kernels({1: 0.0021, 2: 0.0022})
+    assert claims.kernel_sets_the_knee([decode(1, 0.011), decode(2, 0.0112)], flat_kernel, CFG, CPU)  # all flat (a GPU)
+    # the model jumps but the kernel does not: something else moves the knee
+    assert not claims.kernel_sets_the_knee(real, flat_kernel, CFG, CPU)
+    # the kernel jumps but the model does not: the kernel is not what the model runs
+    assert not claims.kernel_sets_the_knee([decode(1, 0.011), decode(2, 0.0112)], k, CFG, CPU)
+
+
+def test_model_follows_kernel():
+    k = kernels({1: 0.0021, 16: 0.0101, 256: 0.09})
+    scale = CFG.matmul_params / 4096 ** 2
+    # the model runs at a steady 0.65x the kernel-scaled time (smaller matrices), the roofline's shape is wrong
+    good = [prefill(1, 0.0021 * scale * 0.65), prefill(16, 0.0101 * scale * 0.7), prefill(256, 0.09 * scale * 0.62)]
+    assert claims.model_follows_kernel(good, k, CFG, CPU)
+    # a model whose time has the roofline's shape and not the kernel's: the kernel explains nothing
+    roof = [roofline.predict_time(roofline.prefill_cost(CFG, 1, t), CPU, "float32", overhead=True) for t in (1, 16, 256)]
+    like_roof = [prefill(t, 1.3 * r) for t, r in zip((1, 16, 256), roof)]
+    assert not claims.model_follows_kernel(like_roof, k, CFG, CPU)
+    assert claims.model_follows_kernel([decode(1, 0.0021 * scale), decode(16, 0.0101 * scale)], k, CFG, CPU)
+    with pytest.raises(ValueError, match="share"):
+        claims.model_follows_kernel(good[:1], k, CFG, CPU)
+
+
+def test_latency_throughput_tradeoff():
+    assert claims.latency_throughput_tradeoff([decode(1, 0.011), decode(32, 0.076)])
+    assert not claims.latency_throughput_tradeoff([decode(1, 0.011), decode(32, 0.0115)])     # free batching: users keep speed
+    assert not claims.latency_throughput_tradeoff([decode(1, 0.011), decode(32, 0.3)])        # no throughput gained
+
+
+def test_decode_memory_bound_predicted():
+    assert claims.decode_memory_bound_predicted(CFG, CPU)
+    fast_memory = dataclasses.replace(CPU, bandwidth=5e12)                                    # compute term wins
+    assert not claims.decode_memory_bound_predicted(CFG, fast_memory)
+    slow_calls = dataclasses.replace(CPU, overhead_s=1.0)                                     # overhead wins
+    assert not claims.decode_memory_bound_predicted(CFG, slow_calls)
