@@ -87,6 +87,13 @@ class Uncached:
     step_seconds: list   # time of each step
 
 
+@jax.jit
+def _greedy_at(logits, position):
+    """The most likely next token after ``position``: the index is traced, so one compile per
+    width serves every length (a Python-int index would compile a new slice for each)."""
+    return jnp.argmax(jax.lax.dynamic_index_in_dim(logits[0], position, keepdims=False))
+
+
 def generate_without_cache(model, prompt: str, max_new_tokens: int = 64, *, bucket: int = 16) -> Uncached:
     """Greedy decoding that recomputes the whole prefix at every step (no KV cache).
 
@@ -100,7 +107,7 @@ def generate_without_cache(model, prompt: str, max_new_tokens: int = 64, *, buck
         raise ValueError(f"bucket={bucket!r} must be a positive integer")
     widths = sorted({-(-n // bucket) * bucket for n in range(len(ids), len(ids) + max_new_tokens)})
     for width in widths:  # compile every shape first: the step times below are the model's, not XLA's
-        jax.block_until_ready(model(np.full((1, width), tokenizer.PAD, np.int32)))
+        int(_greedy_at(model(np.full((1, width), tokenizer.PAD, np.int32)), 0))
     out, lengths, times = [], [], []
     seq = list(ids)
     for _ in range(max_new_tokens):
@@ -110,7 +117,7 @@ def generate_without_cache(model, prompt: str, max_new_tokens: int = 64, *, buck
         padded[0, :n] = seq
         t0 = time.perf_counter()
         logits = model(padded)                                  # [1, width, V]: every position, again
-        tid = int(jnp.argmax(logits[0, n - 1]))
+        tid = int(_greedy_at(logits, n - 1))
         times.append(time.perf_counter() - t0)
         lengths.append(n)
         out.append(tid)

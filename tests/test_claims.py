@@ -52,6 +52,22 @@ def test_writing_slower_than_reading():
         claims.writing_slower_than_reading(prefill(256, 0.22), decode(8, 0.03))
 
 
+def test_cache_saving_as_predicted():
+    n = list(range(58, 98))
+    grows = [1e-3 * (1 + (x - 58) / 10) for x in n]        # recomputing the text: 1 ms -> 4.9 ms
+    flat = [0.8e-3] * len(n)                               # one new token a step
+    big = [2e-5 * x for x in n]                            # predicted forward: ~2 ms at the end
+    tiny = [1e-7 * x for x in n]                           # predicted forward: microseconds (a GPU)
+    assert claims.cache_saving_as_predicted(n, grows, flat, big)
+    # predicted to show, but both flat: a cache that recomputes anyway, or a broken timer
+    assert not claims.cache_saving_as_predicted(n, flat, flat, big)
+    # predicted not to show (overhead-bound), and it does not: the honest small-model-on-a-GPU case
+    assert claims.cache_saving_as_predicted(n, [1.1e-3] * len(n), flat, tiny)
+    # predicted not to show, yet the uncached steps are 6x slower: the prediction missed something
+    assert not claims.cache_saving_as_predicted(n, [x * 3 for x in grows], flat, tiny)
+    with pytest.raises(ValueError, match="at least 8"):
+        claims.cache_saving_as_predicted(n[:4], grows[:4], flat[:4], big[:4])
+
 def test_prefill_compute_bound_needs_both_ends():
     real = [prefill(1, 0.011), prefill(4, 0.02), prefill(16, 0.035), prefill(64, 0.07), prefill(256, 0.22)]
     assert claims.prefill_compute_bound(real)

@@ -6,7 +6,7 @@ import json
 import pytest
 from matplotlib.figure import Figure
 
-from inference_lab import economics, experiments, hardware, plots, roofline
+from inference_lab import economics, engine, experiments, hardware, plots, roofline, tokenizer
 from inference_lab.lessons import arithmetic_intensity as intensity
 from inference_lab.lessons import batching, machine, setup_check
 from inference_lab.lessons import decode_is_bandwidth_bound as decode
@@ -82,6 +82,22 @@ def test_two_speeds_measures_both_phases(model, here, tmp_path):
     _png(fig, tmp_path)
     _png(plots.two_speeds_bars(result, reference=two_speeds.REFERENCE_NODE), tmp_path, "bars")
 
+
+def test_streamed_answer_and_the_cache_comparison(model, capsys, tmp_path):
+    answer = two_speeds.stream_answer(model, "Hello there", 12, seed=1)
+    shown = capsys.readouterr().out
+    assert answer.text and shown.startswith(answer.text)             # printed as it came
+    assert answer.tokens == tuple(engine.generate(model, [tokenizer.encode("Hello there")], 12,
+                                                  temperature=0.8, top_k=40, seed=1)[0])
+    assert len(answer.itl_s) == 11 and all(g >= 0 for g in answer.itl_s) and answer.ttft_s > 0
+    assert "12 tokens" in answer.line() and "tokens/s" in answer.line()
+    cmp = two_speeds.with_and_without_cache(model, "Hello there", 10)
+    assert cmp.same_until == 10 and cmp.line().startswith("the same 10 tokens both ways")
+    assert cmp.lengths == tuple(range(12, 22)) and len(cmp.cached_s) == len(cmp.uncached_s) == 10
+    assert all(b > a for a, b in zip(cmp.predicted_uncached_s, cmp.predicted_uncached_s[1:]))  # more text, more work
+    _png(plots.cache_vs_recompute(cmp.lengths, cmp.uncached_s, cmp.cached_s), tmp_path, "cache")
+    broken = dataclasses.replace(cmp, uncached_tokens=cmp.cached_tokens[:3] + (0,) * 7)
+    assert broken.same_until == 3 and "part at token 4 of 10" in broken.line()
 
 def test_reference_node_reconciles_30x_with_the_ridge():
     ref = two_speeds.reference_gap()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 from inference_lab import roofline
 
@@ -57,6 +58,33 @@ def writing_slower_than_reading(prefill, decode, *, factor: float = 2.0) -> Verd
                    ratio >= factor,
                    f"prefill {prefill.prefill_tokens_per_s:,.0f} tok/s (prompt {prefill.prompt_len}), decode "
                    f"{decode.decode_tokens_per_s:,.1f} tok/s: {ratio:,.1f}x")
+
+
+def cache_saving_as_predicted(lengths, uncached_s, cached_s, predicted_uncached_s, *, visible: float = 2.0) -> Verdict:
+    """Without the KV cache every step runs the model over the whole text so far; with it, over
+    one new token. Whether that difference shows on the clock is predicted first: it shows when
+    the roofline's time of a forward over the longest text is more than ``visible`` times the
+    measured cached step (which, for a small model, is mostly the fixed cost of the calls).
+
+    Predicted to show: holds if the last quarter's steps without the cache take at least
+    ``visible`` times those with it. Predicted not to show (a GPU, say, where this small model's
+    forward is all launch overhead): holds if they take less than ``2 * visible`` times."""
+    _need(len(lengths) == len(uncached_s) == len(cached_s) == len(predicted_uncached_s) >= 8,
+          "pass one length, uncached time, cached time and predicted time per step, at least 8 steps")
+    q = max(2, len(lengths) // 4)
+    cached_step = statistics.median(cached_s[1:])          # the first cached step is the prefill
+    show = predicted_uncached_s[-1] > visible * cached_step
+    ratio = statistics.median(uncached_s[-q:]) / statistics.median(cached_s[-q:])
+    growth = statistics.median(uncached_s[-q:]) / statistics.median(uncached_s[1:q + 1])
+    evidence = (f"predicted forward over {lengths[-1]} tokens {predicted_uncached_s[-1] * 1e3:,.3g} ms vs measured "
+                f"cached step {cached_step * 1e3:,.3g} ms, so the saving should {'' if show else 'not '}show; "
+                f"last {q} steps: without the cache {ratio:,.2f}x the cached time (it grew {growth:,.2f}x "
+                f"from the first steps)")
+    if show:
+        return Verdict(f"without the KV cache a step costs at least {visible:g}x a cached one by the end",
+                       ratio >= visible, evidence)
+    return Verdict(f"this model is too small for the cache's saving to show here: both steps within "
+                   f"{2 * visible:g}x", ratio < 2 * visible, evidence)
 
 
 # ----------------------------------------------------------------------------- 02

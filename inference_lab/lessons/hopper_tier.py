@@ -64,7 +64,7 @@ def decode_attention_plans(batch: int, s_max: int, hq: int, hkv: int, d: int, nu
         f"decode attention, batch {batch}, {s_max:,} cached keys, {hq} query / {hkv} KV heads of {d}, {num_sms} SMs",
         f"  Triton tier: {t.programs:,} programs ({t.num_splits} splits x {hkv} KV heads x {batch}), "
         f"{t.chunk} keys each, loaded {t.config.block_k} at a time by the threads",
-        f"  Mosaic tier: {h.num_ctas:,} CTAs ({h.splits} splits x {hkv} x {batch}), {h.chunk} keys each, "
+        f"  Mosaic tier: {h.num_ctas:,} CTAs ({h.splits} split(s) x {hkv} KV heads x {batch}), {h.chunk} keys each, "
         f"TMA copies of {h.config.block_k} keys into a ring of {h.config.stages} slots; the G = {hq // hkv} "
         f"query heads of a group are the rows of one 64-row wgmma tile",
     ])

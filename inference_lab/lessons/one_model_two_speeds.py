@@ -1,12 +1,17 @@
-"""Notebook 01, one model, two speeds: the same request's prefill and decode, timed here, the
-roofline's ideal gap beside the measured one, and the reference node the course starts from."""
+"""Notebook 01, one model, two speeds: the trained model writing an answer token by token
+(TTFT, then one decode step per token), what the KV cache saves, the same request's prefill and
+decode timed here, the roofline's ideal gap beside the measured one, and the reference node the
+course starts from."""
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
-from inference_lab import hardware, measure, plots, roofline
+from inference_lab import hardware, measure, plots, roofline, streaming
 from inference_lab.config import ModelConfig
+
+PROMPT = "ROMEO:\nWhat light through yonder window breaks?\n\nJULIET:\n"
 
 
 REFERENCE_NODE = {
@@ -148,3 +153,92 @@ def two_speeds_view(model, prompt_len: int, new_tokens: int):
             f"then {result.decode_s * 1e3:,.0f} ms of decode ({share:.0%} of the request); "
             + who_dominates(prompt_len, new_tokens, result.ratio))
     return fig, text
+
+
+# ------------------------------------------------------------------ one answer, token by token
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """One streamed answer: its tokens and text, and when each token appeared (seconds since
+    the request started; the first one's is the time to first token)."""
+
+    prompt: str
+    tokens: tuple
+    text: str
+    seconds: tuple
+
+    @property
+    def ttft_s(self) -> float:
+        return self.seconds[0]
+
+    @property
+    def itl_s(self) -> tuple:
+        """The gap before each later token: one decode step (and the copy of its token to the host)."""
+        return tuple(b - a for a, b in zip(self.seconds, self.seconds[1:]))
+
+    def line(self) -> str:
+        itl = statistics.median(self.itl_s)
+        return (f"{len(self.tokens)} tokens in {self.seconds[-1] * 1e3:,.0f} ms: the first after "
+                f"{self.ttft_s * 1e3:,.1f} ms (prefill of {len(self.prompt.encode())} prompt bytes), then one every "
+                f"{itl * 1e3:,.2f} ms at the median (decode): {1 / itl:,.0f} tokens/s once the answer flows")
+
+
+def stream_answer(model, prompt: str = PROMPT, max_new_tokens: int = 180, *, temperature: float = 0.8,
+                  top_k: int | None = 40, seed: int = 0, show: bool = True) -> Answer:
+    """Write the answer with :func:`inference_lab.streaming.stream`, printing each piece of
+    text as it appears (``show``). Compilation is done first, untimed, on the same shapes:
+    the times are those of a warm server."""
+    warm = streaming.stream(model, prompt, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
+    for _ in zip(range(2), warm):   # prefill and one decode step compile here
+        pass
+    tokens = []
+    for tok in streaming.stream(model, prompt, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed):
+        tokens.append(tok)
+        if show:
+            print(tok.text, end="", flush=True)
+    if show:
+        print()
+    return Answer(prompt, tuple(t.token for t in tokens), "".join(t.text for t in tokens),
+                  tuple(t.seconds for t in tokens))
+
+
+# ------------------------------------------------------------------ what the KV cache saves
+@dataclasses.dataclass(frozen=True)
+class CacheComparison:
+    """The same greedy answer written twice: with the KV cache (one new token per step) and
+    without (the whole text again every step), with each step's time and the roofline's time
+    of a forward over the whole text."""
+
+    lengths: tuple          # tokens the step reads without a cache (prompt + tokens so far)
+    cached_s: tuple         # step time with the cache (the first: the prefill)
+    uncached_s: tuple       # step time without it
+    predicted_uncached_s: tuple   # roofline time of a forward over `length` tokens
+    cached_tokens: tuple
+    uncached_tokens: tuple
+
+    @property
+    def same_until(self) -> int:
+        """How many tokens the two answers share from the start (all of them, normally)."""
+        n = 0
+        for a, b in zip(self.cached_tokens, self.uncached_tokens):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def line(self) -> str:
+        n = len(self.cached_tokens)
+        same = (f"the same {n} tokens both ways" if self.same_until == n else
+                f"the answers part at token {self.same_until + 1} of {n}")
+        return (f"{same}; text of {self.lengths[0]} to {self.lengths[-1]} tokens: a step without the cache took "
+                f"{self.uncached_s[1] * 1e3:,.2f} to {self.uncached_s[-1] * 1e3:,.2f} ms, with it "
+                f"{statistics.median(self.cached_s[1:]) * 1e3:,.2f} ms at the median")
+
+
+def with_and_without_cache(model, prompt: str = PROMPT, max_new_tokens: int = 150) -> CacheComparison:
+    """Greedy answers with and without the KV cache, every step timed (compilation excluded)."""
+    spec = hardware.measure_ceilings(model.cfg.dtype, verbose=False)   # cached on disk after the first time
+    cached = stream_answer(model, prompt, max_new_tokens, temperature=0.0, show=False)
+    uncached = streaming.generate_without_cache(model, prompt, max_new_tokens)
+    predicted = tuple(roofline.predicted_prefill_seconds(model.cfg, spec, 1, n) for n in uncached.lengths)
+    return CacheComparison(tuple(uncached.lengths), (cached.ttft_s,) + cached.itl_s, tuple(uncached.step_seconds),
+                           predicted, cached.tokens, tuple(uncached.tokens))
