@@ -98,6 +98,8 @@ notebooks: setup
 	INFERENCE_LAB_PROGRESS=0 $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
 	  --ExecutePreprocessor.timeout=1200 --ExecutePreprocessor.store_widget_state=True \
 	  notebooks/*.ipynb
+	# A streamed answer prints one piece per token: store it as one block of text, not hundreds.
+	$(VENV)/bin/jupyter nbconvert --to notebook --inplace --CoalesceStreamsPreprocessor.enabled=True notebooks/*.ipynb
 
 # The stored notebooks as HTML (nothing is executed, nothing is downloaded): open $(SITE)/index.html.
 site: setup

@@ -68,6 +68,21 @@ def test_cache_saving_as_predicted():
     with pytest.raises(ValueError, match="at least 8"):
         claims.cache_saving_as_predicted(n[:4], grows[:4], flat[:4], big[:4])
 
+def test_small_model_not_bandwidth_bound():
+    def step(mb, seconds, batch=1):
+        return dataclasses.replace(decode(batch, seconds), bytes_per_step=mb * 1e6)
+
+    big = step(223, 8.3e-3)                                        # 27 GB/s
+    assert claims.small_model_not_bandwidth_bound(step(6.7, 0.16e-3), big)     # 42 GB/s: in the caches
+    gpu = claims.small_model_not_bandwidth_bound(step(6.7, 40e-6), step(2500, 0.7e-3))  # 0.17 vs 3.6 TB/s
+    assert gpu and "fixed costs" in gpu.evidence
+    # both bandwidth-bound: the same rate, so the claim fails
+    assert not claims.small_model_not_bandwidth_bound(step(6.7, 0.25e-3), big)
+    with pytest.raises(ValueError, match="smaller model first"):
+        claims.small_model_not_bandwidth_bound(big, step(6.7, 0.16e-3))
+    with pytest.raises(ValueError, match="batch-1"):
+        claims.small_model_not_bandwidth_bound(step(6.7, 0.16e-3, batch=4), big)
+
 def test_prefill_compute_bound_needs_both_ends():
     real = [prefill(1, 0.011), prefill(4, 0.02), prefill(16, 0.035), prefill(64, 0.07), prefill(256, 0.22)]
     assert claims.prefill_compute_bound(real)

@@ -99,6 +99,15 @@ def test_streamed_answer_and_the_cache_comparison(model, capsys, tmp_path):
     broken = dataclasses.replace(cmp, uncached_tokens=cmp.cached_tokens[:3] + (0,) * 7)
     assert broken.same_until == 3 and "part at token 4 of 10" in broken.line()
 
+def test_weight_stream_rates_table(model):
+    from inference_lab import pretrained
+
+    rates = two_speeds.weight_stream_rates(model, pretrained.load(kernels="reference"), context=8)
+    assert rates.small.batch == rates.large.batch == 1 and rates.bandwidth > 0
+    assert rates.small.bytes_per_step < rates.large.bytes_per_step
+    table = rates.table()
+    assert "tiny" in table and "shakespeare" in table and "GB/s" in table and "plain read" in table
+
 def test_reference_node_reconciles_30x_with_the_ridge():
     ref = two_speeds.reference_gap()
     cfg = two_speeds.REFERENCE_SHAPE
@@ -230,7 +239,12 @@ def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
     (tmp_path / "broken.json").write_text("{")
     machines = classroom.load_measured(tmp_path, tmp_path / "missing")
     (label, records), = machines.items()
-    assert path.stem in label and [p.name for p, _ in machines.skipped] == ["broken.json"]
+    assert saved["machine"]["id"] in label and f"({tmp_path.name})" in label
+    assert [p.name for p, _ in machines.skipped] == ["broken.json"]
+    (tmp_path / "again.json").write_text(path.read_text())        # the same machine, a second run
+    twice = classroom.load_measured(tmp_path)
+    assert len(twice) == 2 and sum(f"({tmp_path.name}/" in k for k in twice) == 1   # the second names its file
+    (tmp_path / "again.json").unlink()
     summary = classroom.classroom_summary(machines)
     assert "1 run(s) from 1 machine(s)" in summary and "skipped broken.json: is not valid JSON" in summary
     peak, bw = classroom.ceilings_of(records)

@@ -64,10 +64,6 @@ def test_stored_with_outputs_and_no_errors(name):
         f"{name}: print the device it ran on near the top"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "the lessons still carry '# NBVAL_*' comments; they are being rewritten, after which "
-    "`python scripts/nbval_tags.py notebooks/*.ipynb` (also run by `make notebooks`) moves them "
-    "into cell tags and this marker goes"))
 @pytest.mark.parametrize("name", LESSONS)
 def test_nbval_markers_are_tags_not_comments(name):
     """A learner reads code, not test markers: nbval's markers live in the cell tags."""

@@ -87,6 +87,23 @@ def cache_saving_as_predicted(lengths, uncached_s, cached_s, predicted_uncached_
                    f"{2 * visible:g}x", ratio < 2 * visible, evidence)
 
 
+def small_model_not_bandwidth_bound(small, large, *, factor: float = 1.3) -> Verdict:
+    """If both models' decode steps were set by memory bandwidth, each would stream its bytes
+    at the same rate (the machine's), whatever its size. A model of a few MB does not: on a CPU
+    its weights sit in the caches and stream faster than a large model's come from DRAM; on a
+    GPU its step is mostly the fixed cost of launching kernels and streams far slower. Holds if
+    the two rates (bytes per step over step time, batch 1) differ by ``factor`` either way."""
+    _need(small.batch == 1 and large.batch == 1, "pass batch-1 decode records of both models")
+    _need(small.bytes_per_step < large.bytes_per_step, "pass the smaller model first")
+    rs, rl = small.bytes_per_step / small.step_seconds, large.bytes_per_step / large.step_seconds
+    why = ("faster per byte: its weights fit in the caches" if rs > rl else
+           "slower per byte: its step is mostly fixed costs, not bytes")
+    return Verdict(f"the {small.bytes_per_step / 1e6:,.1f} MB model does not stream its bytes at the "
+                   f"{large.bytes_per_step / 1e6:,.0f} MB model's rate (within {factor:g}x either way)",
+                   max(rs, rl) / min(rs, rl) >= factor,
+                   f"{rs / 1e9:,.1f} vs {rl / 1e9:,.1f} GB/s: {rs / rl:,.2f}x ({why})")
+
+
 # ----------------------------------------------------------------------------- 02
 def prefill_compute_bound(records, *, min_mfu: float = 0.25) -> Verdict:
     """Short prompts ride on one weight read; long prompts pay for every token's math.

@@ -74,8 +74,9 @@ class Runs(dict):
 
 def load_measured(*folders) -> Runs:
     """Every probe or records file in ``folders``, one entry per file (a file is one run of one
-    machine), labelled by the machine's name or processor and id and the file; a damaged or
-    foreign file goes to ``.skipped`` with its reason."""
+    machine), labelled by the machine's name or processor and id and the folder (and the file,
+    where one machine has two files there); a damaged or foreign file goes to ``.skipped`` with
+    its reason."""
     out = Runs()
     out.skipped = []
     for folder in folders:
@@ -89,8 +90,9 @@ def load_measured(*folders) -> Runs:
                 reason = str(err)  # the message starts with the path; the file name is shown beside it
                 out.skipped.append((path, reason.removeprefix(str(path)).lstrip(": ")))
                 continue
-            if records:
-                out[f"{machine_label(records[0])} ({path.parent.name}/{path.stem})"] = records
+            if records:  # the folder says whose file it is; the file name only where a machine ran twice
+                label = f"{machine_label(records[0])} ({path.parent.name})"
+                out[label if label not in out else f"{machine_label(records[0])} ({path.parent.name}/{path.stem})"] = records
     return out
 
 

@@ -242,3 +242,39 @@ def with_and_without_cache(model, prompt: str = PROMPT, max_new_tokens: int = 15
     predicted = tuple(roofline.predicted_prefill_seconds(model.cfg, spec, 1, n) for n in uncached.lengths)
     return CacheComparison(tuple(uncached.lengths), (cached.ttft_s,) + cached.itl_s, tuple(uncached.step_seconds),
                            predicted, cached.tokens, tuple(uncached.tokens))
+
+
+# ------------------------------------------------------------------ why the timings use a bigger model
+@dataclasses.dataclass(frozen=True)
+class StreamRates:
+    """Batch-1 decode of a small and a large model: the bytes each step must read over its
+    time (the weights and the KV cache, streamed per second), beside the machine's bandwidth."""
+
+    small: measure.DecodeRecord
+    large: measure.DecodeRecord
+    bandwidth: float   # measured bytes/s of a plain read
+
+    @staticmethod
+    def rate(record) -> float:
+        return record.bytes_per_step / record.step_seconds
+
+    def table(self) -> str:
+        rows = [f"{'model':<26}{'bytes per step':>16}{'step':>12}{'bytes/s':>12}{'of bandwidth':>14}"]
+        for name, r in ((self.small.preset, self.small), (self.large.preset, self.large)):
+            rows.append(f"{name:<26}{r.bytes_per_step / 1e6:>13,.1f} MB{r.step_seconds * 1e3:>9,.3f} ms"
+                        f"{self.rate(r) / 1e9:>9,.1f} GB/s{self.rate(r) / self.bandwidth:>13.0%}")
+        return "\n".join(rows + [f"(a plain read of a 256 MiB buffer here: {self.bandwidth / 1e9:,.1f} GB/s)"])
+
+
+def weight_stream_rates(small_model, large_model, *, context: int = 64) -> StreamRates:
+    """Time batch-1 decode of both models at the same context (compilation excluded, medians).
+
+    The two are timed in turn three times and each keeps its median run: a burst of load from
+    another program during one run cannot decide the comparison."""
+    runs = {"small": [], "large": []}
+    for _ in range(3):
+        runs["small"].append(measure.measure_decode(small_model, batch=1, context=context, steps=32, repeats=9))
+        runs["large"].append(measure.measure_decode(large_model, batch=1, context=context, steps=8, repeats=3))
+    small, large = (sorted(runs[k], key=lambda r: r.step_seconds)[1] for k in ("small", "large"))
+    bandwidth = hardware.measure_ceilings(large_model.cfg.dtype, verbose=False).bandwidth
+    return StreamRates(small, large, bandwidth)
