@@ -29,6 +29,18 @@ from inference_lab.records import DecodeRecord, PrefillRecord
 __all__ = ["measure_decode_points", "measure_prefill_points", "KernelPoint", "matmul_sweep", "model_matmuls_sweep"]
 
 
+def _round_robin(run, n: int, repeats: int) -> list:
+    """Median seconds of ``run(i)`` for each of ``n`` points: one untimed warm-up each (it
+    compiles), then ``repeats`` rounds in which every point runs once, in turn."""
+    for i in range(n):
+        run(i)
+    times = [[] for _ in range(n)]
+    for _ in range(repeats):
+        for i in range(n):
+            times[i].append(run(i))
+    return [statistics.median(t) for t in times]
+
+
 def measure_decode_points(model, points, steps: int = 16, *, repeats: int | None = None,
                           ceilings="auto", seed: int = 0) -> list:
     """Decode records for several ``(batch, context)`` points, timed side by side.
@@ -60,15 +72,10 @@ def measure_decode_points(model, points, steps: int = 16, *, repeats: int | None
         state[i][0] = KVCache(ks, vs, jnp.asarray(lengths), host_lengths=lengths)
         return seconds
 
-    for i in state:  # warm-up: compile every point first
-        run(i)
-    times = {i: [] for i in state}
-    for _ in range(repeats):
-        for i in state:
-            times[i].append(run(i))
+    medians = _round_robin(run, len(points), repeats)
     records = []
     for i, (b, c) in enumerate(points):
-        step_seconds = statistics.median(times[i]) / steps
+        step_seconds = medians[i] / steps
         costs = [roofline.decode_cost(cfg, b, c + j, tp=_tp(model)) for j in range(steps)]
         nbytes, flops = sum(x.bytes for x in costs) / steps, sum(x.flops for x in costs) / steps
         records.append(DecodeRecord(
@@ -133,15 +140,13 @@ def matmul_sweep(ms=(1, 2, 4, 8, 16, 32), *, k: int = 4096, n: int = 4096, dtype
     xs = [jax.random.normal(kk, (m, k), jnp.float32).astype(dt) for kk, m in zip(keys[1:], ms)]
     prec = jax.lax.Precision.HIGHEST if dt == jnp.float32 else None
     f = jax.jit(lambda x, w: jnp.dot(x, w, precision=prec, preferred_element_type=jnp.float32).astype(dt))
-    for x in xs:  # compile each shape
-        jax.block_until_ready(f(x, w))
-    times = [[] for _ in ms]
-    for _ in range(repeats):
-        for i, x in enumerate(xs):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(x, w))
-            times[i].append(time.perf_counter() - t0)
-    return [KernelPoint(m, k, n, dt.name, statistics.median(t)) for m, t in zip(ms, times)]
+
+    def run(i):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(xs[i], w))
+        return time.perf_counter() - t0
+
+    return [KernelPoint(m, k, n, dt.name, t) for m, t in zip(ms, _round_robin(run, len(ms), repeats))]
 
 
 def measure_prefill_points(model, prompt_lengths, *, batch: int = 1, repeats: int | None = None,
@@ -163,15 +168,8 @@ def measure_prefill_points(model, prompt_lengths, *, batch: int = 1, repeats: in
         jax.block_until_ready((logits, cache.k, cache.v))
         return time.perf_counter() - t0
 
-    for i in range(len(lengths)):
-        run(i)  # warm-up: compile
-    times = [[] for _ in lengths]
-    for _ in range(repeats):
-        for i in range(len(lengths)):
-            times[i].append(run(i))
     records = []
-    for t, ts in zip(lengths, times):
-        seconds = statistics.median(ts)
+    for t, seconds in zip(lengths, _round_robin(run, len(lengths), repeats)):
         cost = roofline.prefill_cost(cfg, batch, t, tp=_tp(model))
         records.append(PrefillRecord(**_machine(model), batch=batch, prompt_len=t, seconds=seconds,
                                      prefill_tokens_per_s=batch * t / seconds, flops=cost.flops, bytes=cost.bytes,
@@ -205,14 +203,12 @@ def model_matmuls_sweep(model, ms=(1, 2, 4, 8, 16, 32), *, repeats: int | None =
     key = jax.random.key(seed)
     inputs = [{k: jax.random.normal(jax.random.fold_in(key, k * 1000 + m), (m, k), jnp.float32).astype(dt)
                for k in {w.shape[0] for w in ws}} for m in ms]
-    for xs in inputs:  # compile each m
-        jax.block_until_ready(f(xs, ws))
-    times = [[] for _ in ms]
-    for _ in range(repeats):
-        for i, xs in enumerate(inputs):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(xs, ws))
-            times[i].append(time.perf_counter() - t0)
+
+    def run(i):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(inputs[i], ws))
+        return time.perf_counter() - t0
+
     total = sum(int(w.size) for w in ws)
     label = f"the model's {len(ws)} weight matrices alone ({total * dt.itemsize / 1e6:,.0f} MB, {dt.name})"
-    return [KernelPoint(m, total, 1, dt.name, statistics.median(t), label) for m, t in zip(ms, times)]
+    return [KernelPoint(m, total, 1, dt.name, t, label) for m, t in zip(ms, _round_robin(run, len(ms), repeats))]
