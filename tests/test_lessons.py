@@ -254,6 +254,12 @@ def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
     assert points[0]["measured"] == pytest.approx(report["ratio"]) and points[-1]["quoted"]
     assert points[0]["ideal"] == pytest.approx(here.spec.ridge_point(here.dtype) * 4 / 2)
     assert "measured/allowed" in classroom.ratio_table(points)
+    # a run without a decode at batch 1, or without ceilings, is left out and said, not fatal
+    no_decode = [r for r in records if r.phase == "prefill"]
+    no_ceilings = [dataclasses.replace(r, mfu=None) if r.phase == "prefill" else r for r in records]
+    mixed = classroom.ratio_points({"good": records, "bad": no_decode, "bare": no_ceilings}, reference=False)
+    assert [p["label"] for p in mixed] == ["good"] and [label for label, _ in mixed.left_out] == ["bad", "bare"]
+    assert "left out bad: " in classroom.ratio_table(mixed) and "no MFU/MBU" in classroom.ratio_table(mixed)
     fig, text = classroom.classroom_view(machines, 4)
     assert text.startswith("batch size 4: 1 run(s)") and "1 file(s) skipped: broken.json" in text
     _png(fig, tmp_path)

@@ -118,13 +118,29 @@ def ceilings_of(records) -> tuple[float, float]:
     return pre.flops / pre.seconds / pre.mfu, d1.bytes_per_step / d1.step_seconds / d1.mbu
 
 
-def ratio_points(machines: dict, *, reference: bool = True) -> list[dict]:
+class Points(list):
+    """:func:`ratio_points`' dicts; ``.left_out`` holds ``(label, reason)`` for every run that
+    cannot be placed (no batch-1 prefill and decode, or no ceilings to measure them against)."""
+
+    left_out: list
+
+
+def ratio_points(machines: dict, *, reference: bool = True) -> Points:
     """Per machine: the measured prefill/decode ratio at batch 1 and the ideal one its own
     ceilings allow (``ridge * dtype_bytes / 2``: :class:`two_speeds.Gap`'s ideal without the
-    KV and attention terms). With ``reference``, the reference node's quoted figures too."""
-    points = []
+    KV and attention terms). With ``reference``, the reference node's quoted figures too. A run
+    that cannot be placed is left out (``.left_out``), never fatal for the others."""
+    points = Points()
+    points.left_out = []
     for label, records in machines.items():
-        pre, dec = split(records)
+        try:
+            pre, dec = split(records)
+        except ValueError as err:
+            points.left_out.append((label, str(err)))
+            continue
+        if not pre.mfu or not dec[1].mbu:
+            points.left_out.append((label, "its records carry no MFU/MBU, so no ceilings to compare with"))
+            continue
         peak, bw = ceilings_of(records)
         b = 2 if pre.dtype in ("bfloat16", "float16") else 4
         points.append({"label": label, "ideal": peak / bw * b / 2,
@@ -141,7 +157,7 @@ def ratio_table(points) -> str:
     lines = [f"{'machine':<{width}}{'ceilings allow':>15}{'measured':>10}{'measured/allowed':>18}"]
     for p in points:
         lines.append(f"{p['label']:<{width}}{p['ideal']:>14,.1f}x{p['measured']:>9,.1f}x{p['measured'] / p['ideal']:>18.2f}")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"left out {label}: {why}" for label, why in getattr(points, "left_out", [])])
 
 
 def classroom_view(machines: dict, batch: int):
