@@ -1,7 +1,7 @@
 """``python -m inference_lab env | probe ... | train ...``: the lab's command line.
 
 ``env`` says what this machine is and how the kernels will run on it; ``probe`` measures
-prefill and decode tokens/s on it (see :mod:`inference_lab.probe`); ``train`` trains the
+prefill and decode tokens/s on it (see :mod:`inference_lab.measure.probe`); ``train`` trains the
 model on a text file (see :mod:`inference_lab.train`).
 """
 
@@ -77,7 +77,7 @@ def cmd_env(args) -> int:
         print(f"{key:<{width}}  {value}")
     for w in warnings:
         print(f"WARNING: {w}")
-    from inference_lab.probe_args import mode_error
+    from inference_lab.measure.probe_args import mode_error
 
     error = mode_error("env")
     if error:
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     sub.add_parser("probe", help="measure prefill and decode tok/s here (probe --help)", add_help=False)
     sub.add_parser("train", help="train the model on a text file (train --help)", add_help=False)
     if argv[:1] == ["probe"]:
-        from inference_lab import probe
+        from inference_lab.measure import probe
 
         return probe.main(argv[1:])
     if argv[:1] == ["train"]:

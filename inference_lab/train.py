@@ -2,9 +2,9 @@
 
 ``python -m inference_lab train --corpus PATH --out PATH [--steps N] ...`` (or :func:`train`)
 is how ``inference_lab/weights/shakespeare.safetensors`` was made (its README has the exact
-command). Nothing here is new to the lab: the model is :class:`~inference_lab.model.Transformer`,
-the tokens are :mod:`inference_lab.tokenizer`'s bytes, and the loss is computed by the same
-pure :func:`~inference_lab.model.forward` that inference uses, with the plain-``jnp``
+command). Nothing here is new to the lab: the model is :class:`~inference_lab.model.transformer.Transformer`,
+the tokens are :mod:`inference_lab.base.tokenizer`'s bytes, and the loss is computed by the same
+pure :func:`~inference_lab.model.transformer.forward` that inference uses, with the plain-``jnp``
 reference kernels (``mode="reference"``: differentiable and compiled by XLA; the Pallas
 kernels are for inference and are not differentiated).
 
@@ -40,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from inference_lab import tokenizer
-from inference_lab.config import ModelConfig
-from inference_lab.progress import bar as progress_bar
+from inference_lab.base import tokenizer
+from inference_lab.base.config import ModelConfig
+from inference_lab.base.progress import bar as progress_bar
 
 DEFAULT_PRESET = "shakespeare"
 
@@ -160,7 +160,7 @@ def _build(cfg: ModelConfig, *, lr, warmup, steps, weight_decay):
     import jax.numpy as jnp
     import optax
 
-    from inference_lab.model import forward
+    from inference_lab.model.transformer import forward
 
     warmup = min(warmup, steps - 1)
     schedule = optax.warmup_cosine_decay_schedule(
@@ -251,7 +251,7 @@ def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int =
     import jax.numpy as jnp
     from flax import nnx
 
-    from inference_lab.model import Transformer
+    from inference_lab.model.transformer import Transformer
 
     model = Transformer(cfg, rngs=nnx.Rngs(int(seed)), kernels="reference")
     params = jax.tree.map(jnp.array, model.params())           # our own copies: they get donated

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from inference_lab import model as M
-from inference_lab.config import ModelConfig
+from inference_lab.model import transformer as M
+from inference_lab.base.config import ModelConfig
 from pallas_kernels import triton_compile as tc
 
 PRESETS = ("base", "llama3_8b")

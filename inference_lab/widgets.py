@@ -26,7 +26,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 from IPython.display import Image
 
-from inference_lab.plots._style import alt_text
+from inference_lab.plots.style import alt_text
 
 READOUT_CLASS = "inference-lab-readout"
 CAPTION_CLASS = "inference-lab-caption"

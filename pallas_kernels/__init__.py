@@ -1,20 +1,47 @@
 """Pallas kernels for LLM inference: a matmul, flash attention (prefill) and decode attention.
 
-Each kernel lives in its own file with its wrapper, a frozen config class and a ``plan(...)``
-that says which config and grid it will use for a shape (exported here as ``matmul_plan``,
-``flash_attention_plan`` and ``decode_attention_plan``: the package's ``matmul`` is the
-function, which hides the module of the same name). ``reference`` holds the plain-jnp twins
-with the same signatures and numerics, and ``mode`` decides how a call executes.
+Two tiers of the same three kernels: the readable Triton-style kernels in
+``pallas_kernels.triton`` (Ampere and newer, and the ones the lessons show) and the Hopper tier in
+``pallas_kernels.mosaic`` (Mosaic GPU: TMA, wgmma, warp specialisation). The public functions
+below take ``mode=`` and let :mod:`pallas_kernels.mode` choose the tier; each kernel file also
+holds its frozen config class and ``plan(...)``, exported here as ``matmul_plan``,
+``flash_attention_plan`` and ``decode_attention_plan``. ``reference`` holds the plain-jnp twins
+with the same signatures and numerics.
+
+Every name is loaded on first use: ``import pallas_kernels`` imports neither jax nor the Mosaic
+GPU dialect, and the Mosaic tier is imported only when a call runs it.
 """
 
-from pallas_kernels import mode, reference
-from pallas_kernels.decode_attention import DecodeAttentionConfig, decode_attention
-from pallas_kernels.decode_attention import plan as decode_attention_plan
-from pallas_kernels.flash_attention import FlashAttentionConfig, flash_attention
-from pallas_kernels.flash_attention import plan as flash_attention_plan
-from pallas_kernels.matmul import MatmulConfig, matmul
-from pallas_kernels.matmul import plan as matmul_plan
+from __future__ import annotations
 
-__all__ = ["matmul", "flash_attention", "decode_attention", "MatmulConfig", "FlashAttentionConfig",
-           "DecodeAttentionConfig", "matmul_plan", "flash_attention_plan", "decode_attention_plan",
-           "reference", "mode"]
+import importlib
+
+_PUBLIC = {
+    "matmul": ("pallas_kernels.triton.matmul", "matmul"),
+    "MatmulConfig": ("pallas_kernels.triton.matmul", "MatmulConfig"),
+    "matmul_plan": ("pallas_kernels.triton.matmul", "plan"),
+    "flash_attention": ("pallas_kernels.triton.flash_attention", "flash_attention"),
+    "FlashAttentionConfig": ("pallas_kernels.triton.flash_attention", "FlashAttentionConfig"),
+    "flash_attention_plan": ("pallas_kernels.triton.flash_attention", "plan"),
+    "decode_attention": ("pallas_kernels.triton.decode_attention", "decode_attention"),
+    "DecodeAttentionConfig": ("pallas_kernels.triton.decode_attention", "DecodeAttentionConfig"),
+    "decode_attention_plan": ("pallas_kernels.triton.decode_attention", "plan"),
+}
+_SUBMODULES = ("mode", "reference", "testing", "ceilings", "timing", "checks", "device", "files")
+
+__all__ = list(_PUBLIC) + list(_SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        module, attr = _PUBLIC[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value   # looked up once
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"pallas_kernels.{name}")
+    raise AttributeError(f"module 'pallas_kernels' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

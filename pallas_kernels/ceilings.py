@@ -2,7 +2,7 @@
 under them, the fixed cost of one call.
 
 The one implementation: the kernel benchmark (:mod:`pallas_kernels.bench`) calls it at its
-sizes, and ``inference_lab.hardware.measure_ceilings`` caches it per machine for the lessons.
+sizes, and ``inference_lab.base.hardware.measure_ceilings`` caches it per machine for the lessons.
 A ceiling is what the device *can* do, so the fastest of several repeats estimates it.
 """
 
@@ -37,7 +37,7 @@ def best_seconds(fn, *args, repeats: int, donate_first: bool = False) -> float:
 
 
 def device_ceilings(*, n: int, nbytes: int, dtype, repeats: int) -> dict:
-    """This device's two ceilings, measured (the one implementation; ``inference_lab.hardware``
+    """This device's two ceilings, measured (the one implementation; ``inference_lab.base.hardware``
     caches and wraps it):
 
     - matmul: ``[n, n] @ [n, n]`` in ``dtype`` with f32 accumulation (f32 at full precision,

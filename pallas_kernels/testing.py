@@ -24,9 +24,9 @@ def poisoned_outputs():
     Each output not already aliased to an input gets an extra NaN-filled input aliased to it
     (``input_output_aliases``); the kernel body never sees the extra refs.
     """
-    from pallas_kernels import _triton
+    from pallas_kernels.triton import common
 
-    original = _triton.pallas_call
+    original = common.pallas_call
 
     def poisoning_pallas_call(kernel, *, out_shape, input_output_aliases=None, **kwargs):
         aliases = dict(input_output_aliases or {})
@@ -46,11 +46,11 @@ def poisoned_outputs():
 
         return call
 
-    _triton.pallas_call = poisoning_pallas_call
+    common.pallas_call = poisoning_pallas_call
     try:
         yield
     finally:
-        _triton.pallas_call = original
+        common.pallas_call = original
 
 
 def f64(x) -> np.ndarray:

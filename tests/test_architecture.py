@@ -20,30 +20,23 @@ PACKAGES = ("pallas_kernels", "inference_lab")
 # Layer of every inference_lab module (a prefix names a package and everything in it), and the
 # layers each may import from. The order is the one in docs/architecture.md.
 LAYER_OF = {
-    "inference_lab.config": "base", "inference_lab.tokenizer": "base", "inference_lab.disk_cache": "base",
-    "inference_lab.hardware": "base", "inference_lab.progress": "base",
-    "inference_lab.costs": "analytic", "inference_lab.roofline": "analytic", "inference_lab.workload": "analytic", "inference_lab.phases": "analytic",
-    "inference_lab.simulator": "analytic", "inference_lab.economics": "analytic",
-    "inference_lab.serving_metrics": "analytic",
-    "inference_lab.kv_cache": "model", "inference_lab.parallel": "model", "inference_lab.model": "model",
-    "inference_lab.weights": "model",
-    "inference_lab.engine": "engine", "inference_lab.hlo": "engine", "inference_lab.streaming": "engine",
-    "inference_lab.measure": "measurement", "inference_lab.records": "measurement",
-    "inference_lab.probe": "measurement", "inference_lab.vllm_bench": "measurement",
-    "inference_lab.probe_args": "measurement", "inference_lab.probe_schema": "measurement",
-    "inference_lab.pretrained": "engine", "inference_lab.train": "measurement",
-    "inference_lab.experiments": "measurement",
+    "inference_lab.base": "base",
+    "inference_lab.analytic": "analytic",
+    "inference_lab.model": "model",
+    "inference_lab.runtime": "runtime",
+    "inference_lab.measure": "measure",
     "inference_lab.lessons": "top", "inference_lab.plots": "top", "inference_lab.widgets": "top",
-    "inference_lab.cli": "top", "inference_lab.triton_report": "top", "inference_lab.__main__": "top", "inference_lab": "top",
+    "inference_lab.cli": "top", "inference_lab.train": "top", "inference_lab.triton_report": "top",
+    "inference_lab.__main__": "top", "inference_lab": "top",
 }
 ALLOWED = {
     "kernels": {"kernels"},
     "base": {"kernels", "base"},
     "analytic": {"base", "analytic"},   # the roofline, prices and simulator: config and hardware only
     "model": {"kernels", "base", "model"},
-    "engine": {"kernels", "base", "model", "engine"},
-    "measurement": {"kernels", "base", "analytic", "model", "engine", "measurement"},
-    "top": {"kernels", "base", "analytic", "model", "engine", "measurement", "top"},
+    "runtime": {"kernels", "base", "model", "runtime"},
+    "measure": {"kernels", "base", "analytic", "model", "runtime", "measure"},
+    "top": {"kernels", "base", "analytic", "model", "runtime", "measure", "top"},
 }
 MAX_LINES = 420   # "no module over ~400 lines"
 
@@ -156,9 +149,9 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_lazy_imports_are_seen(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text("def f():\n    from inference_lab import engine\n    import inference_lab.model as m\n")
-    got = imports_of("inference_lab.x", src, {"inference_lab", "inference_lab.engine", "inference_lab.model"})
-    assert got == {"inference_lab.engine", "inference_lab.model"}
+    src.write_text("def f():\n    from inference_lab.runtime import engine\n    import inference_lab.model.transformer as m\n")
+    got = imports_of("inference_lab.x", src, {"inference_lab", "inference_lab.runtime.engine", "inference_lab.model.transformer"})
+    assert got == {"inference_lab.runtime.engine", "inference_lab.model.transformer"}
 
 
 def test_no_module_is_too_long():

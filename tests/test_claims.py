@@ -12,12 +12,13 @@ import dataclasses
 
 import pytest
 
-from inference_lab import hardware, roofline
-from inference_lab.config import ModelConfig
-from inference_lab.experiments import KernelPoint
+from inference_lab.base import hardware
+from inference_lab.analytic import roofline
+from inference_lab.base.config import ModelConfig
+from inference_lab.measure.kernels import KernelPoint
 from inference_lab.lessons import claims
 from inference_lab.lessons.arithmetic_intensity import Op
-from inference_lab.records import DecodeRecord, PrefillRecord
+from inference_lab.measure.records import DecodeRecord, PrefillRecord
 
 CFG = ModelConfig.preset("small")
 CPU = hardware.HardwareSpec("cpu", {"fp32": 190e9}, 50e9, memory_bytes=24e9, overhead_s=6e-6)

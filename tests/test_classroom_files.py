@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from inference_lab import measure, plots, probe, probe_schema, records
+from inference_lab import plots
+from inference_lab.measure import timing as measure, probe, schema as probe_schema, records
 from inference_lab.lessons import on_your_machine as lesson
-from inference_lab.records import DecodeRecord, PrefillRecord
+from inference_lab.measure.records import DecodeRecord, PrefillRecord
 from pallas_kernels import files
 
 

@@ -8,8 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from inference_lab import economics, hardware, roofline
-from inference_lab.config import ModelConfig
+from inference_lab.analytic import economics, roofline
+from inference_lab.base import hardware
+from inference_lab.base.config import ModelConfig
 
 H100 = hardware.PRESETS["H100_SXM"]
 CFG = ModelConfig.preset("llama3_8b")

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from inference_lab import engine, hlo, tokenizer
-from inference_lab.kv_cache import KVCache
-from inference_lab.config import ModelConfig
-from inference_lab.engine import decode_step, generate, prefill
-from inference_lab.model import Transformer
+from inference_lab.runtime import engine, hlo
+from inference_lab.base import tokenizer
+from inference_lab.model.kv_cache import KVCache
+from inference_lab.base.config import ModelConfig
+from inference_lab.runtime.engine import decode_step, generate, prefill
+from inference_lab.model.transformer import Transformer
 
 TINY = ModelConfig.preset("tiny")
 TOL = dict(rtol=2e-4, atol=2e-4)

@@ -7,9 +7,11 @@ import json
 import pytest
 from flax import nnx
 
-from inference_lab import experiments, hardware, roofline
-from inference_lab.config import ModelConfig
-from inference_lab.model import Transformer
+from inference_lab.measure import kernels as experiments
+from inference_lab.base import hardware
+from inference_lab.analytic import roofline
+from inference_lab.base.config import ModelConfig
+from inference_lab.model.transformer import Transformer
 from pallas_kernels import ceilings
 
 CPU = hardware.HardwareSpec("cpu", {"fp32": 100e9}, 20e9, overhead_s=5e-6)

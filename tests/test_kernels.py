@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 
 import pallas_kernels as pk
-from pallas_kernels import _triton, testing
+from pallas_kernels import testing
+from pallas_kernels.triton import common
 from pallas_kernels.mode import pallas_supported
 
 # The package exports the functions under the modules' names, so fetch the modules explicitly.
-mm_mod = importlib.import_module("pallas_kernels.matmul")
-fa_mod = importlib.import_module("pallas_kernels.flash_attention")
-da_mod = importlib.import_module("pallas_kernels.decode_attention")
+mm_mod = importlib.import_module("pallas_kernels.triton.matmul")
+fa_mod = importlib.import_module("pallas_kernels.triton.flash_attention")
+da_mod = importlib.import_module("pallas_kernels.triton.decode_attention")
 
 GPU = pytest.mark.skipif(not pallas_supported(), reason="needs an NVIDIA GPU (compute capability >= 8.0)")
 MODES = [
@@ -327,16 +328,16 @@ def test_poison_hook_exposes_unwritten_outputs():
     def writes_nothing(x_ref, o_ref):
         pass
 
-    out = _triton.call(writes_nothing, out_shape=jax.ShapeDtypeStruct((16,), F32), grid=(1,),
+    out = common.call(writes_nothing, out_shape=jax.ShapeDtypeStruct((16,), F32), grid=(1,),
                        args=(jnp.ones(16, F32),), interpret=True, num_warps=4, num_stages=1, name="writes_nothing")
     assert np.all(np.isnan(np.asarray(out)))
 
 
 def test_poison_hook_restores_the_plain_call():
-    before = _triton.pallas_call
+    before = common.pallas_call
     with testing.poisoned_outputs():
-        assert _triton.pallas_call is not before
-    assert _triton.pallas_call is before
+        assert common.pallas_call is not before
+    assert common.pallas_call is before
 
 
 # ---------------------------------------------------------------- errors
@@ -450,7 +451,7 @@ def test_cuda_lowering_rejects_non_power_of_two_blocks():
         plgpu.store(o_ref.at[pl.ds(0, 24)], plgpu.load(x_ref.at[pl.ds(0, 24)]))
 
     def fn(x):
-        return _triton.call(copy24, out_shape=jax.ShapeDtypeStruct((48,), BF16), grid=(1,), args=(x,),
+        return common.call(copy24, out_shape=jax.ShapeDtypeStruct((48,), BF16), grid=(1,), args=(x,),
                             interpret=False, num_warps=4, num_stages=1, name="copy24")
 
     with pytest.raises(Exception, match="power of 2"):

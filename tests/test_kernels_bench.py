@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 import pallas_kernels as pk
-from inference_lab import hlo
+from inference_lab.runtime import hlo
 from pallas_kernels import bench
 from pallas_kernels.mode import pallas_supported
 

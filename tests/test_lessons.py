@@ -6,7 +6,11 @@ import json
 import pytest
 from matplotlib.figure import Figure
 
-from inference_lab import economics, engine, experiments, hardware, plots, roofline, tokenizer
+from inference_lab import plots
+from inference_lab.analytic import economics, roofline
+from inference_lab.runtime import engine
+from inference_lab.measure import kernels as experiments
+from inference_lab.base import hardware, tokenizer
 from inference_lab.lessons import arithmetic_intensity as intensity
 from inference_lab.lessons import batching, machine, setup_check
 from inference_lab.lessons import decode_is_bandwidth_bound as decode
@@ -14,7 +18,7 @@ from inference_lab.lessons import on_your_machine as classroom
 from inference_lab.lessons import one_model_two_speeds as two_speeds
 from inference_lab.lessons import prefill_is_compute_bound as prefill
 from inference_lab.lessons import serving_economics as serving
-from inference_lab.config import ModelConfig
+from inference_lab.base.config import ModelConfig
 
 H100 = hardware.PRESETS["H100_SXM"]
 CFG8B = ModelConfig.preset("llama3_8b")
@@ -100,7 +104,7 @@ def test_streamed_answer_and_the_cache_comparison(model, capsys, tmp_path):
     assert broken.same_until == 3 and "part at token 4 of 10" in broken.line()
 
 def test_weight_stream_rates_table(model):
-    from inference_lab import pretrained
+    from inference_lab.model import pretrained
 
     rates = two_speeds.weight_stream_rates(model, pretrained.load(kernels="reference"), context=8)
     assert rates.small.batch == rates.large.batch == 1 and rates.bandwidth > 0

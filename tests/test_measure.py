@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from inference_lab import hardware, measure, progress, roofline
+from inference_lab.base import hardware, progress
+from inference_lab.measure import timing as measure
+from inference_lab.analytic import roofline
 from pallas_kernels import ceilings
-from inference_lab.config import ModelConfig
-from inference_lab.hardware import HardwareSpec
-from inference_lab.model import Transformer
+from inference_lab.base.config import ModelConfig
+from inference_lab.base.hardware import HardwareSpec
+from inference_lab.model.transformer import Transformer
 
 TINY = ModelConfig.preset("tiny")
 SPEC = HardwareSpec(name="test chip", flops={"fp32": 1e11}, bandwidth=2e10)
@@ -252,7 +254,7 @@ def test_hardware_spec_refuses_non_finite_figures():
 
 @pytest.mark.parametrize("content", ["", "zz", "0123456789abcdef", "\x00\x01", "3F9A2C1B"])
 def test_a_damaged_machine_id_is_replaced_and_named(tmp_path, monkeypatch, capsys, content):
-    from inference_lab import disk_cache
+    from inference_lab.base import disk_cache
 
     monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
     first = disk_cache.machine_id()

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from inference_lab.config import ModelConfig
-from inference_lab.model import Transformer, forward, head_counts
-from inference_lab.parallel import PARTITION
+from inference_lab.base.config import ModelConfig
+from inference_lab.model.transformer import Transformer, forward, head_counts
+from inference_lab.model.parallel import PARTITION
 
 TINY = ModelConfig.preset("tiny")
 
@@ -71,8 +71,8 @@ def test_forward_matches_float64_numpy(tied):
 def test_interpret_equals_reference():
     """The Pallas kernels (interpreted) and the jnp references give the same logits:
     prefill of a ragged batch, then one decode step."""
-    from inference_lab.kv_cache import KVCache
-    from inference_lab.engine import decode_step, prefill
+    from inference_lab.model.kv_cache import KVCache
+    from inference_lab.runtime.engine import decode_step, prefill
 
     tokens = np.random.default_rng(2).integers(0, TINY.vocab_size, (2, 7))
     out = {}
@@ -160,8 +160,8 @@ def test_pallas_model_matches_reference_bf16_base_shape():
     """Compiled on a GPU: the whole model on the Pallas kernels against the XLA reference, in
     bf16 at the base (Llama-3.2-1B) shape with 3 layers: a ragged prefill, then 16 decode steps
     fed the reference's greedy tokens. bf16 logits of size ~O(1): compared at 3% of their scale."""
-    from inference_lab.engine import decode_step, prefill
-    from inference_lab.kv_cache import KVCache
+    from inference_lab.runtime.engine import decode_step, prefill
+    from inference_lab.model.kv_cache import KVCache
 
     cfg = ModelConfig.preset("base", n_layers=3)
     ref = Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference")

@@ -16,9 +16,9 @@ import pytest
 from flax import nnx
 
 import pallas_kernels.mode as mode_mod
-from inference_lab import hlo
-from inference_lab import model as M
-from inference_lab.config import ModelConfig
+from inference_lab.runtime import hlo
+from inference_lab.model import transformer as M
+from inference_lab.base.config import ModelConfig
 
 S = jax.ShapeDtypeStruct
 

@@ -36,13 +36,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import reference
-from pallas_kernels.mosaic import _common
+from pallas_kernels.mosaic import common
 from pallas_kernels.mosaic import decode_attention as da
 from pallas_kernels.mosaic import flash_attention as fa
 from pallas_kernels.mosaic import matmul as mm
 
 BF16, F16 = jnp.bfloat16, jnp.float16
-HOPPER = pytest.mark.skipif(not _common.hopper_available(), reason="needs an sm_90 (Hopper) GPU")
+HOPPER = pytest.mark.skipif(not common.hopper_available(), reason="needs an sm_90 (Hopper) GPU")
 MODES = [
     pytest.param("interpret", id="interpret"),
     pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu, HOPPER]),
@@ -172,7 +172,7 @@ def test_matmul_plan_grid_for_h200_and_a100():
         # Small prefill: fewer tiles than SMs -> one CTA per unit (K splits fill the rest).
         p = mm.plan(256, 512, 512, BF16, num_sms=num_sms, config=dataclasses.replace(mm.PREFILL_CONFIG, k_splits=1))
         assert p.units == 2 * 2 and p.grid == (4,)
-        assert p.smem_bytes() <= _common.HOPPER_SMEM_BYTES
+        assert p.smem_bytes() <= common.HOPPER_SMEM_BYTES
     # Decode, 1B fused QKV at batch 1: 48 CTA tiles of 64 columns (one consumer), K split 8
     # ways on 132 SMs (384 units, 2.9 per SM) and 4 ways on 108 (192 units).
     p = mm.plan(1, 2048, 3072, BF16, num_sms=132)
@@ -205,7 +205,7 @@ def test_matmul_decode_plans_give_every_sm_weight_to_stream(num_sms):
             assert p.balance >= 0.75, what
             assert p.m_tiles == 1, what            # decode: the weight is streamed exactly once
             assert p.partial_bytes <= (0.5 if m > 1 else 0.07) * k * n * 2, what
-            assert p.smem_bytes() <= _common.HOPPER_SMEM_BYTES, what
+            assert p.smem_bytes() <= common.HOPPER_SMEM_BYTES, what
 
 
 # ------------------------------------------------------------------ flash attention

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference_lab import parallel
+from inference_lab.model import parallel
 from inference_lab.lessons import tensor_parallel
-from inference_lab.config import ModelConfig
+from inference_lab.base.config import ModelConfig
 
 SCRIPTS = Path(__file__).parent / "parallel_scripts"
 TINY = ModelConfig.preset("tiny")
@@ -82,7 +82,7 @@ def test_degree_and_mesh_errors():
     n = len(jax.devices())
     with pytest.raises(ValueError, match=f"tp={n + 1} needs {n + 1} devices.*xla_force_host_platform_device_count"):
         parallel.make_mesh(n + 1)
-    from inference_lab.model import Transformer
+    from inference_lab.model.transformer import Transformer
 
     other = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     with pytest.raises(ValueError, match="axis named 'tp'"):
@@ -115,9 +115,9 @@ def test_two_processes_form_one_mesh_and_match_one_process(tmp_path):
                 p.communicate()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-2000:] for x in logs)
 
-    from inference_lab import engine
-    from inference_lab.kv_cache import KVCache
-    from inference_lab.model import Transformer
+    from inference_lab.runtime import engine
+    from inference_lab.model.kv_cache import KVCache
+    from inference_lab.model.transformer import Transformer
 
     got = np.load(out)
     one = Transformer(TINY, kernels="reference")
@@ -128,7 +128,8 @@ def test_two_processes_form_one_mesh_and_match_one_process(tmp_path):
 
 
 def test_tp_lesson_rows():
-    from inference_lab import hardware, roofline
+    from inference_lab.base import hardware
+    from inference_lab.analytic import roofline
 
     rows = tensor_parallel.tp_lesson("tiny", (1, 2, 4), spec="H100_SXM", steps=4, repeats=2)
     assert [r["tp"] for r in rows] == [1, 2, 4]

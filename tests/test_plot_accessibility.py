@@ -25,11 +25,13 @@ from matplotlib.colors import to_hex, to_rgba  # noqa: E402
 from matplotlib.container import BarContainer  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from inference_lab import economics, hardware, plots, roofline, simulator  # noqa: E402
-from inference_lab.config import ModelConfig  # noqa: E402
-from inference_lab.experiments import KernelPoint  # noqa: E402
+from inference_lab import plots
+from inference_lab.analytic import economics, roofline, simulator
+from inference_lab.base import hardware  # noqa: E402
+from inference_lab.base.config import ModelConfig  # noqa: E402
+from inference_lab.measure.kernels import KernelPoint  # noqa: E402
 from inference_lab.lessons.arithmetic_intensity import Op  # noqa: E402
-from inference_lab.measure import DecodeRecord, PrefillRecord  # noqa: E402
+from inference_lab.measure.records import DecodeRecord, PrefillRecord  # noqa: E402
 
 SPEC = hardware.PRESETS["H200"]
 H100 = hardware.PRESETS["H100_SXM"]
@@ -156,7 +158,7 @@ def _simulated():
 
 
 def _goodput_rows():
-    from inference_lab.serving_metrics import SLO
+    from inference_lab.analytic.serving_metrics import SLO
 
     phases = economics.roofline_phases(CFG8B, H100)
     slo = SLO(ttft_ms=200, tpot_ms=20)

@@ -10,15 +10,17 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from inference_lab import economics, hardware, plots, roofline  # noqa: E402
-from inference_lab.config import ModelConfig  # noqa: E402
+from inference_lab import plots
+from inference_lab.analytic import economics, roofline
+from inference_lab.base import hardware  # noqa: E402
+from inference_lab.base.config import ModelConfig  # noqa: E402
 
 SPEC = hardware.PRESETS["H200"]
 CFG = ModelConfig.preset("base")
 
 
 # The real record classes: the plots read them by attribute only.
-from inference_lab.measure import DecodeRecord, PrefillRecord  # noqa: E402
+from inference_lab.measure.records import DecodeRecord, PrefillRecord  # noqa: E402
 
 
 def _sweep(device="NVIDIA H200", efficiency=0.4, overhead=2e-4, context=512, seed=0):
@@ -136,8 +138,9 @@ def test_economics_figures(tmp_path):
 
 def test_serving_figures_tell_modes_apart_without_colour(tmp_path):
     """Every mode differs in marker and line style too, and a real vLLM run sits beside them."""
-    from inference_lab import simulator, vllm_bench
-    from inference_lab.serving_metrics import SLO
+    from inference_lab.analytic import simulator
+    from inference_lab.measure import vllm_bench
+    from inference_lab.analytic.serving_metrics import SLO
     from pathlib import Path
 
     phases = economics.roofline_phases(ModelConfig.preset("llama3_8b"), hardware.PRESETS["H100_SXM"])
@@ -165,7 +168,7 @@ def test_serving_figures_tell_modes_apart_without_colour(tmp_path):
 
 
 def test_experiment_figures(tmp_path):
-    from inference_lab.experiments import KernelPoint
+    from inference_lab.measure.kernels import KernelPoint
     from inference_lab.lessons.arithmetic_intensity import Op
 
     recs = [r for r in _sweep() if isinstance(r, DecodeRecord)]

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from inference_lab import pretrained, tokenizer
-from inference_lab.config import ModelConfig
-from inference_lab.engine import generate
-from inference_lab.model import Transformer
+from inference_lab.model import pretrained
+from inference_lab.base import tokenizer
+from inference_lab.base.config import ModelConfig
+from inference_lab.runtime.engine import generate
+from inference_lab.model.transformer import Transformer
 
 PROMPT = "ROMEO:"
 # Greedy continuation of PROMPT by the shipped weights, reference kernels (f32, on a CPU).

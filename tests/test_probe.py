@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from inference_lab import cli, hardware, measure, probe, probe_schema
-from inference_lab.config import ModelConfig
-from inference_lab.records import DecodeRecord, PrefillRecord
+from inference_lab import cli
+from inference_lab.base import hardware
+from inference_lab.measure import timing as measure, probe, schema as probe_schema
+from inference_lab.base.config import ModelConfig
+from inference_lab.measure.records import DecodeRecord, PrefillRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from inference_lab import hardware, roofline
-from inference_lab.config import ModelConfig
+from inference_lab.base import hardware
+from inference_lab.analytic import roofline
+from inference_lab.base.config import ModelConfig
 
 H100 = hardware.PRESETS["H100_SXM"]
 H200 = hardware.PRESETS["H200"]

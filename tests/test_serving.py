@@ -8,10 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from inference_lab import economics, hardware, simulator
-from inference_lab.config import ModelConfig
-from inference_lab.serving_metrics import SLO, trace_from_token_times
-from inference_lab.workload import Requests
+from inference_lab.analytic import economics, simulator
+from inference_lab.base import hardware
+from inference_lab.base.config import ModelConfig
+from inference_lab.analytic.serving_metrics import SLO, trace_from_token_times
+from inference_lab.analytic.workload import Requests
 
 H100 = hardware.PRESETS["H100_SXM"]
 CFG = ModelConfig.preset("llama3_8b")

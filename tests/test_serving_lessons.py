@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from inference_lab import economics, hardware, vllm_bench
-from inference_lab.config import ModelConfig
+from inference_lab.analytic import economics
+from inference_lab.base import hardware
+from inference_lab.measure import vllm_bench
+from inference_lab.base.config import ModelConfig
 from inference_lab.lessons import serving_economics as lesson
 from inference_lab.lessons import serving_pools as pools
-from inference_lab.serving_metrics import SLO
+from inference_lab.analytic.serving_metrics import SLO
 
 H100 = hardware.PRESETS["H100_SXM"]
 CFG8B = ModelConfig.preset("llama3_8b")

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from inference_lab import streaming, tokenizer
-from inference_lab.config import ModelConfig
-from inference_lab.engine import generate
-from inference_lab.model import Transformer
+from inference_lab.runtime import streaming
+from inference_lab.base import tokenizer
+from inference_lab.base.config import ModelConfig
+from inference_lab.runtime.engine import generate
+from inference_lab.model.transformer import Transformer
 
 TINY = ModelConfig.preset("tiny")
 

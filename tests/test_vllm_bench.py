@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from inference_lab import vllm_bench
-from inference_lab.serving_metrics import SLO
+from inference_lab.measure import vllm_bench
+from inference_lab.analytic.serving_metrics import SLO
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_bench_serve.json"
 DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts", "errors")

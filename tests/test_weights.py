@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from inference_lab import weights
-from inference_lab.config import ModelConfig
-from inference_lab.model import Transformer
+from inference_lab.model import weights
+from inference_lab.base.config import ModelConfig
+from inference_lab.model.transformer import Transformer
 
 # A model small enough that each file is a few hundred KB; no square matrix, so a transposed
 # one shows in its shape (a transposed square matrix has the right shape: no check can see it).

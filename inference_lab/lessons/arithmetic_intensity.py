@@ -11,7 +11,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-from inference_lab import experiments, plots, roofline
+from inference_lab import plots
+from inference_lab.measure import kernels as experiments
+from inference_lab.analytic import roofline
 
 
 def intensity_terms_table(cfg, contexts, batch: int) -> str:

@@ -4,7 +4,9 @@ and tensor parallelism on the roofline (the measured half is :mod:`.tensor_paral
 
 from __future__ import annotations
 
-from inference_lab import experiments, plots, roofline
+from inference_lab import plots
+from inference_lab.measure import kernels as experiments
+from inference_lab.analytic import roofline
 from inference_lab.lessons.machine import DECODE_COLUMNS, DECODE_STEPS, Sweep
 
 

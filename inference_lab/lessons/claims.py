@@ -6,8 +6,8 @@ compares measurements that two explanations predict *differently* (time that fol
 FLOPs against time that follows the bytes, say), and ``tests/test_claims.py`` feeds each one
 synthetic records where the claim is false and checks that it says so.
 
-Records are read by attribute (:class:`~inference_lab.records.PrefillRecord`,
-:class:`~inference_lab.records.DecodeRecord`, :class:`~inference_lab.experiments.KernelPoint`
+Records are read by attribute (:class:`~inference_lab.measure.records.PrefillRecord`,
+:class:`~inference_lab.measure.records.DecodeRecord`, :class:`~inference_lab.measure.kernels.KernelPoint`
 or anything with the same fields), so a claim can be checked on a classroom's files too.
 Thresholds are wide on purpose: a 2-core machine shared with other programs is noisy, and a
 claim should survive noise yet fail when the physics is different.
@@ -19,7 +19,7 @@ import dataclasses
 import math
 import statistics
 
-from inference_lab import roofline
+from inference_lab.analytic import roofline
 
 
 @dataclasses.dataclass(frozen=True)

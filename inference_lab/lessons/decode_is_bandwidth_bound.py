@@ -10,7 +10,9 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
-from inference_lab import experiments, plots, roofline
+from inference_lab import plots
+from inference_lab.measure import kernels as experiments
+from inference_lab.analytic import roofline
 from inference_lab.lessons.machine import DECODE_COLUMNS, Sweep, _pct, kernel_check_mode
 from pallas_kernels.testing import decode_attention_f64, rel_err
 

@@ -18,8 +18,8 @@ import sys
 import jax
 
 import pallas_kernels as pk
-from inference_lab import hardware
-from inference_lab.config import ModelConfig
+from inference_lab.base import hardware
+from inference_lab.base.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +109,7 @@ def this_machine(preset: str | None = None) -> Machine:
 def _model(cfg: ModelConfig, kernels: str):
     from flax import nnx
 
-    from inference_lab.model import Transformer
+    from inference_lab.model.transformer import Transformer
 
     return Transformer(cfg, rngs=nnx.Rngs(0), kernels=kernels)
 
@@ -171,9 +171,9 @@ def kernel_parts(kernel_fn) -> list:
         raise ValueError(f"{module.__name__} has no _*_kernel function to show")
     parts = bodies + [module._run]
     if "online_softmax.update" in inspect.getsource(bodies[0]):
-        from pallas_kernels import _online_softmax
+        from pallas_kernels.triton import online_softmax
 
-        parts.append(_online_softmax.update)
+        parts.append(online_softmax.update)
     return parts
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inference_lab import measure, plots
+from inference_lab import plots
+from inference_lab.measure import timing as measure
 from inference_lab.lessons import one_model_two_speeds as two_speeds
 from inference_lab.lessons.machine import Machine
-from inference_lab.records import machine_key, machine_label
+from inference_lab.measure.records import machine_key, machine_label
 
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "measurements"
 
@@ -17,7 +18,7 @@ MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "measurements"
 def probe_filename(here: Machine, name: str | None = None) -> str:
     """This machine's probe file name: its name (or processor), its id, the preset and the
     kernels; two laptops never share one."""
-    from inference_lab import probe
+    from inference_lab.measure import probe
 
     return probe.filename(probe.machine(name), here.config.name, here.kernels)
 
@@ -29,7 +30,7 @@ def run_probe(here: Machine, folder, *, new_tokens: int = 8, repeats: int | None
 
     The file is written after every measured point, whole or not at all: interrupting the
     cell keeps what was measured (marked ``"complete": false``) and says so."""
-    from inference_lab import probe
+    from inference_lab.measure import probe
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

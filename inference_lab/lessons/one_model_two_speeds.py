@@ -8,8 +8,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from inference_lab import hardware, measure, plots, roofline, streaming
-from inference_lab.config import ModelConfig
+from inference_lab import plots
+from inference_lab.base import hardware
+from inference_lab.measure import timing as measure
+from inference_lab.analytic import roofline
+from inference_lab.runtime import streaming
+from inference_lab.base.config import ModelConfig
 
 PROMPT = "ROMEO:\nWhat light through yonder window breaks?\n\nJULIET:\n"
 
@@ -184,7 +188,7 @@ class Answer:
 
 def stream_answer(model, prompt: str = PROMPT, max_new_tokens: int = 180, *, temperature: float = 0.8,
                   top_k: int | None = 40, seed: int = 0, show: bool = True) -> Answer:
-    """Write the answer with :func:`inference_lab.streaming.stream`, printing each piece of
+    """Write the answer with :func:`inference_lab.runtime.streaming.stream`, printing each piece of
     text as it appears (``show``). Compilation is done first, untimed, on the same shapes:
     the times are those of a warm server."""
     warm = streaming.stream(model, prompt, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)

@@ -9,7 +9,9 @@ import dataclasses
 import jax
 
 import pallas_kernels as pk
-from inference_lab import experiments, measure, plots, roofline, workload
+from inference_lab import plots
+from inference_lab.measure import kernels as experiments, timing as measure
+from inference_lab.analytic import roofline, workload
 from inference_lab.lessons.machine import DECODE_STEPS, PREFILL_COLUMNS, Sweep, _pct, kernel_check_mode
 from pallas_kernels.testing import flash_attention_f64, matmul_f64, rel_err
 

@@ -12,11 +12,14 @@ import dataclasses
 
 import numpy as np
 
-from inference_lab import economics, hardware, measure, plots, simulator
-from inference_lab.config import ModelConfig
+from inference_lab import plots
+from inference_lab.analytic import economics, simulator
+from inference_lab.base import hardware
+from inference_lab.measure import timing as measure
+from inference_lab.base.config import ModelConfig
 from inference_lab.lessons.machine import DECODE_STEPS
-from inference_lab.serving_metrics import trace_from_token_times
-from inference_lab.workload import Requests
+from inference_lab.analytic.serving_metrics import trace_from_token_times
+from inference_lab.analytic.workload import Requests
 
 DEFAULT_PRICE_KEY = "H100_SXM"
 BAND = (3.0, 5.0)

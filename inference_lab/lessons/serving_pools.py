@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from inference_lab import economics, plots, simulator, vllm_bench
-from inference_lab.serving_metrics import SLO
-from inference_lab.workload import Requests
+from inference_lab import plots
+from inference_lab.analytic import economics, simulator
+from inference_lab.measure import vllm_bench
+from inference_lab.analytic.serving_metrics import SLO
+from inference_lab.analytic.workload import Requests
 
 EXAMPLE_VLLM_RESULT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "vllm_bench_serve.json"
 """A hand-made file in the format of ``vllm bench serve --save-result --save-detailed`` (not a

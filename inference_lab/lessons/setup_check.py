@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
-from inference_lab import plots, roofline
+from inference_lab import plots
+from inference_lab.analytic import roofline
 from inference_lab.lessons.machine import Machine, kernel_check_mode
 from pallas_kernels.testing import rel_err
 

@@ -15,10 +15,14 @@ import sys
 
 import numpy as np
 
-from inference_lab import hardware, hlo, measure, parallel, roofline
-from inference_lab.config import ModelConfig
-from inference_lab.kv_cache import KVCache
-from inference_lab.model import Transformer
+from inference_lab.base import hardware
+from inference_lab.runtime import hlo
+from inference_lab.measure import timing as measure
+from inference_lab.model import parallel
+from inference_lab.analytic import roofline
+from inference_lab.base.config import ModelConfig
+from inference_lab.model.kv_cache import KVCache
+from inference_lab.model.transformer import Transformer
 
 
 def _measure_rows(cfg_name: str, degrees, batch: int, context: int, steps: int, repeats: int,

@@ -4,7 +4,7 @@
 Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (so nothing
 is shown twice in a notebook and nothing needs a display: works under Agg), sized for a
 notebook cell; ``fig.savefig("x.png")`` writes the PNG. Records are read by attribute
-(:class:`inference_lab.records.PrefillRecord`/``DecodeRecord`` or anything with the same
+(:class:`inference_lab.measure.records.PrefillRecord`/``DecodeRecord`` or anything with the same
 fields), so plots never depend on where records came from.
 
 Every figure carries ``fig.alt_text``, a one-line description with its numbers (``alt_text(fig)``
@@ -19,7 +19,7 @@ or hatching difference between any two of its series (tests/test_plot_accessibil
 - :mod:`~inference_lab.plots.experiments`: the discriminating experiments and the three regimes
 """
 
-from inference_lab.plots._style import (DECODE_COLOR, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR,
+from inference_lab.plots.style import (DECODE_COLOR, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR,
                                        LabFigure, alt_text)
 from inference_lab.plots.classroom import classroom_plot
 from inference_lab.plots.phases import (decode_bytes_bars, decode_throughput_plot, decode_time_vs_bytes,

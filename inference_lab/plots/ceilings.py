@@ -8,8 +8,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from inference_lab import roofline
-from inference_lab.plots._style import (
+from inference_lab.analytic import roofline
+from inference_lab.plots.style import (
     PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, LINESTYLES, OKABE_ITO, LabFigure,
     _describe, _figure, _style_log, _plain_ticks, _length_ticks, _si, _si_ticks, _flops_unit,
     _is_decode, _records, _check_spec, _palette, _tint, plain_text)

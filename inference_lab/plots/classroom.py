@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from inference_lab.plots._style import (
+from inference_lab.plots.style import (
     DEVICE_MARKERS, _describe, _figure, _style_log, _length_ticks, _base2_batches, _si_ticks, _is_decode,
     _is_prefill, _median_by, _records, _palette, plain_text)
-from inference_lab.records import machine_key, machine_label
+from inference_lab.measure.records import machine_key, machine_label
 
 
 def classroom_plot(records, *, title: str | None = None) -> Figure:
@@ -16,7 +16,7 @@ def classroom_plot(records, *, title: str | None = None) -> Figure:
     three, and none differ by colour alone).
 
     ``records``: a list of records, grouped by machine: by their ids
-    (:func:`inference_lab.records.machine_key`), not by device name, so thirty laptops that all
+    (:func:`inference_lab.measure.records.machine_key`), not by device name, so thirty laptops that all
     report ``cpu`` are thirty lines, each labelled with its name or processor and id; or a dict
     ``{label: records}``, one series per label (e.g. one per probe file). Labels are drawn as
     plain text (a ``$`` in a name is just a ``$``).

@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from inference_lab import roofline
-from inference_lab.plots._style import (
+from inference_lab.analytic import roofline
+from inference_lab.plots.style import (
     DECODE_COLOR, DEVICE_MARKERS, GRID, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR, _base2_batches, _describe, _figure,
     _palette, _plain_ticks, _si_ticks, _style_log, plain_text)
 

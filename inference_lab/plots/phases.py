@@ -10,8 +10,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from inference_lab import roofline
-from inference_lab.plots._style import (
+from inference_lab.analytic import roofline
+from inference_lab.plots.style import (
     PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, OKABE_ITO, _describe, _figure,
     _style_log, _length_ticks, _base2_batches, _si_ticks, _flops_unit, _is_decode, _is_prefill,
     _median_by, _records, _prediction_args, _check_spec, _shades, _tint, plain_text)

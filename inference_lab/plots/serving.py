@@ -14,8 +14,8 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from inference_lab import economics
-from inference_lab.plots._style import (
+from inference_lab.analytic import economics
+from inference_lab.plots.style import (
     DECODE_COLOR, DEVICE_MARKERS, GRID, MARKERS, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, _describe, _figure,
     _style_log, _base2_batches, _si_ticks, _shades, _tint)
 

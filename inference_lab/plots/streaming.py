@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from inference_lab.plots._style import DECODE_COLOR, GRID, HATCH, PREFILL_COLOR, _describe, _figure
+from inference_lab.plots.style import DECODE_COLOR, GRID, HATCH, PREFILL_COLOR, _describe, _figure
 
 
 def token_timeline(seconds: Sequence[float], *, title: str | None = None) -> Figure:

@@ -74,7 +74,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.mosaic import _common as C
+from pallas_kernels.mosaic import common as C
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (64, 128)

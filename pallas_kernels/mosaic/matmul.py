@@ -74,7 +74,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.mosaic import _common as C
+from pallas_kernels.mosaic import common as C
 
 DECODE_M = 64  # M up to this is "decode-shaped": one wgmma tile row holds the whole batch
 

@@ -7,7 +7,8 @@ Usage: python probe_tp.py PROBE_ARGS...
 
 import sys
 
-from inference_lab import hardware, probe
+from inference_lab.base import hardware
+from inference_lab.measure import probe
 
 hardware._ceiling_sizes = lambda backend, key: (256, 2**20)
 sys.exit(probe.main(sys.argv[1:]))

@@ -18,10 +18,11 @@ import json
 import jax
 import numpy as np
 
-from inference_lab import engine, hlo, parallel
-from inference_lab.kv_cache import KVCache
-from inference_lab.config import ModelConfig
-from inference_lab.model import Transformer
+from inference_lab.runtime import engine, hlo
+from inference_lab.model import parallel
+from inference_lab.model.kv_cache import KVCache
+from inference_lab.base.config import ModelConfig
+from inference_lab.model.transformer import Transformer
 
 assert len(jax.devices()) == 4, jax.devices()
 out = {"reference": {}, "interpret": {}, "bytes": {}, "collectives": {}}

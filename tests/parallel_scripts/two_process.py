@@ -17,10 +17,11 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
 
 import numpy as np  # noqa: E402
 
-from inference_lab import engine, parallel  # noqa: E402
-from inference_lab.kv_cache import KVCache  # noqa: E402
-from inference_lab.config import ModelConfig  # noqa: E402
-from inference_lab.model import Transformer  # noqa: E402
+from inference_lab.runtime import engine
+from inference_lab.model import parallel  # noqa: E402
+from inference_lab.model.kv_cache import KVCache  # noqa: E402
+from inference_lab.base.config import ModelConfig  # noqa: E402
+from inference_lab.model.transformer import Transformer  # noqa: E402
 
 assert jax.process_count() == 2 and len(jax.devices()) == 4 and len(jax.local_devices()) == 2
 

@@ -1,0 +1,83 @@
+"""Serving workloads: when requests arrive and how long their prompts and answers are.
+
+Seeded Poisson arrivals; prompt and output lengths as constants, ranges or any distribution
+(a callable). RAG traffic reads far more than it writes: :data:`RAG_RATIO`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from inference_lab.analytic import roofline
+
+__all__ = ["Requests", "sample_requests", "RAG_RATIO"]
+
+RAG_RATIO = (19, 47)
+"""Prompt:generation token ratios of RAG traffic measured on a 27B model served on 4xH100
+(the course's reference node)."""
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive number")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Requests:
+    """A workload: per-request arrival time (s), prompt length and output length (tokens)."""
+
+    arrival: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+
+    def __len__(self):
+        return len(self.arrival)
+
+
+def _draw(name, spec, rng, n):
+    """int -> constant; (lo, hi) -> uniform integers in [lo, hi]; callable(rng, n) -> array."""
+    if callable(spec):
+        out = np.asarray(spec(rng, n))
+    elif isinstance(spec, tuple) and len(spec) == 2:
+        lo, hi = spec
+        if not (isinstance(lo, (int, np.integer)) and isinstance(hi, (int, np.integer)) and 1 <= lo <= hi):
+            raise ValueError(f"{name}={spec!r}: a range must be two integers 1 <= lo <= hi")
+        out = rng.integers(lo, hi + 1, size=n)
+    elif isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        out = np.full(n, spec)
+    else:
+        raise ValueError(f"{name}={spec!r}: pass an int, a (lo, hi) range or a callable(rng, n)")
+    out = np.rint(out).astype(np.int64)
+    if out.shape != (n,) or (out < 1).any():
+        raise ValueError(f"{name} must give {n} integers >= 1")
+    return out
+
+
+def sample_requests(n_requests: int, rate: float, *, prompt_len=512, output_len=(32, 128),
+                    ratio: tuple[float, float] | None = None, seed: int = 0) -> Requests:
+    """Poisson arrivals at ``rate`` requests/s with drawn lengths.
+
+    ``prompt_len``/``output_len``: an int (every request the same), a ``(lo, hi)`` range
+    (uniform integers, both ends included) or a ``callable(rng, n)`` returning ``n`` lengths.
+
+    ``ratio=(lo, hi)``: prompt length = output length x a uniform ratio in ``[lo, hi]``
+    (``RAG_RATIO`` = 19:1 to 47:1), replacing ``prompt_len``. Same seed, same workload.
+    """
+    n = roofline._check_count("n_requests", n_requests)
+    rate = _positive("rate", rate)
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / rate, size=n))
+    out = _draw("output_len", output_len, rng, n)
+    if ratio is not None:
+        lo, hi = ratio
+        if not 0 < lo <= hi:
+            raise ValueError(f"ratio={ratio!r} must be (lo, hi) with 0 < lo <= hi, e.g. {RAG_RATIO}")
+        prompt = np.maximum(1, np.rint(out * rng.uniform(lo, hi, size=n))).astype(np.int64)
+    else:
+        prompt = _draw("prompt_len", prompt_len, rng, n)
+    return Requests(arrival, prompt, out)

@@ -1,0 +1,306 @@
+"""Measurement records and their files: what a sweep or a probe leaves behind.
+
+:class:`PrefillRecord` and :class:`DecodeRecord` are flat dataclasses (the probe schema's
+entries plus the machine fields), so they save as one JSON object or CSV row each and plot
+the same way wherever they came from: this machine's sweep, or a classroom's probe files.
+
+Every record says which machine measured it (``machine_id``, the random id of
+:func:`inference_lab.base.disk_cache.machine_id`; ``machine_name``, chosen by the learner;
+``processor``): :func:`machine_key` tells machines apart and :func:`machine_label` names them,
+so thirty CPUs that all report the device ``cpu`` stay thirty machines.
+
+Files are written whole or not at all (:func:`save_records` replaces the old file in one
+rename) and read defensively (:func:`load_records` skips a damaged file with its reason
+instead of failing the whole folder; :mod:`inference_lab.measure.schema` says what is valid).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+from pathlib import Path
+
+from inference_lab.measure import schema as probe_schema
+from inference_lab.analytic import roofline
+from inference_lab.base.config import ModelConfig
+from pallas_kernels.files import atomic_write, atomic_write_text
+
+
+@dataclasses.dataclass
+class PrefillRecord:
+    """One prefill measurement: ``batch`` prompts of ``prompt_len`` tokens in one pass."""
+
+    device: str
+    backend: str
+    kernels: str
+    preset: str
+    dtype: str
+    batch: int
+    prompt_len: int
+    seconds: float                 # median time of the pass
+    prefill_tokens_per_s: float    # batch * prompt_len / seconds
+    flops: float | None            # roofline.prefill_cost(...).flops (per device under tp)
+    bytes: float | None            # roofline.prefill_cost(...).bytes
+    mfu: float | None              # flops / seconds / measured matmul peak
+    phase: str = "prefill"
+    repeats: int = 0
+    machine_id: str | None = None    # the measuring machine (None: unknown, e.g. an old file)
+    machine_name: str | None = None
+    processor: str | None = None
+
+
+@dataclasses.dataclass
+class DecodeRecord:
+    """One decode measurement: ``batch`` rows, each starting with ``context`` cached tokens."""
+
+    device: str
+    backend: str
+    kernels: str
+    preset: str
+    dtype: str
+    batch: int
+    context: int
+    step_seconds: float            # median loop time / steps
+    decode_tokens_per_s: float     # batch / step_seconds (every row counts)
+    bytes_per_step: float | None   # roofline.decode_cost bytes, averaged over the steps (per device under tp)
+    flops_per_step: float | None
+    mbu: float | None              # bytes_per_step / step_seconds / measured bandwidth
+    mfu: float | None
+    phase: str = "decode"
+    steps: int = 0
+    repeats: int = 0
+    machine_id: str | None = None
+    machine_name: str | None = None
+    processor: str | None = None
+
+
+RECORD_TYPES = {"prefill": PrefillRecord, "decode": DecodeRecord}
+_TEXT_FIELDS = {"device", "backend", "kernels", "preset", "dtype", "phase", "machine_id", "machine_name", "processor"}
+_INT_FIELDS = {"batch", "prompt_len", "context", "steps", "repeats"}
+
+
+class LoadedRecords(list):
+    """A list of records; ``.skipped`` lists ``(path, reason)`` for every file not loaded."""
+
+    def __init__(self, records=(), skipped=()):
+        super().__init__(records)
+        self.skipped = list(skipped)
+
+
+# ----------------------------------------------------------------------------- machines
+def machine_key(rec):
+    """What tells one machine's records from another's: its id; for records without one
+    (old probe files, hand-made records), its name and device."""
+    mid = getattr(rec, "machine_id", None)
+    if mid:
+        return mid
+    return (getattr(rec, "machine_name", None), str(getattr(rec, "device", "?")))
+
+
+def machine_label(rec) -> str:
+    """A machine's name on a chart: the learner's name for it, else its processor or device,
+    then its id (``"Ana's laptop #3f9a2c1b"``, ``"AMD Ryzen 7 5800X #0b41d2e7"``)."""
+    base = (getattr(rec, "machine_name", None) or getattr(rec, "processor", None)
+            or str(getattr(rec, "device", "?")))
+    base = " ".join(str(base).split())
+    base = base if len(base) <= 40 else base[:39] + "…"
+    mid = getattr(rec, "machine_id", None)
+    return f"{base} #{mid}" if mid else base
+
+
+# ----------------------------------------------------------------------------- saving
+def _flat(rec) -> dict:
+    return dataclasses.asdict(rec)
+
+
+def _csv_fields() -> list[str]:
+    fields = []
+    for cls in (PrefillRecord, DecodeRecord):
+        for f in dataclasses.fields(cls):
+            if f.name not in fields:
+                fields.append(f.name)
+    return fields
+
+
+def save_records(records, path) -> Path:
+    """Write records to ``path``: ``.json`` (a list of flat objects) or ``.csv`` (one row each).
+
+    The file is replaced whole or not at all: the rows go to a temporary file in the same
+    folder, which then replaces ``path`` (a full disk or an interrupt leaves the old file as
+    it was). Non-finite numbers (NaN, infinity) are refused before anything is written.
+    """
+    path = Path(path)
+    rows = [_flat(r) for r in records]
+    if path.suffix == ".json":
+        try:
+            text = json.dumps(rows, indent=1, allow_nan=False)
+        except ValueError:
+            raise ValueError(f"records hold a NaN or infinite number; save_records writes finite numbers only "
+                             f"(path={str(path)!r} not written)") from None
+        atomic_write_text(path, text)
+    elif path.suffix == ".csv":
+        fields = _csv_fields()
+
+        def write(fh):
+            w = csv.DictWriter(fh, fieldnames=fields)
+            w.writeheader()
+            for row in rows:
+                w.writerow({k: ("" if v is None else v) for k, v in row.items()})
+
+        atomic_write(path, write)
+    else:
+        raise ValueError(f"path={str(path)!r}: save_records writes .json or .csv")
+    return path
+
+
+# ----------------------------------------------------------------------------- loading
+def _typed(name: str, v):
+    """A CSV cell (always a string) as the value the field holds."""
+    if v == "" or v is None:
+        return None
+    if name in _TEXT_FIELDS or name not in _NUMBER_FIELDS:   # unknown columns are dropped later
+        return v
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"{name}={v[:20]!r} is not a number") from None
+    if name in _INT_FIELDS and x.is_integer() and abs(x) < 2**53:
+        return int(x)
+    if x != x or x in (float("inf"), float("-inf")):
+        raise ValueError(f"{name}={v[:20]!r} is not a finite number")
+    return x
+
+
+def _from_row(row: dict, where: str = "", *, from_csv: bool = False):
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}is {type(row).__name__}, not a record object")
+    if from_csv:
+        try:
+            row = {k: _typed(k, v) for k, v in row.items() if isinstance(k, str)}
+        except ValueError as err:
+            raise ValueError(f"{where}{err}") from None
+    phase = row.get("phase") or ("prefill" if row.get("prompt_len") is not None and row.get("context") is None
+                                 else "decode")
+    cls = RECORD_TYPES.get(phase) if isinstance(phase, str) else None
+    if cls is None:
+        raise ValueError(f"{where}phase={str(phase)[:20]!r}: expected 'prefill' or 'decode'")
+    names = {f.name for f in dataclasses.fields(cls)}
+    # A CSV row has every column of both record types; keep this type's, drop empty defaults.
+    kwargs = {k: v for k, v in row.items() if k in names and not (from_csv and v is None and k not in _NO_DEFAULT[cls])}
+    kwargs["phase"] = phase
+    probe_schema.validate_row(phase, kwargs, where)
+    return cls(**{k: int(v) if k in _INT_FIELDS and v is not None else v for k, v in kwargs.items()})
+
+
+_NUMBER_FIELDS = {f.name for cls in (PrefillRecord, DecodeRecord) for f in dataclasses.fields(cls)} - _TEXT_FIELDS
+_NO_DEFAULT = {cls: {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+               for cls in (PrefillRecord, DecodeRecord)}
+
+
+def _mean_decode_cost(cfg, batch: int, context: int, steps: int):
+    """``roofline.decode_cost`` averaged over ``steps`` steps from ``context`` cached tokens.
+
+    The cost is linear in the context, so the mean of the first and last steps is the mean
+    of all of them: constant time whatever ``steps`` says (a file claiming a billion steps
+    loads as fast as one claiming 32)."""
+    first = roofline.decode_cost(cfg, batch, context)
+    last = roofline.decode_cost(cfg, batch, context + steps - 1)
+    return (first.flops + last.flops) / 2
+
+
+def _from_probe(data: dict, path: Path) -> list:
+    """A probe JSON (schema_version 1 or 2) -> one PrefillRecord + its DecodeRecords."""
+    version = probe_schema.validate_probe(data)
+    if version >= 2:
+        m = data["machine"]
+        ident = {"machine_id": m["id"], "machine_name": m["name"], "processor": m["processor"]}
+    else:  # no identity: the file stands for one machine (a class renames its copies)
+        ident = {"machine_id": None, "machine_name": path.stem, "processor": None}
+    machine = {"device": data["device"], "backend": data["backend"], "kernels": data["kernels"],
+               "preset": data["model"]["preset"], "dtype": data["model"]["dtype"]}
+    try:
+        cfg = ModelConfig.preset(machine["preset"], dtype=machine["dtype"])
+    except (ValueError, TypeError):
+        cfg = None  # a preset this lab does not know: no FLOPs, the measured figures still load
+    pf = data["prefill"]
+    cost = roofline.prefill_cost(cfg, int(pf["batch"]), int(pf["prompt_len"])) if cfg else None
+    recs = [PrefillRecord(**machine, batch=int(pf["batch"]), prompt_len=int(pf["prompt_len"]),
+                          seconds=pf["seconds"], prefill_tokens_per_s=pf["prefill_tokens_per_s"],
+                          flops=cost.flops if cost else None, bytes=cost.bytes if cost else None,
+                          mfu=pf.get("mfu"), **ident)]
+    steps = int(data["new_tokens"])
+    for d in data["decode"]:
+        b, c = int(d["batch"]), int(d["context"])
+        recs.append(DecodeRecord(**machine, batch=b, context=c, step_seconds=d["step_seconds"],
+                                 decode_tokens_per_s=d["decode_tokens_per_s"], bytes_per_step=d["bytes_per_step"],
+                                 flops_per_step=_mean_decode_cost(cfg, b, c, steps) if cfg else None,
+                                 mbu=d.get("mbu"), mfu=d.get("mfu"), steps=steps, **ident))
+    return recs
+
+
+def _load_file(path: Path) -> list:
+    """The records in one file, or a one-line ValueError saying why there are none."""
+    if path.suffix.lower() == ".csv":
+        text = _read_text(path)
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        if not reader.fieldnames:
+            raise ValueError("is a CSV file without a header row")
+        return [_from_row(row, f"row {i + 2}: ", from_csv=True) for i, row in enumerate(reader)]
+    data = probe_schema.read_json(path)
+    if isinstance(data, dict) and "schema_version" in data:
+        return _from_probe(data, path)
+    if isinstance(data, list):
+        if len(data) > 100_000:
+            raise ValueError(f"holds {len(data):,} records; a records file holds fewer than 100,000")
+        return [_from_row(row, f"record {i}: ") for i, row in enumerate(data)]
+    if isinstance(data, dict):
+        raise ValueError("is a JSON object without schema_version: not a probe result")
+    raise ValueError(f"holds a JSON {type(data).__name__}, neither a probe result nor a list of records")
+
+
+def _read_text(path: Path) -> str:
+    """A CSV file's text, under the same bounds as a JSON file's."""
+    if not path.is_file():
+        raise ValueError("is not a regular file")
+    with path.open("rb") as fh:
+        raw = fh.read(probe_schema.MAX_FILE_BYTES + 1)
+    if len(raw) > probe_schema.MAX_FILE_BYTES:
+        raise ValueError(f"is over {probe_schema.MAX_FILE_BYTES:,} bytes")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"is not UTF-8 text (byte {err.start})") from None
+
+
+def _reason(err: Exception) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def load_records(folder_or_file) -> LoadedRecords:
+    """Records from a ``.json``/``.csv`` file written by :func:`save_records`, a probe JSON,
+    or every such file in a folder (sorted by name: e.g. a classroom's probe results).
+
+    A folder never fails because of one file: each file that cannot be read whole (not
+    JSON, truncated, not a probe result, a value out of range...) is left out, and
+    ``result.skipped`` lists ``(path, reason)`` for it. A single file that cannot be read
+    raises a ``ValueError`` naming it and the reason; so does a path that does not exist.
+    """
+    path = Path(folder_or_file)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".json", ".csv") and not p.name.startswith("."))
+    elif path.exists():
+        files = [path]
+    else:
+        raise ValueError(f"folder_or_file={str(path)!r} does not exist")
+    result = LoadedRecords()
+    for f in files:
+        try:
+            result.extend(_load_file(f))
+        except (ValueError, OSError, RecursionError, csv.Error) as err:
+            if len(files) == 1 and f == path:
+                raise ValueError(f"{path} {_reason(err)}") from None
+            result.skipped.append((f, _reason(err)))
+    return result

@@ -1,0 +1,221 @@
+"""Read a real engine's serving benchmark: the result file of ``vllm bench serve --save-result``.
+
+The format is the one ``vllm/benchmarks/serve.py`` writes on vLLM's main branch (read in
+November 2026); its metric names are those of the ``BenchmarkMetrics`` of vLLM 0.10 and 0.11 and
+of the older ``benchmarks/benchmark_serving.py``. One run is one JSON
+object; ``--append-result`` puts several in one file, one after the other; a folder of them is
+read in name order (vLLM's ``*.pytorch.json`` side files are skipped).
+
+Fields read (everything else is ignored):
+
+* run: ``date``, ``backend``, ``label``, ``model_id``, ``num_prompts``, ``request_rate``
+  (a number or ``"inf"``), ``max_concurrency``, ``duration`` (s), ``completed``, ``failed``,
+  ``total_input_tokens``, ``total_output_tokens``, ``request_throughput`` (req/s),
+  ``output_throughput`` (tok/s), ``request_goodput`` (req/s, ``null`` without ``--goodput``);
+* aggregates, in ms, for each metric ``ttft``, ``tpot``, ``itl``, ``e2el`` that
+  ``--percentile-metrics`` selected (default ``ttft,tpot,itl``): ``mean_<m>_ms``,
+  ``median_<m>_ms``, and ``p<q>_<m>_ms`` for each of ``--metric-percentiles`` (default 99);
+* per request, only with ``--save-detailed``: ``input_lens``, ``output_lens`` (0 for a failed
+  request), ``ttfts`` (s), ``itls`` (a list of gaps in s per request), and where present
+  ``start_times`` (s, send times), ``latencies`` (s, E2E) and ``errors`` (``""`` when fine).
+
+With the per-request lists the run becomes a :class:`~inference_lab.analytic.serving_metrics.ServingTrace`
+and every metric is recomputed the simulator's way (vLLM's definitions: TPOT = (E2E - TTFT) /
+(output tokens - 1); ITL = every streamed gap, pooled), so goodput can be asked of any SLO
+afterwards. Without them, the aggregates are used as written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from inference_lab.analytic.serving_metrics import LATENCY_METRICS, SLO, ServingTrace
+from inference_lab.analytic.workload import Requests
+
+__all__ = ["BenchRun", "load_vllm_bench", "VLLM_METRIC_NAMES"]
+
+VLLM_METRIC_NAMES = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}
+"""Our metric name -> vLLM's (vLLM calls end-to-end latency E2EL)."""
+
+_REQUIRED = ("duration", "completed")
+
+
+@dataclasses.dataclass
+class BenchRun:
+    """One ``vllm bench serve`` run: what the file says, and the per-request trace if saved."""
+
+    path: str
+    label: str
+    model_id: str | None
+    date: str | None
+    request_rate: float
+    max_concurrency: int | None
+    num_prompts: int | None
+    duration: float
+    completed: int
+    failed: int
+    total_input_tokens: int | None
+    total_output_tokens: int | None
+    request_throughput: float | None
+    output_throughput: float | None
+    request_goodput: float | None
+    stats: dict  # {"ttft": {"mean": ms, "median": ms, "p99": ms, ...}, ...} as written
+    trace: ServingTrace | None
+
+    def summary(self, slo: SLO | None = None) -> dict:
+        """A row with the keys of ``SimResult.summary()`` (plus ``rate``, ``model_id``,
+        ``source``), so a real run sits in the same tables and plots as the simulator's.
+
+        With the per-request lists every metric is recomputed and ``slo`` gives goodput;
+        without them the file's aggregates are used (missing percentiles are NaN) and goodput
+        is vLLM's own ``request_goodput``, if it was run with ``--goodput``.
+        """
+        if self.trace is not None:
+            row = self.trace.with_slo(slo).summary()
+        else:
+            if slo is not None:
+                raise ValueError(f"{self.path}: the run was saved without --save-detailed; goodput for a "
+                                 "new SLO needs the per-request lists")
+            row = {"mode": self.label, "requests": self.completed + self.failed, "completed": self.completed,
+                   "duration_s": self.duration}
+            for name in LATENCY_METRICS:
+                got = self.stats.get(name, {})
+                row[f"{name}_mean_ms"] = got.get("mean", math.nan)
+                for q in (50, 90, 99):
+                    row[f"{name}_p{q}_ms"] = got.get("median" if q == 50 else f"p{q}", math.nan)
+            row["request_throughput"] = self.request_throughput
+            row["output_tokens_per_s"] = self.output_throughput
+            row["input_tokens_per_s"] = (self.total_input_tokens / self.duration
+                                         if self.total_input_tokens is not None else None)
+            tpot = row["tpot_p50_ms"]
+            row["user_tokens_per_s_p50"] = 1e3 / tpot if tpot and tpot > 0 else math.nan
+            row["slo"] = None
+            row["goodput_rps"] = self.request_goodput
+            row["slo_attainment"] = None
+            if self.request_goodput is not None:
+                row["slo"] = "vLLM --goodput (its targets are not saved in the file)"
+        row.update(mode=self.label, rate=self.request_rate, model_id=self.model_id, source="vllm bench serve")
+        return row
+
+
+def _number(data, key, path, kind=float, default=None):
+    v = data.get(key, default)
+    if v is None:
+        return None
+    if v == "inf":
+        return math.inf
+    try:
+        return kind(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: field {key!r}={v!r} is not a number") from None
+
+
+def _stats(data) -> dict:
+    out = {}
+    for ours, theirs in VLLM_METRIC_NAMES.items():
+        got = {}
+        for key, value in data.items():
+            if not (key.endswith(f"_{theirs}_ms") and isinstance(value, (int, float))):
+                continue
+            head = key[: -len(f"_{theirs}_ms")]
+            if head in ("mean", "median", "std") or (head.startswith("p") and head[1:].replace(".", "", 1).isdigit()):
+                got[head] = float(value)
+        if got:
+            out[ours] = got
+    return out
+
+
+def _trace(data, label, duration, path) -> ServingTrace | None:
+    keys = ("input_lens", "output_lens", "ttfts", "itls")
+    if not all(k in data for k in keys):
+        return None
+    n = len(data["ttfts"])
+    if any(len(data[k]) != n for k in keys):
+        raise ValueError(f"{path}: input_lens, output_lens, ttfts and itls must have one entry per request")
+    out_len = np.asarray(data["output_lens"], dtype=np.int64)
+    ok = out_len > 0
+    if "errors" in data and len(data["errors"]) == n:
+        ok &= np.array([not e for e in data["errors"]])
+    if "start_times" in data and len(data["start_times"]) == n:
+        arrival = np.asarray(data["start_times"], dtype=np.float64)
+        arrival = arrival - arrival.min()
+    else:
+        arrival = np.zeros(n)  # send times unknown: latencies are measured from each send anyway
+    ttft = np.asarray([t or 0.0 for t in data["ttfts"]], dtype=np.float64)
+    gaps = [np.asarray(g or [], dtype=np.float64) for g in data["itls"]]
+    first = arrival + ttft
+    if "latencies" in data and len(data["latencies"]) == n:
+        finish = arrival + np.asarray([t or 0.0 for t in data["latencies"]], dtype=np.float64)
+    else:
+        finish = first + np.array([g.sum() for g in gaps])
+    offsets = np.concatenate([[0], np.cumsum([len(g) for g in gaps])]).astype(np.int64)
+    values = np.concatenate(gaps) if offsets[-1] else np.empty(0)
+    reqs = Requests(arrival, np.asarray(data["input_lens"], dtype=np.int64), np.maximum(out_len, 1))
+    return ServingTrace(mode=label, requests=reqs, first_token=first, finish=finish, itl_values=values,
+                        itl_offsets=offsets, ok=ok, duration=duration)
+
+
+def _run(data: dict, path: str) -> BenchRun:
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a vllm bench serve result (expected a JSON object)")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise ValueError(f"{path}: not a vllm bench serve result: no {', '.join(map(repr, missing))} field "
+                         "(save one with `vllm bench serve ... --save-result --save-detailed`)")
+    label = data.get("label") or data.get("backend") or "vllm"
+    duration = _number(data, "duration", path)
+    if not duration or duration <= 0:
+        raise ValueError(f"{path}: duration={data['duration']!r} must be a positive number of seconds")
+    stats = _stats(data)
+    trace = _trace(data, label, duration, path)
+    if trace is None and not stats:
+        raise ValueError(f"{path}: neither per-request lists (--save-detailed) nor mean_/median_/p99_*_ms "
+                         "aggregates: nothing to read")
+    return BenchRun(
+        path=path, label=str(label), model_id=data.get("model_id"), date=data.get("date"),
+        request_rate=_number(data, "request_rate", path, default=math.inf),
+        max_concurrency=_number(data, "max_concurrency", path, int), num_prompts=_number(data, "num_prompts", path, int),
+        duration=duration, completed=_number(data, "completed", path, int), failed=_number(data, "failed", path, int, 0),
+        total_input_tokens=_number(data, "total_input_tokens", path, int),
+        total_output_tokens=_number(data, "total_output_tokens", path, int),
+        request_throughput=_number(data, "request_throughput", path),
+        output_throughput=_number(data, "output_throughput", path),
+        request_goodput=_number(data, "request_goodput", path), stats=stats, trace=trace)
+
+
+def _objects(text: str, path: str) -> list:
+    """One JSON object, or several one after the other (``--append-result``)."""
+    decoder, pos, out = json.JSONDecoder(), 0, []
+    text = text.strip()
+    while pos < len(text):
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+        out.append(obj)
+        pos = end
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return out
+
+
+def load_vllm_bench(path) -> list[BenchRun]:
+    """Every run in a ``vllm bench serve --save-result`` file, or in every such file of a folder."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.json") if not p.name.endswith(".pytorch.json"))
+    elif path.exists():
+        files = [path]
+    else:
+        raise ValueError(f"path={str(path)!r} does not exist")
+    runs = []
+    for f in files:
+        runs.extend(_run(obj, str(f)) for obj in _objects(f.read_text(), str(f)))
+    if not runs:
+        raise ValueError(f"{path}: no vllm bench serve results in it")
+    return runs

@@ -1,0 +1,109 @@
+"""The KV cache: every layer's keys and values for every token seen so far.
+
+Layout: for each of the ``n_layers`` layers, one key array and one value array of shape
+``[B, S, Hkv, Dh]`` (batch, max_len positions, KV heads, head_dim) in the model's dtype,
+plus ``lengths [B]`` int32: how many positions of row ``b`` hold real tokens. Rows are
+independent and may be ragged (prompts right-padded; each row has its own length).
+
+Separate arrays per layer (rather than one stacked [L, ...] array) let XLA update each
+layer's cache in place: a decode step writes one position of each and reads it back, and a
+stacked array routed through a loop over layers tends to be copied whole.
+
+The engine *donates* a cache to each ``prefill``/``decode_step``: the arrays are handed to
+XLA to be overwritten in place and the call returns a new ``KVCache`` around them. The old
+object is marked consumed and refuses to be used again, with a message saying what to do.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference_lab.base.config import ModelConfig
+
+
+class KVCache:
+    """Per-layer K and V ``[B, S, Hkv, Dh]`` plus ``lengths [B]``. Build with :meth:`create`."""
+
+    def __init__(self, k, v, lengths, *, host_lengths=None):
+        self._k = tuple(k)
+        self._v = tuple(v)
+        self._lengths = jnp.asarray(lengths, jnp.int32)
+        # A host copy of the lengths (always equal to the device one: the engine advances
+        # both) so that boundary checks never wait for the device.
+        self._host_lengths = (np.asarray(jax.device_get(self._lengths), np.int32).copy()
+                              if host_lengths is None else np.asarray(host_lengths, np.int32))
+        self._consumed_by = None
+        b, s, hkv, dh = self._k[0].shape
+        self.batch, self.max_len, self.n_kv_heads, self.head_dim = b, s, hkv, dh
+        self.n_layers = len(self._k)
+        self.dtype = self._k[0].dtype
+
+    @classmethod
+    def create(cls, cfg: ModelConfig, batch: int, max_len: int) -> "KVCache":
+        """An empty cache (all lengths 0) for ``batch`` rows of up to ``max_len`` tokens."""
+        for name, value in (("batch", batch), ("max_len", max_len)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        if max_len > cfg.max_seq_len:
+            raise ValueError(f"max_len={max_len} is past the model's max_seq_len={cfg.max_seq_len} "
+                             f"({cfg.name}); the model is not meant for longer sequences: use max_len <= "
+                             f"{cfg.max_seq_len}")
+        shape = (int(batch), int(max_len), cfg.n_kv_heads, cfg.head_dim)
+        dt = jnp.dtype(cfg.dtype)
+        k = [jnp.zeros(shape, dt) for _ in range(cfg.n_layers)]
+        v = [jnp.zeros(shape, dt) for _ in range(cfg.n_layers)]
+        return cls(k, v, jnp.zeros((batch,), jnp.int32), host_lengths=np.zeros(batch, np.int32))
+
+    # -- guarded access: a donated cache's buffers are gone
+    def _check_alive(self, what: str) -> None:
+        if self._consumed_by is not None:
+            raise ValueError(
+                f"cache was donated to {self._consumed_by}() and its buffers now belong to the "
+                f"cache that call returned; use that one for {what} (e.g. "
+                "`logits, cache = decode_step(model, tokens, cache)`)"
+            )
+
+    def _donate(self, by: str):
+        """Hand the arrays to a jitted call that overwrites them; this object is then dead."""
+        self._check_alive(f"{by}()")
+        self._consumed_by = by
+        return list(self._k), list(self._v)
+
+    @property
+    def consumed(self) -> bool:
+        """True once this cache has been donated to a call (use the returned cache)."""
+        return self._consumed_by is not None
+
+    @property
+    def k(self) -> tuple:
+        self._check_alive("reading cache.k")
+        return self._k
+
+    @property
+    def v(self) -> tuple:
+        self._check_alive("reading cache.v")
+        return self._v
+
+    @property
+    def lengths(self) -> jax.Array:
+        """Tokens stored per row, int32 [B]."""
+        self._check_alive("reading cache.lengths")
+        return self._lengths
+
+    @property
+    def host_lengths(self) -> np.ndarray:
+        """``lengths`` as a NumPy copy kept on the host (no device round trip)."""
+        return self._host_lengths.copy()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all K and V arrays (what a full-context decode step would read)."""
+        return 2 * self.n_layers * self.batch * self.max_len * self.n_kv_heads * self.head_dim * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        state = f"consumed by {self._consumed_by}()" if self.consumed else f"lengths={self._host_lengths.tolist()}"
+        return (f"KVCache(layers={self.n_layers}, batch={self.batch}, max_len={self.max_len}, "
+                f"kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, "
+                f"{state}, nbytes={self.nbytes:,})")

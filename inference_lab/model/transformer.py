@@ -1,0 +1,417 @@
+"""The lab's decoder-only transformer: Llama-style, written to be read in one sitting.
+
+    tokens -> embedding -> n_layers x [ RMSNorm -> GQA attention (RoPE) -> + residual
+                                        RMSNorm -> SwiGLU MLP          -> + residual ]
+           -> RMSNorm -> output head -> logits
+
+Two layers of code:
+
+1. **Pure functions over a dict of arrays** (:func:`prefill_forward`, :func:`decode_forward`,
+   :func:`forward`). They are what the engine jits. Every matmul is ``pk.matmul`` on a 2-D
+   view, prefill attention is ``pk.flash_attention``, decode attention is
+   ``pk.decode_attention``, all with the same ``mode``. Head counts and the vocabulary size
+   are read from the *local* weight shapes, and the two partial sums of a tensor-parallel
+   layer are ``psum``-ed over the mesh axis ``"tp"`` only when that axis exists, so the same
+   functions run unchanged inside ``shard_map`` (Megatron layout: ``parallel.PARTITION``).
+   One :func:`block` serves both phases; only its attention differs (whole prompts through
+   flash attention in prefill, one token against the cache in decode).
+2. :class:`Transformer`, a Flax NNX module that owns the parameters (seeded initialiser,
+   safetensors save/load) and hands them out with :meth:`Transformer.params`.
+
+Parameter layout (``D`` = d_model, ``Hq``/``Hkv`` query/KV heads, ``G = Hq / Hkv``, ``Dh`` =
+head_dim, ``F`` = d_ff, ``V`` = vocab):
+
+========== ===================== ====================================================
+name       shape                 meaning
+========== ===================== ====================================================
+embed      [V, D]                token embedding (untied models only)
+head       [D, V]                output head; a tied model gathers its embedding rows
+                                 from the columns of this matrix (no transposed copy)
+final_norm [D]                   RMSNorm scale before the head
+attn_norm  [D]                   per layer
+w_qkv      [D, Hkv, G + 2, Dh]   per layer: for each KV head, its G query heads, then K, V
+w_o        [Hq * Dh, D]          per layer: rows ordered like the query heads
+mlp_norm   [D]                   per layer
+w_gate_up  [D, 2, F]             per layer: SwiGLU gate and up projections
+w_down     [F, D]                per layer
+========== ===================== ====================================================
+
+Q, K and V come out of one matmul (and gate/up out of another) because on a GPU a batch-1
+decode step is a few dozen small kernels per layer and each launch costs microseconds;
+grouping the weights by KV head keeps the fused matrix splittable across devices: cutting
+axis 1 of ``w_qkv`` gives each device whole KV heads with their query heads. Query head
+``h`` uses KV head ``h // G``, the convention of ``pk.flash_attention``/``decode_attention``.
+
+A new model's weights are random (seeded): the timing lessons measure speed, and how long a
+matmul takes does not depend on the values in it. Trained weights load from a local file
+(:meth:`Transformer.load`); the lab ships one small trained model (:mod:`inference_lab.model.pretrained`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+import pallas_kernels as pk
+from inference_lab.model import parallel, weights
+from inference_lab.base.config import ModelConfig
+from inference_lab.model.weights import LAYER_PARAMS
+
+
+# ----------------------------------------------------------------------------- input checks
+def check_tokens(tokens, name: str, ndim: int, cfg: ModelConfig) -> np.ndarray:
+    """``tokens`` as int32 after checking, on the host, everything a compiled program would
+    get wrong silently: the rank, integer ids inside the vocabulary (``jnp.take`` gives NaN rows
+    for ids >= V and wraps negative ones, without a word) and at most ``cfg.max_seq_len``
+    positions per row.
+
+    One exception: a 1-D jax array already on the device (the token ``decode_step`` just
+    sampled, fed back) is checked for its shape and dtype only, because reading its values
+    would copy it to the host and wait for the device on every decode step. Prompts (2-D) are
+    always range-checked: one host copy per prefill is cheap next to the prefill.
+    """
+    on_device = isinstance(tokens, jax.Array) and ndim == 1
+    arr = tokens if on_device else np.asarray(tokens)
+    if arr.ndim != ndim:
+        want = "[B, T]" if ndim == 2 else "[B]"
+        raise ValueError(f"{name} has shape {tuple(arr.shape)}; it must be {want} token ids")
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty; give at least one token per row")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} has dtype {arr.dtype}; token ids must be integers (int32)")
+    if ndim == 2 and arr.shape[1] > cfg.max_seq_len:
+        raise ValueError(f"{name} has {arr.shape[1]} positions per row, past the model's "
+                         f"max_seq_len={cfg.max_seq_len}; shorten the prompts")
+    if on_device:
+        return arr.astype(jnp.int32)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= cfg.vocab_size:
+        raise ValueError(f"{name} holds ids in [{lo}, {hi}] but the vocabulary is 0..{cfg.vocab_size - 1}; "
+                         "fix the ids (the tokenizer only makes 0..258)")
+    return arr.astype(np.int32)
+
+
+# ----------------------------------------------------------------------------- small pieces
+def _dense(x, w, mode, out_dtype=None):
+    """``x [..., K] @ w`` with ``w`` of shape ``[K, ...]`` through ``pk.matmul`` on 2-D views."""
+    k = x.shape[-1]
+    w2 = w.reshape(k, -1)
+    y = pk.matmul(x.reshape(-1, k), w2, out_dtype=out_dtype, mode=mode)
+    return y.reshape(*x.shape[:-1], w2.shape[1])
+
+
+def rms_norm(x, scale, eps):
+    """``x / sqrt(mean(x^2) + eps) * scale`` over the last axis, computed in float32."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x, positions, theta):
+    """Rotary position embedding (the "rotate half" form of Llama).
+
+    x [..., H, Dh]; positions broadcastable to x.shape[:-2] (int). Pair ``(i, i + Dh/2)`` is
+    rotated by the angle ``position * theta ** (-2i / Dh)``; computed in float32.
+    """
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1])
+    angle = positions.astype(jnp.float32)[..., None, None] * inv_freq  # [..., 1, half]
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., :half], x32[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _embed(params, tokens, cfg):
+    """Gather embedding rows for ``tokens`` (any shape) -> [..., D]."""
+    if "embed" in params:
+        table, axis = params["embed"], 0          # [V, D]
+    else:
+        table, axis = params["head"], 1           # tied: columns of [D, V]
+    v_local = table.shape[axis]
+    ids = tokens
+    if v_local < cfg.vocab_size:
+        # Vocabulary split over "tp": this device holds ids [offset, offset + v_local).
+        offset = jax.lax.axis_index(parallel.AXIS) * v_local
+        ids = tokens - offset
+        valid = (ids >= 0) & (ids < v_local)
+        ids = jnp.where(valid, ids, 0)
+    x = jnp.take(table, ids, axis=axis)
+    if axis == 1:
+        x = jnp.moveaxis(x, 0, -1)                # [D, ...] -> [..., D]
+    if v_local < cfg.vocab_size:
+        x = jax.lax.psum(jnp.where(valid[..., None], x, 0), parallel.AXIS)
+    return x
+
+
+def _logits(params, x, cfg, mode):
+    """Final RMSNorm and output head: x [N, D] -> float32 logits [N, V]."""
+    x = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    logits = pk.matmul(x, params["head"], out_dtype=jnp.float32, mode=mode)
+    if logits.shape[-1] < cfg.vocab_size:         # vocabulary split over "tp"
+        logits = jax.lax.all_gather(logits, parallel.AXIS, axis=1, tiled=True)
+    return logits
+
+
+def _qkv(p, h, positions, cfg, mode):
+    """h [..., D] -> q [..., Hq, Dh], k, v [..., Hkv, Dh] with RoPE applied to q and k."""
+    _, hkv, g2, dh = p["w_qkv"].shape           # local head counts come from the weight
+    qkv = _dense(h, p["w_qkv"], mode).reshape(*h.shape[:-1], hkv, g2, dh)
+    q = qkv[..., : g2 - 2, :].reshape(*h.shape[:-1], hkv * (g2 - 2), dh)
+    k, v = qkv[..., g2 - 2, :], qkv[..., g2 - 1, :]
+    return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
+
+
+def _attention_out(p, attn, mode):
+    """Heads [..., Hq, Dh] -> [..., D]: the output projection (partial sums under tp, added)."""
+    return parallel.psum_tp(_dense(attn.reshape(*attn.shape[:-2], -1), p["w_o"], mode))
+
+
+def mlp(p, h, mode):
+    """SwiGLU: ``down(silu(gate(h)) * up(h))`` (partial sums under tp, added)."""
+    f = p["w_gate_up"].shape[-1]
+    gu = _dense(h, p["w_gate_up"], mode).reshape(*h.shape[:-1], 2, f)
+    act = jax.nn.silu(gu[..., 0, :].astype(jnp.float32)) * gu[..., 1, :].astype(jnp.float32)
+    return parallel.psum_tp(_dense(act.astype(h.dtype), p["w_down"], mode))
+
+
+# ----------------------------------------------------------------------------- attention, two ways
+def prefill_attention(p, h, kc, vc, *, positions, cfg, mode):
+    """Causal self-attention over whole prompts. h [B, T, D]; the prompt's K/V are written
+    at positions 0..T-1 of the layer's caches kc, vc [B, S, Hkv, Dh]."""
+    q, k, v = _qkv(p, h, positions, cfg, mode)                     # [B,T,Hq,Dh], [B,T,Hkv,Dh]
+    attn = pk.flash_attention(q, k, v, causal=True, mode=mode)      # [B, T, Hq, Dh]
+    kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (0, 0, 0, 0))
+    vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (0, 0, 0, 0))
+    return _attention_out(p, attn, mode), kc, vc
+
+
+def decode_attention(p, h, kc, vc, *, lengths, cfg, mode):
+    """One new token per row. h [B, D]; its K/V go to position ``lengths[b]`` of the donated
+    caches, in place (inside the kernel on the Pallas path: no separate scatter), and it
+    attends to ``lengths[b] + 1`` keys."""
+    q, k, v = _qkv(p, h, lengths, cfg, mode)                       # [B,Hq,Dh], [B,Hkv,Dh]
+    attn, kc, vc = pk.decode_attention(q, kc, vc, lengths + 1, k_new=k.astype(kc.dtype),
+                                       v_new=v.astype(vc.dtype), mode=mode)   # [B, Hq, Dh]
+    return _attention_out(p, attn, mode), kc, vc
+
+
+# ----------------------------------------------------------------------------- the block and forwards
+def block(p, x, kc, vc, attention, *, cfg, mode):
+    """One transformer layer, read like nanoGPT's ``Block``::
+
+        x = x + attention(norm(x))      # also writes this layer's K/V into its cache
+        x = x + mlp(norm(x))
+
+    ``attention`` is :func:`prefill_attention` or :func:`decode_attention` with its
+    positions bound; the rest of the layer is the same in both phases.
+    """
+    a, kc, vc = attention(p, rms_norm(x, p["attn_norm"], cfg.norm_eps), kc, vc)
+    x = x + a
+    x = x + mlp(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps), mode)
+    return x, kc, vc
+
+
+def _layers(params, x, k_caches, v_caches, attention, cfg, mode):
+    new_k, new_v = [], []
+    for p, kc, vc in zip(params["layers"], k_caches, v_caches):   # unrolled: one kernel chain
+        x, kc, vc = block(p, x, kc, vc, attention, cfg=cfg, mode=mode)
+        new_k.append(kc)
+        new_v.append(vc)
+    return x, new_k, new_v
+
+
+def prefill_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, all_logits=False):
+    """Run prompts through the model and write their K/V at positions 0..T-1 of the caches.
+
+    params: :meth:`Transformer.params` dict. tokens [B, T] int32 (right-padded); lengths [B]
+    int32 in 1..T; k_caches/v_caches: per-layer lists of [B, S, Hkv, Dh] with S >= T.
+    Returns (logits, k_caches, v_caches): float32 logits [B, V] at each row's last real token
+    (position ``lengths[b] - 1``), or [B, T, V] at every position if ``all_logits``.
+    Padded positions compute garbage K/V behind the real ones; decode overwrites them.
+    """
+    b, t = tokens.shape
+    x = _embed(params, tokens, cfg)                               # [B, T, D]
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    attention = functools.partial(prefill_attention, positions=positions, cfg=cfg, mode=mode)
+    x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
+    if all_logits:
+        return _logits(params, x.reshape(b * t, -1), cfg, mode).reshape(b, t, -1), new_k, new_v
+    last = x[jnp.arange(b), lengths - 1]                          # [B, D]
+    return _logits(params, last, cfg, mode), new_k, new_v
+
+
+def decode_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
+    """One decode step for every row: tokens [B] int32 at positions ``lengths[b]``.
+
+    Returns (float32 logits [B, V], k_caches, v_caches). ``lengths`` is not advanced here.
+    """
+    x = _embed(params, tokens, cfg)                               # [B, D]
+    attention = functools.partial(decode_attention, lengths=lengths, cfg=cfg, mode=mode)
+    x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
+    return _logits(params, x, cfg, mode), new_k, new_v
+
+
+def forward(params, tokens, *, cfg, mode):
+    """Logits at every position, no cache: tokens [B, T] -> float32 [B, T, V]."""
+    b, t = tokens.shape
+    _, hkv, _, dh = params["layers"][0]["w_qkv"].shape
+    dtype = params["layers"][0]["w_qkv"].dtype
+    caches = [jnp.zeros((b, t, hkv, dh), dtype) for _ in params["layers"]]
+    lengths = jnp.full((b,), t, jnp.int32)
+    logits, _, _ = prefill_forward(params, tokens, lengths, caches, list(caches), cfg=cfg, mode=mode,
+                                   all_logits=True)
+    return logits
+
+
+# ----------------------------------------------------------------------------- the module
+@functools.partial(jax.jit, static_argnames=("shape", "std", "dtype"))
+def _normal_jit(key, *, shape, std, dtype):
+    return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+class _Initializer:
+    """Draws each weight as ``std * N(0, 1)`` (std = 1/sqrt(fan_in)), all from one seed.
+
+    Models up to ``HOST_MAX_PARAMS`` parameters are drawn by NumPy on the host: no compile
+    per weight shape (each costs ~0.3 s on a busy 2-core CPU), ~1 s for the 56M ``small``.
+    Larger models are drawn by ``jax.random`` on the device, where NumPy would take minutes.
+    Either way the same seed gives the same weights for a given preset on every machine.
+    """
+
+    HOST_MAX_PARAMS = 300_000_000
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.key = rngs.params()
+        self.count = 0
+        self.on_host = cfg.num_params <= self.HOST_MAX_PARAMS
+        if self.on_host:
+            self.entropy = [int(w) for w in np.asarray(jax.random.key_data(self.key)).ravel()]
+
+    def __call__(self, shape, std, dtype):
+        i, self.count = self.count, self.count + 1
+        if self.on_host:
+            rng = np.random.default_rng(self.entropy + [i])
+            x = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+            return jnp.asarray(x.astype(jnp.dtype(dtype)))   # ml_dtypes casts to bf16 on the host
+        return _normal_jit(jax.random.fold_in(self.key, i), shape=tuple(shape), std=float(std),
+                           dtype=jnp.dtype(dtype))
+
+
+class LayerWeights(nnx.Module):
+    """One transformer layer's parameters (the math lives in the pure functions above)."""
+
+    def __init__(self, cfg: ModelConfig, init: _Initializer | None = None, weights: dict | None = None):
+        if weights is not None:  # existing arrays (Transformer.load): no init work
+            for name in LAYER_PARAMS:
+                setattr(self, name, nnx.Param(weights[name]))
+            return
+        d, dh, f = cfg.d_model, cfg.head_dim, cfg.d_ff
+        hkv, g = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
+        dt = jnp.dtype(cfg.dtype)
+        # Scaled normal init (std 1/sqrt(fan_in)) keeps activations O(1) through the layers.
+        self.attn_norm = nnx.Param(jnp.ones((d,), dt))
+        self.w_qkv = nnx.Param(init((d, hkv, g + 2, dh), d ** -0.5, dt))
+        self.w_o = nnx.Param(init((cfg.n_heads * dh, d), (cfg.n_heads * dh) ** -0.5, dt))
+        self.mlp_norm = nnx.Param(jnp.ones((d,), dt))
+        self.w_gate_up = nnx.Param(init((d, 2, f), d ** -0.5, dt))
+        self.w_down = nnx.Param(init((f, d), f ** -0.5, dt))
+
+
+class Transformer(nnx.Module):
+    """The lab's model. ``Transformer(cfg, rngs=nnx.Rngs(0), kernels="auto")``.
+
+    ``kernels``: a mode string for ``pallas_kernels`` (``"auto"``, ``"pallas"``, ``"triton"``,
+    ``"mosaic"``, ``"interpret"``, ``"mosaic_interpret"``, ``"reference"``: see
+    :mod:`pallas_kernels.mode`); the model keeps what it resolved to on this machine in
+    ``model.kernels``. ``params=`` builds the module around existing weights (a
+    :meth:`params` dict) instead of initialising new ones. ``mesh=``: a jax Mesh with the axis
+    ``"tp"`` to split the weights over (tensor parallelism, :mod:`inference_lab.model.parallel`;
+    ``parallel.shard(model, mesh)`` is the usual way to get one); None for one device.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs | None = None, kernels: str = "auto",
+                 params: dict | None = None, mesh=None):
+        if not isinstance(cfg, ModelConfig):
+            raise ValueError(f"cfg must be a ModelConfig (e.g. ModelConfig.preset('tiny')), got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.kernels = pk.mode.resolve_mode(kernels)
+        self.mesh = None if mesh is None else parallel.check_mesh(mesh)
+        if mesh is not None:
+            parallel.check_degree(cfg, mesh.shape[parallel.AXIS])
+        if params is not None:
+            weights.check_params(cfg, params)  # before any array is placed on a device
+            self._adopt(params if mesh is None else parallel.place_params(params, mesh))
+            return
+        init = _Initializer(cfg, nnx.Rngs(0) if rngs is None else rngs)
+        dt = jnp.dtype(cfg.dtype)
+        v, d = cfg.vocab_size, cfg.d_model
+        if not cfg.tie_embeddings:
+            self.embed = nnx.Param(init((v, d), 1.0, dt))
+        self.head = nnx.Param(init((d, v), d ** -0.5, dt))
+        self.final_norm = nnx.Param(jnp.ones((d,), dt))
+        self.layers = nnx.List([LayerWeights(cfg, init) for _ in range(cfg.n_layers)])
+        if mesh is not None:
+            self._adopt(parallel.place_params(self.params(), mesh))
+
+    def _adopt(self, params: dict) -> None:  # params checked by weights.check_params
+        if "embed" in params:
+            self.embed = nnx.Param(params["embed"])
+        self.head = nnx.Param(params["head"])
+        self.final_norm = nnx.Param(params["final_norm"])
+        self.layers = nnx.List([LayerWeights(self.cfg, weights=lp) for lp in params["layers"]])
+
+    # -- the arrays, as the pure functions want them
+    def params(self) -> dict:
+        """The weights as a plain dict (no copies): the layout in the module docstring."""
+        # get_raw_value(): the stored array itself, ~20x cheaper than `param[...]` (which
+        # walks nnx's variable machinery); this runs on every engine call.
+        out = {"head": self.head.get_raw_value(), "final_norm": self.final_norm.get_raw_value(),
+               "layers": [{name: getattr(blk, name).get_raw_value() for name in LAYER_PARAMS}
+                          for blk in self.layers]}
+        if not self.cfg.tie_embeddings:
+            out["embed"] = self.embed.get_raw_value()
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all stored weights."""
+        return sum(x.nbytes for x in jax.tree.leaves(self.params()))
+
+    def __call__(self, tokens) -> jax.Array:
+        """Logits at every position without a cache: tokens [B, T] -> float32 [B, T, V]."""
+        tokens = check_tokens(tokens, "tokens", 2, self.cfg)
+        return _forward_jit(self.params(), jnp.asarray(tokens), cfg=self.cfg, mode=self.kernels, mesh=self.mesh)
+
+    # -- safetensors (inference_lab.model.weights)
+    def save(self, path) -> None:
+        """Write the weights (dtype kept, bf16 included) and the config to a safetensors file
+        (whole or not at all: a full disk leaves an older file as it was)."""
+        weights.save(path, self.cfg, self.params())
+
+    @classmethod
+    def load(cls, path, *, kernels: str = "auto") -> "Transformer":
+        """Read a file written by :meth:`save` (the config travels inside it). Every tensor's
+        name, shape and dtype is checked against that config first; a ValueError names the
+        first mismatch (:func:`inference_lab.model.weights.read`)."""
+        cfg, params = weights.read(path)
+        return cls(cfg, kernels=kernels, params=params)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"))
+def _forward_jit(params, tokens, *, cfg, mode, mesh):
+    fn = functools.partial(forward, cfg=cfg, mode=mode)
+    if mesh is not None:  # split weights: run per device, logits come back whole
+        fn = parallel.per_device(fn, mesh, in_specs=(parallel.param_specs(params), P()), out_specs=P())
+    return fn(params, tokens)
+
+
+def head_counts(params) -> tuple[int, int]:
+    """(query heads, KV heads) held locally, read from the weight shapes."""
+    _, hkv, g2, _ = params["layers"][0]["w_qkv"].shape
+    return hkv * (g2 - 2), hkv

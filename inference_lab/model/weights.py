@@ -1,0 +1,150 @@
+"""The weights file, and the check that every tensor is the one the config needs.
+
+:meth:`Transformer.save <inference_lab.model.transformer.Transformer.save>` writes a safetensors file
+holding every tensor under a flat name (``head``, ``layers.3.w_qkv``...) and the
+:class:`~inference_lab.base.config.ModelConfig` in its metadata. :func:`read` refuses a file
+before loading any tensor unless its config is valid and every tensor has the name, shape
+and dtype that config implies (:func:`expected`): a missing or extra tensor, a transposed
+matrix, a wrong dtype, or a config that disagrees with the tensors would otherwise load and
+then generate wrong tokens silently, or fail much later inside a compiled program. The
+error names the first mismatch and what the config expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from inference_lab.base.config import ModelConfig
+
+FORMAT = "inference_lab.Transformer/1"
+LAYER_PARAMS = ("attn_norm", "w_qkv", "w_o", "mlp_norm", "w_gate_up", "w_down")
+# safetensors' dtype codes <-> the config's dtype names
+_FILE_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64",
+                "I32": "int32", "I64": "int64", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+_SHAPES = {  # what each tensor's shape is made of, for the error message
+    "embed": "[vocab_size, d_model]", "head": "[d_model, vocab_size]", "final_norm": "[d_model]",
+    "attn_norm": "[d_model]", "mlp_norm": "[d_model]",
+    "w_qkv": "[d_model, n_kv_heads, n_heads / n_kv_heads + 2, head_dim]",
+    "w_o": "[n_heads * head_dim, d_model]", "w_gate_up": "[d_model, 2, d_ff]", "w_down": "[d_ff, d_model]",
+}
+
+
+def expected(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a model of ``cfg`` has, flat name -> shape, in the order of the file."""
+    d, v, dh, f = cfg.d_model, cfg.vocab_size, cfg.head_dim, cfg.d_ff
+    hkv, g = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
+    out = {} if cfg.tie_embeddings else {"embed": (v, d)}
+    out.update(head=(d, v), final_norm=(d,))
+    for i in range(cfg.n_layers):
+        out.update({f"layers.{i}.attn_norm": (d,), f"layers.{i}.w_qkv": (d, hkv, g + 2, dh),
+                    f"layers.{i}.w_o": (cfg.n_heads * dh, d), f"layers.{i}.mlp_norm": (d,),
+                    f"layers.{i}.w_gate_up": (d, 2, f), f"layers.{i}.w_down": (f, d)})
+    return out
+
+
+def flatten(params: dict) -> dict:
+    """A :meth:`Transformer.params` dict -> flat names (``layers.3.w_qkv``) -> arrays."""
+    flat = {k: v for k, v in params.items() if k != "layers"}
+    for i, lp in enumerate(params.get("layers", [])):
+        flat.update({f"layers.{i}.{k}": v for k, v in lp.items()})
+    return flat
+
+
+def nest(flat: dict, cfg: ModelConfig) -> dict:
+    """The inverse of :func:`flatten` (the names are assumed checked)."""
+    params = {k: v for k, v in flat.items() if not k.startswith("layers.")}
+    params["layers"] = [{name: flat[f"layers.{i}.{name}"] for name in LAYER_PARAMS} for i in range(cfg.n_layers)]
+    return params
+
+
+def check(cfg: ModelConfig, found: dict, source: str) -> None:
+    """``found``: flat name -> (shape, dtype name). Raises a ValueError at the first tensor
+    that is missing, extra, of another shape or of another dtype than ``cfg`` implies."""
+    want = expected(cfg)
+    summary = (f"{cfg.name}: vocab_size={cfg.vocab_size}, d_model={cfg.d_model}, n_layers={cfg.n_layers}, "
+               f"n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}, d_ff={cfg.d_ff}, "
+               f"tie_embeddings={cfg.tie_embeddings}, dtype={cfg.dtype}")
+    missing = [n for n in want if n not in found]
+    if missing:
+        raise ValueError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} of {len(want)} missing); "
+                         f"the config ({summary}) needs it")
+    extra = sorted(n for n in found if n not in want)
+    if extra:
+        raise ValueError(f"{source}: tensor {extra[0]!r} is not part of a model with this config ({summary}); "
+                         "the tensors and the config disagree")
+    for name, shape in want.items():
+        have, dtype = found[name]
+        have = tuple(int(x) for x in have)
+        if have != shape:
+            hint = ""
+            if len(shape) > 1 and have == shape[::-1]:
+                hint = " (transposed?)"
+            elif sorted(have) == sorted(shape):
+                hint = " (axes in another order?)"
+            raise ValueError(f"{source}: tensor {name!r} has shape {have}{hint} but the config needs "
+                             f"{shape} = {_SHAPES[name.rpartition('.')[2]]} ({summary})")
+        if dtype != cfg.dtype:
+            raise ValueError(f"{source}: tensor {name!r} is {dtype} but the config's dtype is {cfg.dtype}; "
+                             "every tensor must be in the model's dtype")
+
+
+def check_params(cfg: ModelConfig, params: dict, source: str = "params") -> None:
+    """:func:`check` for a nested :meth:`Transformer.params` dict of arrays."""
+    import numpy as np
+
+    if not isinstance(params, dict):
+        raise ValueError(f"{source} must be a dict like Transformer.params(), got {type(params).__name__}")
+    if not isinstance(params.get("layers", []), (list, tuple)):
+        raise ValueError(f"{source}['layers'] must be a list of per-layer dicts")
+    found = {}
+    for name, x in flatten(params).items():
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise ValueError(f"{source}: {name!r} is a {type(x).__name__}, not an array")
+        found[name] = (tuple(x.shape), np.dtype(x.dtype).name)
+    check(cfg, found, source)
+
+
+def save(path, cfg: ModelConfig, params: dict) -> None:
+    """Write ``params`` and ``cfg`` to a safetensors file, whole or not at all (written next
+    to ``path`` under a temporary name, then renamed over it)."""
+    from safetensors.flax import save_file
+
+    from pallas_kernels.files import replacing
+
+    with replacing(path) as tmp:
+        save_file(flatten(params), str(tmp), metadata={"config": json.dumps(dataclasses.asdict(cfg)), "format": FORMAT})
+
+
+def read(path) -> tuple[ModelConfig, dict]:
+    """(config, params) from a file written by :func:`save`, checked before any tensor loads."""
+    from safetensors import safe_open
+    from safetensors.flax import load_file
+
+    source = f"weights file {str(path)!r}"
+    if not Path(path).is_file():
+        raise ValueError(f"path={str(path)!r} is not a file; pass the file written by model.save(path)")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            found = {}
+            for name in f.keys():
+                sl = f.get_slice(name)
+                found[name] = (tuple(sl.get_shape()), _FILE_DTYPES.get(sl.get_dtype(), sl.get_dtype()))
+    except Exception as err:  # safetensors raises its own SafetensorError (an Exception) for any damage
+        raise ValueError(f"{source} is not a readable safetensors file ({str(err)[:120]}); "
+                         "load only files written by Transformer.save") from None
+    if "config" not in meta:
+        raise ValueError(f"{source} has no inference_lab config in its metadata; "
+                         "load only files written by Transformer.save")
+    try:
+        fields = json.loads(meta["config"])
+        if not isinstance(fields, dict):
+            raise ValueError(f"it is a JSON {type(fields).__name__}, not an object")
+        cfg = ModelConfig(**fields)
+    except (ValueError, TypeError, RecursionError) as err:
+        raise ValueError(f"{source}: the config in its metadata is not a valid ModelConfig ({str(err)[:160]})") from None
+    check(cfg, found, source)
+    return cfg, nest(load_file(str(path)), cfg)

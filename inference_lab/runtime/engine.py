@@ -1,0 +1,295 @@
+"""Prefill, decode and generate: the serving loop, in a page.
+
+- :func:`prefill` runs whole prompts through the model at once (compute-bound: every weight
+  is used for ``B x T`` tokens) and fills the KV cache.
+- :func:`decode_step` runs one new token per row (memory-bound at small batch: every weight
+  is read for just ``B`` tokens) and appends its K/V to the cache.
+- :func:`generate` = prefill + a jitted loop of decode steps with sampling.
+
+How it is compiled (each choice was measured; docs/architecture.md has the figures):
+- The model's weights are taken out as a plain dict (``model.params()``) and passed to a
+  ``jax.jit``-ed pure function; ``nnx.jit`` would walk the module graph on every call
+  (~3 ms), more than a whole small-model decode step.
+- The cache arrays are *donated*: XLA overwrites them in place, so a step moves only the
+  bytes it must (weights + the cache it reads), never a copy of the cache.
+- Layers are a Python loop (unrolled in the program): no ``lax.scan`` over stacked layers.
+- :func:`decode_loop` runs many steps inside one ``lax.fori_loop``: the measurement path,
+  free of per-call Python overhead.
+- A model split by :func:`inference_lab.model.parallel.shard` (it has a ``mesh``) runs the same
+  forward functions per device inside ``jax.shard_map``, its cache split by KV heads.
+
+Every check on the inputs happens here, before anything runs on the device. (How to look at
+the compiled programs, e.g. to check that no step copies the cache: :mod:`inference_lab.runtime.hlo`.)
+
+One decode step, from the top: :func:`decode_step` checks its inputs, donates the cache and
+calls ``_decode_jit``, which runs ``model.decode_forward`` (per device under a mesh): the
+embedding, then for each layer ``model.block`` (RMSNorm, ``model.decode_attention``: QKV via
+``pk.matmul``, RoPE, ``pk.decode_attention`` handed the new K/V, which it writes into the
+donated cache in place and attends over, the output projection; RMSNorm, ``model.mlp``: two more ``pk.matmul``), then the head (``pk.matmul``).
+Each ``pk.*`` call goes through ``pallas_kernels.mode`` to the Pallas kernel or its reference.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from inference_lab.model import parallel
+from inference_lab.base import tokenizer
+from inference_lab.model.kv_cache import KVCache
+from inference_lab.model.transformer import check_tokens, decode_forward, prefill_forward
+
+
+# ----------------------------------------------------------------------------- jitted cores
+def _spmd(fn, mesh, *, cfg, mode):
+    """``fn`` (``prefill_forward`` or ``decode_forward``) with ``cfg`` and ``mode`` bound; under
+    a mesh, run per device: weights and caches split, tokens and lengths whole, logits whole."""
+    bound = functools.partial(fn, cfg=cfg, mode=mode)
+    if mesh is None:
+        return bound
+
+    def run(params, tokens, lengths, k_caches, v_caches):
+        caches = [parallel.CACHE_SPEC] * len(k_caches)
+        mapped = parallel.per_device(bound, mesh, in_specs=(parallel.param_specs(params), P(), P(), caches, caches),
+                                     out_specs=(P(), caches, caches))
+        return mapped(params, tokens, lengths, list(k_caches), list(v_caches))
+
+    return run
+
+
+# `mesh` is None for a one-device model, else the mesh its weights are split over.
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
+def _prefill_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=None):
+    return _spmd(prefill_forward, mesh, cfg=cfg, mode=mode)(params, tokens, lengths, k_caches, v_caches)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
+def _decode_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=None):
+    logits, k_caches, v_caches = _spmd(decode_forward, mesh, cfg=cfg, mode=mode)(
+        params, tokens, lengths, k_caches, v_caches)
+    return logits, k_caches, v_caches, lengths + 1
+
+
+def _sample(logits, key, temperature, top_k):
+    """float32 logits [B, V] -> int32 tokens [B]: argmax if ``temperature`` is None (greedy),
+    else softmax sampling at that (traced) temperature, over the ``top_k`` largest logits
+    when given. Greedy is a separate compiled program so measured decode steps pay for an
+    argmax only, not for drawing random numbers."""
+    if temperature is None:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if top_k is not None:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+
+
+def _temperature(t: float):
+    """0 -> None (greedy, static); otherwise a traced float32 scalar."""
+    return None if t == 0 else jnp.float32(t)
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "top_k", "cfg", "mode", "mesh"),
+                   donate_argnames=("k_caches", "v_caches"))
+def _decode_loop_jit(params, tokens, lengths, k_caches, v_caches, key, temperature, *, steps,
+                     top_k, cfg, mode, mesh=None):
+    """``steps`` decode steps in one program. Step i feeds ``tokens`` (i = 0) or the token
+    sampled at step i-1 (with key ``fold_in(key, i + 1)``: generate used 0 for the token
+    sampled from the prefill logits); returns (tokens sampled at each step [B, steps], caches, lengths)."""
+    b = tokens.shape[0]
+    step = _spmd(decode_forward, mesh, cfg=cfg, mode=mode)
+
+    def body(i, carry):
+        tok, lens, ks, vs, out = carry
+        logits, ks, vs = step(params, tok, lens, ks, vs)
+        nxt = _sample(logits, jax.random.fold_in(key, i + 1), temperature, top_k)
+        return nxt, lens + 1, ks, vs, out.at[:, i].set(nxt)
+
+    out = jnp.zeros((b, steps), jnp.int32)
+    _, lengths, k_caches, v_caches, out = jax.lax.fori_loop(
+        0, steps, body, (tokens, lengths, list(k_caches), list(v_caches), out))
+    return out, k_caches, v_caches, lengths
+
+
+_sample_jit = jax.jit(_sample, static_argnames=("top_k",))
+
+
+# ----------------------------------------------------------------------------- checks
+def _as_tokens(tokens, name: str, ndim: int, cfg) -> np.ndarray:
+    return check_tokens(tokens, name, ndim, cfg)
+
+
+def _check_room(model, cache, steps: int, what: str) -> None:
+    """``steps`` more tokens must fit in the cache and within the model's ``max_seq_len``."""
+    held = int(cache._host_lengths.max())
+    if held + steps > cache.max_len:
+        raise ValueError(f"decoding past max_len: {what} from {held} tokens exceed max_len={cache.max_len}; "
+                         "create the cache with a larger max_len")
+    if held + steps > model.cfg.max_seq_len:
+        raise ValueError(f"decoding past max_seq_len: {what} from {held} tokens exceed the model's "
+                         f"max_seq_len={model.cfg.max_seq_len}; generate fewer tokens")
+
+
+def _check_cache(model, cache, what: str) -> None:
+    if not isinstance(cache, KVCache):
+        raise ValueError(f"cache must be a KVCache (KVCache.create(cfg, batch, max_len)), got {type(cache).__name__}")
+    cache._check_alive(what)
+    cfg = model.cfg
+    want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, np.dtype(cfg.dtype))
+    have = (cache.n_layers, cache.n_kv_heads, cache.head_dim, np.dtype(cache.dtype))
+    if want != have:
+        raise ValueError(f"cache (layers, kv heads, head_dim, dtype)={have} does not match the model's {want}; "
+                         "create it with KVCache.create(model.cfg, batch, max_len)")
+
+
+# ----------------------------------------------------------------------------- public API
+def prefill(model, tokens, cache: KVCache, lengths=None):
+    """Run prompts through the model and fill an empty cache.
+
+    tokens [B, T] int32, right-padded; lengths [B] real tokens per row (None: all T).
+    Returns (float32 logits [B, V] at each row's last real token, the filled cache with
+    ``cache.lengths == lengths``). The cache passed in is donated.
+    """
+    _check_cache(model, cache, "prefill()")
+    tokens = _as_tokens(tokens, "tokens", 2, model.cfg)
+    b, t = tokens.shape
+    if b != cache.batch:
+        raise ValueError(f"tokens has batch {b} but the cache was created for batch {cache.batch}; "
+                         "make them equal")
+    if t > cache.max_len:
+        raise ValueError(f"prompt length {t} is longer than the cache (max_len={cache.max_len}); "
+                         "create a larger cache with KVCache.create(cfg, batch, max_len)")
+    if cache._host_lengths.any():
+        raise ValueError(f"prefill needs an empty cache but this one already holds "
+                         f"{cache._host_lengths.tolist()} tokens per row; use a fresh "
+                         "KVCache.create(...) or continue with decode_step")
+    if lengths is None:
+        lengths = np.full((b,), t, np.int32)
+    else:
+        lengths = np.asarray(lengths)
+        if lengths.shape != (b,) or not np.issubdtype(lengths.dtype, np.integer):
+            raise ValueError(f"lengths must be [B]=[{b}] integers, got shape {lengths.shape} dtype {lengths.dtype}")
+        if lengths.min() < 1 or lengths.max() > t:
+            raise ValueError(f"lengths {lengths.tolist()} must be in 1..{t} (the prompt width)")
+        lengths = lengths.astype(np.int32)
+    ks, vs = parallel.place_cache(model.mesh, *cache._donate("prefill"))
+    logits, ks, vs = _prefill_jit(model.params(), jnp.asarray(tokens), jnp.asarray(lengths), ks, vs,
+                                  cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
+    return logits, KVCache(ks, vs, jnp.asarray(lengths), host_lengths=lengths)
+
+
+def decode_step(model, next_tokens, cache: KVCache):
+    """One token per row: written at ``cache.lengths[b]``, attending to ``lengths[b] + 1`` keys.
+
+    Returns (float32 logits [B, V], the cache with lengths + 1). The cache passed in is
+    donated: use the returned one.
+    """
+    _check_cache(model, cache, "decode_step()")
+    tokens = _as_tokens(next_tokens, "next_tokens", 1, model.cfg)
+    if tokens.shape[0] != cache.batch:
+        raise ValueError(f"next_tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows; "
+                         "give one token per row")
+    _check_room(model, cache, 1, "1 step")
+    host = cache._host_lengths + 1
+    lengths = cache._lengths
+    ks, vs = parallel.place_cache(model.mesh, *cache._donate("decode_step"))
+    logits, ks, vs, lengths = _decode_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
+                                          cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
+    return logits, KVCache(ks, vs, lengths, host_lengths=host)
+
+
+def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float = 0.0,
+                top_k: int | None = None, seed: int = 0):
+    """``steps`` decode steps in one jitted ``fori_loop``, each feeding the token it sampled.
+
+    tokens [B]: the first token of each row. Returns (int32 [B, steps] sampled tokens,
+    the cache advanced by ``steps``). The cache is donated.
+    """
+    _check_cache(model, cache, "decode_loop()")
+    tokens = _as_tokens(tokens, "tokens", 1, model.cfg)
+    if tokens.shape[0] != cache.batch:
+        raise ValueError(f"tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows")
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be a positive integer")
+    top_k = _check_sampling(temperature, top_k, model.cfg.vocab_size)
+    _check_room(model, cache, int(steps), f"{steps} steps")
+    host = cache._host_lengths + steps
+    lengths = cache._lengths
+    ks, vs = parallel.place_cache(model.mesh, *cache._donate("decode_loop"))
+    out, ks, vs, lengths = _decode_loop_jit(
+        model.params(), jnp.asarray(tokens), lengths, ks, vs, jax.random.key(seed), _temperature(temperature),
+        steps=int(steps), top_k=top_k, cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
+    return out, KVCache(ks, vs, lengths, host_lengths=host)
+
+
+def _check_sampling(temperature, top_k, vocab):
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating))
+            or temperature < 0 or not np.isfinite(temperature)):
+        raise ValueError(f"temperature={temperature!r} must be a number >= 0 (0 means greedy)")
+    if top_k is not None:
+        if not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= vocab:
+            raise ValueError(f"top_k={top_k!r} must be None or an integer in 1..{vocab}")
+        top_k = int(top_k)
+    return top_k
+
+
+def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0, top_k=None, seed: int = 0):
+    """Continue each prompt by exactly ``max_new_tokens`` tokens (no early stop).
+
+    prompts: a list of token-id lists (ragged allowed), or a str / list of str (encoded by
+    the byte-level tokenizer, with BOS). Returns lists of new ids, or strs for str input
+    (a single str in, a single str out). Same seed, same output.
+    """
+    single = isinstance(prompts, str)
+    as_text = single or (isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) for p in prompts))
+    if single:
+        prompts = [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a non-empty list of token-id lists, or a str / list of str")
+    if as_text:
+        rows = [tokenizer.encode(p) for p in prompts]
+    else:
+        rows = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str) or not isinstance(p, (list, tuple, np.ndarray)):
+                raise ValueError(f"prompts[{i}] is {type(p).__name__}; give every prompt as a list of "
+                                 "token ids, or every prompt as a str (not a mix)")
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
+                raise ValueError(f"prompts[{i}] holds a value that is not an integer token id: {list(p)[:8]}")
+            rows.append([int(t) for t in p])
+    if any(len(r) == 0 for r in rows):
+        raise ValueError("prompts has an empty row; every prompt needs at least one token")
+    bad = [t for r in rows for t in r if not 0 <= t < model.cfg.vocab_size]
+    if bad:
+        raise ValueError(f"prompts holds ids such as {bad[0]} outside the vocabulary 0..{model.cfg.vocab_size - 1}")
+    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+    top_k = _check_sampling(temperature, top_k, model.cfg.vocab_size)
+    longest = max(len(r) for r in rows)
+    if longest + max_new_tokens > model.cfg.max_seq_len:
+        raise ValueError(f"the longest prompt ({longest} tokens) + max_new_tokens={max_new_tokens} is past the "
+                         f"model's max_seq_len={model.cfg.max_seq_len}; shorten the prompt or generate fewer tokens")
+
+    lengths = np.array([len(r) for r in rows], np.int32)
+    width = int(lengths.max())
+    tokens = np.full((len(rows), width), tokenizer.PAD, np.int64)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    cache = KVCache.create(model.cfg, batch=len(rows), max_len=width + int(max_new_tokens))
+    logits, cache = prefill(model, tokens, cache, lengths)
+    key = jax.random.key(seed)
+    first = _sample_jit(logits, jax.random.fold_in(key, 0), _temperature(temperature), top_k=top_k)
+    if max_new_tokens > 1:
+        rest, cache = decode_loop(model, first, cache, int(max_new_tokens) - 1,
+                                  temperature=temperature, top_k=top_k, seed=seed)
+        new = np.concatenate([np.asarray(first)[:, None], np.asarray(rest)], axis=1)
+    else:
+        new = np.asarray(first)[:, None]
+    out = [row.tolist() for row in new]
+    if as_text:
+        out = [tokenizer.decode(r) for r in out]
+        return out[0] if single else out
+    return out

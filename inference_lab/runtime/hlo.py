@@ -1,0 +1,182 @@
+"""Reading compiled programs: what XLA will actually run for a decode step.
+
+A jitted function's ``.lower(...).compile().as_text()`` is the optimised HLO module. These
+helpers count what matters for decode speed in it: copies of cache-sized buffers (each one is
+a full extra read and write of the KV cache per step) and the collectives of a
+tensor-parallel step. The tests and the probe use them; a learner can too.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference_lab.runtime import engine
+from inference_lab.model import parallel
+from inference_lab.model.kv_cache import KVCache
+
+# One HLO instruction: "%name = <type> opcode(operands), attributes". The type is an array
+# ("f32[2,64,4,32]{3,2,1,0}") or a tuple of them ("(f32[2,512]{1,0}, s32[2]{0})").
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)"
+                          r"\s+([a-z][a-z\-]*)\(")
+_ARRAY = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_CALLED = re.compile(r"(?:body|condition)=%?([\w.\-]+)|branch_computations=\{([^}]*)\}")
+_CALL_TO_APPLY = re.compile(r"\scall\(.*to_apply=%?([\w.\-]+)")   # only a `call` runs its to_apply as code;
+                                                                    # reducers of reduce/all-reduce/sort are inside those ops
+_INDEX_COMMENT = re.compile(r"/\*index=\d+\*/")                   # XLA's markers inside long tuple types
+_FUSION_CALLS = re.compile(r"calls=%?([\w.\-]+)")
+_ALIAS = re.compile(r"\{[0-9,]*\}:\s*\((\d+),")
+# Instructions that launch no device work of their own.
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
+         "replica-id", "opt-barrier", "while", "call", "conditional", "copy-done", "all-reduce-done"}
+# Ways to write part of a buffer in place: a cache-sized output made by one of these is the cache
+# itself, updated, not a new copy of it.
+_IN_PLACE = {"dynamic-update-slice", "scatter"}
+
+
+def _computations(hlo_text: str) -> tuple[dict, str | None]:
+    """{computation name: its instruction lines} and the name of the ENTRY computation."""
+    comps, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        if line and not line[0].isspace():
+            m = _HEADER.match(line)
+            if m and "=" not in line.split("(")[0]:
+                current = m.group(2)
+                comps[current] = []
+                if m.group(1):
+                    entry = current
+                continue
+        if current is not None and line.strip() and line.strip() != "}":
+            comps[current].append(line)
+    return comps, entry
+
+
+def _top_level_lines(hlo_text: str):
+    """Instruction lines that run as their own kernels or loops: the ENTRY computation and the
+    bodies of its loops, calls and branches, but never the insides of fusions."""
+    comps, entry = _computations(hlo_text)
+    todo, seen = [entry] if entry else [], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        for line in comps[name]:
+            line = _INDEX_COMMENT.sub("", line)
+            yield line
+            for m in _CALLED.finditer(line):
+                todo.extend(n.strip().lstrip("%") for n in (m.group(1) or m.group(2)).split(","))
+            todo.extend(_CALL_TO_APPLY.findall(line))
+
+
+def _elements(type_text: str) -> int:
+    """Largest element count among the arrays of an instruction's result type."""
+    best = 0
+    for _, dims in _ARRAY.findall(type_text):
+        best = max(best, int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1)
+    return best
+
+
+def hlo_ops(hlo_text: str):
+    """(opcode, result type, largest output element count, line) for every top-level
+    instruction of ``jitted.lower(...).compile().as_text()``."""
+    out = []
+    for line in _top_level_lines(hlo_text):
+        m = _INSTRUCTION.match(line)
+        if m:
+            out.append((m.group(3), m.group(2), _elements(m.group(2)), line.strip()))
+    return out
+
+
+def _fusion_roots(hlo_text: str) -> dict:
+    """{computation name: opcode of its ROOT instruction}."""
+    roots = {}
+    for name, lines in _computations(hlo_text)[0].items():
+        for line in lines:
+            if line.strip().startswith("ROOT"):
+                m = _INSTRUCTION.match(_INDEX_COMMENT.sub("", line))
+                roots[name] = m.group(3) if m else None
+    return roots
+
+
+def count_cache_copies(hlo_text: str, cache_elements: int) -> int:
+    """How many instructions of a compiled program write a new buffer at least as large as one
+    layer's K (or V) cache. A decode step that updates its donated cache in place has none;
+    each one found is a full cache read + write per step (the KV-cache trap described in
+    docs/architecture.md): a ``copy``, a transpose, or any fusion that produces a cache-sized
+    result other than an in-place update (a fusion whose root is a dynamic-update-slice or a
+    scatter) or a kernel whose output is aliased to its input. Whatever XLA names the fusion,
+    on any backend.
+    """
+    roots = _fusion_roots(hlo_text)
+    n = 0
+    for op, _, size, line in hlo_ops(hlo_text):
+        if size < cache_elements or op in _FREE or op in _IN_PLACE:
+            continue
+        if op == "custom-call" and "output_to_operand_aliasing" in line:
+            continue  # an in-place kernel (e.g. decode attention writing the new K/V)
+        if op == "fusion":
+            called = _FUSION_CALLS.search(line)
+            if called and roots.get(called.group(1)) in _IN_PLACE:
+                continue
+        n += 1
+    return n
+
+
+def count_kernels(hlo_text: str) -> int:
+    """Instructions of a compiled program that each launch device work (fusions, custom calls
+    such as Pallas kernels, library calls, copies, collectives...), loop bodies included once."""
+    return sum(1 for op, *_ in hlo_ops(hlo_text) if op not in _FREE)
+
+
+def count_pallas_calls(hlo_text: str) -> int:
+    """Pallas kernels in a program lowered or compiled for an NVIDIA GPU (Triton custom calls)."""
+    return hlo_text.count("__gpu$xla.gpu.triton")
+
+
+def aliased_parameters(hlo_text: str) -> set:
+    """Numbers of the entry parameters whose buffers a compiled program reuses for an output
+    (the module's ``input_output_alias``): what donation achieved, on any backend."""
+    header = hlo_text.split("\n", 1)[0]
+    if "input_output_alias={" not in header:
+        return set()
+    section = header.split("input_output_alias={", 1)[1].split(" }", 1)[0]
+    return {int(x) for x in _ALIAS.findall(section)}
+
+
+def parameters_shaped(hlo_text: str, shape) -> set:
+    """Numbers of the entry parameters whose array has exactly ``shape``."""
+    comps, entry = _computations(hlo_text)
+    want = ",".join(str(int(d)) for d in shape)
+    found = set()
+    for line in comps.get(entry, []):
+        m = re.search(r"=\s*[a-z0-9]+\[([0-9,]*)\](?:\{[^}]*\})?\s+parameter\((\d+)\)", line)
+        if m and m.group(1) == want:
+            found.add(int(m.group(2)))
+    return found
+
+
+def count_all_reduces(hlo_text: str) -> int:
+    """All-reduce instructions in a compiled program (an async start/done pair counts once)."""
+    return sum(1 for op, *_ in hlo_ops(hlo_text) if op in ("all-reduce", "all-reduce-start"))
+
+
+def compiled_decode_text(model, cache: KVCache, *, steps: int | None = None) -> str:
+    """The compiled HLO text of :func:`decode_step` (``steps=None``) or of the jitted
+    :func:`decode_loop` of ``steps`` steps, for these shapes. Nothing runs; the cache is
+    only used for its shapes (it is not donated)."""
+    engine._check_cache(model, cache, "compiled_decode_text()")
+    b = cache.batch
+    mesh = model.mesh
+    ks, vs = parallel.place_cache(mesh, cache._k, cache._v)   # shapes/shardings as a real call
+    args = (model.params(), jnp.zeros((b,), jnp.int32), cache._lengths, ks, vs)
+    if steps is None:
+        lowered = engine._decode_jit.lower(*args, cfg=model.cfg, mode=model.kernels, mesh=mesh)
+    else:
+        lowered = engine._decode_loop_jit.lower(*args, jax.random.key(0), None, steps=int(steps),
+                                                top_k=None, cfg=model.cfg, mode=model.kernels, mesh=mesh)
+    return lowered.compile().as_text()
