@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
-import time
 import traceback
 import warnings
 from typing import Callable
@@ -46,6 +44,7 @@ import pallas_kernels as pk
 from pallas_kernels.ceilings import device_ceilings
 from pallas_kernels.files import atomic_write_text, check_output_path
 from pallas_kernels.mode import mosaic_supported, pallas_supported
+from pallas_kernels.timing import round_robin, timed
 
 NOT_REPRESENTATIVE = (
     "NOT REPRESENTATIVE: no GPU here, so the Pallas kernels run under the interpreter "
@@ -95,22 +94,15 @@ def looped(fn: Callable, iters: int) -> Callable:
 
 
 def time_fn(fn: Callable, *args, repeats: int = 10, gpu: bool = False) -> tuple[float, int]:
-    """(median seconds per call, calls per sample) of ``fn(*args)``, timed in jitted loops."""
+    """(median seconds per call, calls per sample) of ``fn(*args)``, timed in jitted loops
+    (:func:`pallas_kernels.timing.round_robin`: a warm-up, then ``repeats`` samples)."""
     iters = 1
     if gpu:  # size the loop so one sample lasts ~TARGET_SAMPLE_S
         once = looped(fn, 1)
-        jax.block_until_ready(once(*args))
-        t0 = time.perf_counter()
-        jax.block_until_ready(once(*args))
-        iters = int(min(500, max(1, TARGET_SAMPLE_S // max(time.perf_counter() - t0, 1e-7))))
+        first = round_robin([lambda: timed(once, *args)], 1)[0].median
+        iters = int(min(500, max(1, TARGET_SAMPLE_S // max(first, 1e-7))))
     f = looped(fn, iters)
-    jax.block_until_ready(f(*args))   # compile + warm up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / iters, iters
+    return round_robin([lambda: timed(f, *args)], repeats)[0].median / iters, iters
 
 
 def _rand(key, shape, dtype):

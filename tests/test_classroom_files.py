@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from inference_lab import plots
-from inference_lab.measure import timing as measure, probe, schema as probe_schema, records
+from inference_lab.measure import probe, probe_args, schema as probe_schema, records
 from inference_lab.lessons import on_your_machine as lesson
 from inference_lab.measure.records import DecodeRecord, PrefillRecord
 from pallas_kernels import files
@@ -96,7 +96,7 @@ def _write(folder: Path, name: str, content) -> Path:
 def test_each_kind_of_damage_is_named_with_its_reason(tmp_path, name, content, reason):
     path = _write(tmp_path, name, content)
     with pytest.raises(ValueError) as err:            # one file asked for by name: an error naming it
-        measure.load_records(path)
+        records.load_records(path)
     assert str(path) in str(err.value) and reason in str(err.value), str(err.value)
     assert "\n" not in str(err.value)
 
@@ -122,12 +122,12 @@ def test_thirty_files_one_folder_good_ones_load_bad_ones_named_fast(tmp_path):
     # Warm up once: importing jsonschema costs up to a second per process here (its optional
     # rfc3987_syntax builds a grammar on import), whatever the files hold; the bound below is
     # on reading the folder.
-    measure.load_records(tmp_path / "probe-0.json")
+    records.load_records(tmp_path / "probe-0.json")
     done = {}
 
     def load():
         t0 = time.perf_counter()
-        done["records"] = measure.load_records(tmp_path)
+        done["records"] = records.load_records(tmp_path)
         done["seconds"] = time.perf_counter() - t0
 
     worker = threading.Thread(target=load, daemon=True)
@@ -155,8 +155,8 @@ def test_thirty_files_one_folder_good_ones_load_bad_ones_named_fast(tmp_path):
 
 def test_missing_folder_still_raises(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
-        measure.load_records(tmp_path / "nowhere")
-    assert measure.load_records(tmp_path).skipped == []
+        records.load_records(tmp_path / "nowhere")
+    assert records.load_records(tmp_path).skipped == []
 
 
 def test_a_huge_step_count_loads_as_fast_as_a_small_one(tmp_path):
@@ -164,11 +164,11 @@ def test_a_huge_step_count_loads_as_fast_as_a_small_one(tmp_path):
     d["new_tokens"] = 2**20                          # the largest the schema allows
     path = _write(tmp_path, "p.json", json.dumps(d))
     t0 = time.perf_counter()
-    recs = measure.load_records(path)
+    recs = records.load_records(path)
     assert time.perf_counter() - t0 < 0.5
     small = copy.deepcopy(d)
     small["new_tokens"] = 2
-    ref = measure.load_records(_write(tmp_path, "q.json", json.dumps(small)))
+    ref = records.load_records(_write(tmp_path, "q.json", json.dumps(small)))
     assert recs[1].flops_per_step > ref[1].flops_per_step > 0     # a longer average context
 
 
@@ -180,14 +180,14 @@ def test_two_cpu_machines_stay_two_machines(tmp_path, monkeypatch):
     made = []
     for laptop in ("laptop-a", "laptop-b"):
         monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path / laptop))
-        m = probe.machine()
+        m = probe_args.machine()
         d = probe_v2(m["id"], processor=m["processor"])
-        path = folder / probe.filename(m, "small", "reference")
+        path = folder / probe_args.filename(m, "small", "reference")
         probe.write(path, d)
         made.append(path)
-        assert probe.machine()["id"] == m["id"]      # kept: the same machine next time
+        assert probe_args.machine()["id"] == m["id"]      # kept: the same machine next time
     assert made[0] != made[1] and sorted(folder.iterdir()) == sorted(made)
-    recs = measure.load_records(folder)
+    recs = records.load_records(folder)
     assert lesson.classroom_summary(recs).startswith("6 records from 2 machine(s)")
     assert len(plots.classroom_plot(recs).axes[0].get_lines()) == 2
     assert {r.device for r in recs} == {"cpu"}
@@ -197,7 +197,7 @@ def test_labels_are_plain_text(tmp_path):
     hostile = ["$\\frac{$", "cost $5 and $x^", "$$", "tab\there"]
     for i, name in enumerate(hostile):
         _write(tmp_path, f"p{i}.json", json.dumps(probe_v2(f"{i:08x}", name=name, device="$\\alpha$")))
-    recs = measure.load_records(tmp_path)
+    recs = records.load_records(tmp_path)
     assert recs.skipped == []
     fig = plots.classroom_plot(recs, title="class of $5")
     fig.savefig(tmp_path / "overlay.png")             # mathtext would raise here ("$\frac{$")
@@ -242,7 +242,7 @@ def test_disk_full_during_save_records_keeps_the_old_file(tmp_path, suffix, monk
     with pytest.raises(OSError) as err:
         records.save_records(_records("0000cafe") * 50, path)
     assert err.value.errno == errno.ENOSPC
-    assert path.read_bytes() == before and measure.load_records(path) == _records("0000beef")
+    assert path.read_bytes() == before and records.load_records(path) == _records("0000beef")
     assert [p.name for p in tmp_path.iterdir()] == [path.name]          # no temporary file left behind
 
 
@@ -253,7 +253,7 @@ def test_disk_full_during_probe_save_keeps_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         probe.write(path, probe_v2(speed=2.0))
     assert json.loads(path.read_text()) == probe_v2()
-    assert len(measure.load_records(path)) == 3
+    assert len(records.load_records(path)) == 3
 
 
 def test_save_refuses_nan_before_writing(tmp_path):

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from inference_lab.analytic import economics, roofline
+from inference_lab.analytic import costs, economics, roofline, simulator, workload
+from inference_lab.analytic.phases import measured_phases, roofline_phases
 from inference_lab.base import hardware
 from inference_lab.base.config import ModelConfig
 
@@ -18,7 +19,7 @@ CFG = ModelConfig.preset("llama3_8b")
 
 @pytest.fixture(scope="module")
 def phases():
-    return economics.roofline_phases(CFG, H100, step_overhead_s=2e-4)
+    return roofline_phases(CFG, H100, step_overhead_s=2e-4)
 
 
 # ----------------------------------------------------------------------------- prices
@@ -92,35 +93,35 @@ def test_measured_token_prices_from_records():
 
 # ----------------------------------------------------------------------------- phase models
 def test_roofline_phases_agree_with_roofline():
-    ph = economics.roofline_phases(CFG, H100)
+    ph = roofline_phases(CFG, H100)
     for T in (1, 100, 3000):
         assert ph.prefill_seconds([T]) == pytest.approx(
-            roofline.predict_time(roofline.prefill_cost(CFG, 1, T), H100, "bf16"), rel=1e-9)
+            roofline.predict_time(costs.prefill_cost(CFG, 1, T), H100, "bf16"), rel=1e-9)
     for B, C in ((1, 10), (7, 1000), (64, 4096)):
         assert ph.decode_seconds(B, B * C) == pytest.approx(
-            roofline.predict_time(roofline.decode_cost(CFG, B, C), H100, "bf16"), rel=1e-9)
-    assert ph.kv_bytes_per_token == roofline.kv_bytes_per_token(CFG)
+            roofline.predict_time(costs.decode_cost(CFG, B, C), H100, "bf16"), rel=1e-9)
+    assert ph.kv_bytes_per_token == costs.kv_bytes_per_token(CFG)
 
 
 def test_measured_phases_interpolate_and_extrapolate():
-    ph = economics.measured_phases(_records(), cfg=CFG)
+    ph = measured_phases(_records(), cfg=CFG)
     assert ph.prefill_seconds([128]) == pytest.approx(0.16)
     assert ph.prefill_seconds([200, 56]) == pytest.approx(0.32)  # tokens in the pass
     assert ph.decode_seconds(4, 999) == pytest.approx(0.025)
     assert ph.decode_seconds(32, 0) > ph.decode_seconds(16, 0)
     with pytest.raises(ValueError, match="step_seconds"):
-        economics.measured_phases([r for r in _records() if r.phase == "prefill"])
-    no_kv = economics.measured_phases(_records())
-    reqs = economics.sample_requests(5, 1.0)
+        measured_phases([r for r in _records() if r.phase == "prefill"])
+    no_kv = measured_phases(_records())
+    reqs = workload.sample_requests(5, 1.0)
     with pytest.raises(ValueError, match="kv_bytes_per_token"):
-        economics.simulate_requests(reqs, no_kv, mode="disaggregated", interconnect_bandwidth=1e9)
+        simulator.simulate_requests(reqs, no_kv, mode="disaggregated", interconnect_bandwidth=1e9)
 
 
 # ----------------------------------------------------------------------------- workload
 def test_requests_are_seeded_and_rag_ratios_hold():
-    a = economics.sample_requests(500, 4.0, ratio=economics.RAG_RATIO, output_len=(16, 64), seed=3)
-    b = economics.sample_requests(500, 4.0, ratio=economics.RAG_RATIO, output_len=(16, 64), seed=3)
-    c = economics.sample_requests(500, 4.0, ratio=economics.RAG_RATIO, output_len=(16, 64), seed=4)
+    a = workload.sample_requests(500, 4.0, ratio=workload.RAG_RATIO, output_len=(16, 64), seed=3)
+    b = workload.sample_requests(500, 4.0, ratio=workload.RAG_RATIO, output_len=(16, 64), seed=3)
+    c = workload.sample_requests(500, 4.0, ratio=workload.RAG_RATIO, output_len=(16, 64), seed=4)
     assert np.array_equal(a.arrival, b.arrival) and np.array_equal(a.prompt_len, b.prompt_len)
     assert not np.array_equal(a.arrival, c.arrival)
     r = a.prompt_len / a.output_len
@@ -133,8 +134,8 @@ def test_requests_are_seeded_and_rag_ratios_hold():
 # ----------------------------------------------------------------------------- simulation
 @pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
 def test_simulation_conserves_work(phases, mode):
-    reqs = economics.sample_requests(800, 8.0, prompt_len=(64, 2048), output_len=(1, 96), seed=1)
-    res = economics.simulate_requests(reqs, phases, mode=mode, gpus=2, max_batch=16,
+    reqs = workload.sample_requests(800, 8.0, prompt_len=(64, 2048), output_len=(1, 96), seed=1)
+    res = simulator.simulate_requests(reqs, phases, mode=mode, gpus=2, max_batch=16,
                                       max_prefill_tokens=4096,
                                       interconnect_bandwidth=H100.interconnect_bandwidth)
     assert np.isfinite(res.finish).all() and np.isfinite(res.first_token).all()
@@ -152,8 +153,8 @@ def test_simulation_conserves_work(phases, mode):
 def test_simulation_is_deterministic_per_seed(phases):
     kw = dict(rate=10.0, n_requests=400, prompt_len=(128, 1024), output_len=(8, 64),
               mode="disaggregated", interconnect_bandwidth=450e9)
-    a, b = economics.simulate(phases, seed=7, **kw), economics.simulate(phases, seed=7, **kw)
-    c = economics.simulate(phases, seed=8, **kw)
+    a, b = simulator.simulate(phases, seed=7, **kw), simulator.simulate(phases, seed=7, **kw)
+    c = simulator.simulate(phases, seed=8, **kw)
     assert np.array_equal(a.finish, b.finish) and a.summary() == b.summary()
     assert not np.array_equal(a.finish, c.finish)
 
@@ -162,7 +163,7 @@ def test_disaggregation_decouples_ttft_from_tpot(phases):
     """More prompt work (longer prompts, same rate and outputs) raises TTFT in both modes,
     but TPOT only where prefills share the GPU with decodes."""
     def run(mode, prompt):
-        return economics.simulate(phases, rate=10.0, n_requests=600, prompt_len=prompt,
+        return simulator.simulate(phases, rate=10.0, n_requests=600, prompt_len=prompt,
                                   output_len=(32, 128), seed=0, mode=mode, gpus=1,
                                   interconnect_bandwidth=H100.interconnect_bandwidth).percentiles()
     for mode in ("colocated", "disaggregated"):
@@ -176,15 +177,15 @@ def test_disaggregation_decouples_ttft_from_tpot(phases):
 
 
 def test_simulation_is_fast(phases):
-    reqs = economics.sample_requests(3000, 20.0, prompt_len=(64, 1024), output_len=(8, 64), seed=0)
+    reqs = workload.sample_requests(3000, 20.0, prompt_len=(64, 1024), output_len=(8, 64), seed=0)
     t0 = time.perf_counter()
-    economics.simulate_requests(reqs, phases, mode="colocated", max_batch=64)
-    economics.simulate_requests(reqs, phases, mode="disaggregated", interconnect_bandwidth=450e9)
+    simulator.simulate_requests(reqs, phases, mode="colocated", max_batch=64)
+    simulator.simulate_requests(reqs, phases, mode="disaggregated", interconnect_bandwidth=450e9)
     assert time.perf_counter() - t0 < 4.0  # ~0.2 s each on a 2-core machine; generous for noise
 
 
 def test_load_sweep_rows(phases):
-    rows = economics.load_sweep(phases, [2.0, 8.0], n_requests=200, prompt_len=(256, 2048),
+    rows = simulator.load_sweep(phases, [2.0, 8.0], n_requests=200, prompt_len=(256, 2048),
                                 output_len=(8, 32), interconnect_bandwidth=450e9)
     assert [(r["rate"], r["mode"]) for r in rows] == [
         (2.0, "colocated"), (2.0, "disaggregated"), (8.0, "colocated"), (8.0, "disaggregated")]
@@ -194,27 +195,27 @@ def test_load_sweep_rows(phases):
 
 # ----------------------------------------------------------------------------- errors
 def test_invalid_arguments_raise(phases):
-    reqs = economics.sample_requests(3, 1.0)
+    reqs = workload.sample_requests(3, 1.0)
     with pytest.raises(ValueError, match="mode"):
-        economics.simulate_requests(reqs, phases, mode="mixed")
+        simulator.simulate_requests(reqs, phases, mode="mixed")
     with pytest.raises(ValueError, match="interconnect_bandwidth"):
-        economics.simulate_requests(reqs, phases, mode="disaggregated")
+        simulator.simulate_requests(reqs, phases, mode="disaggregated")
     with pytest.raises(ValueError, match="max_batch"):
-        economics.simulate_requests(reqs, phases, max_batch=0)
+        simulator.simulate_requests(reqs, phases, max_batch=0)
     with pytest.raises(ValueError, match="gpus"):
-        economics.simulate_requests(reqs, phases, gpus=0)
+        simulator.simulate_requests(reqs, phases, gpus=0)
     with pytest.raises(ValueError, match="PhaseModel"):
-        economics.simulate_requests(reqs, "roofline")
+        simulator.simulate_requests(reqs, "roofline")
     with pytest.raises(ValueError, match="rate"):
-        economics.sample_requests(10, 0.0)
+        workload.sample_requests(10, 0.0)
     with pytest.raises(ValueError, match="n_requests"):
-        economics.sample_requests(0, 1.0)
+        workload.sample_requests(0, 1.0)
     with pytest.raises(ValueError, match="prompt_len"):
-        economics.sample_requests(10, 1.0, prompt_len=(100, 10))
+        workload.sample_requests(10, 1.0, prompt_len=(100, 10))
     with pytest.raises(ValueError, match="output_len"):
-        economics.sample_requests(10, 1.0, output_len=0)
+        workload.sample_requests(10, 1.0, output_len=0)
     with pytest.raises(ValueError, match="ratio"):
-        economics.sample_requests(10, 1.0, ratio=(47, 19))
+        workload.sample_requests(10, 1.0, ratio=(47, 19))
     with pytest.raises(ValueError, match="tokens_per_s"):
         economics.cost_per_million_tokens(3.0, 0)
     with pytest.raises(ValueError, match="dollars_per_gpu_hour"):

@@ -7,9 +7,10 @@ import pytest
 from matplotlib.figure import Figure
 
 from inference_lab import plots
-from inference_lab.analytic import economics, roofline
+from inference_lab.analytic import costs, economics, roofline
+from inference_lab.analytic.phases import roofline_phases
 from inference_lab.runtime import engine
-from inference_lab.measure import kernels as experiments
+from inference_lab.measure import matmuls
 from inference_lab.base import hardware, tokenizer
 from inference_lab.lessons import arithmetic_intensity as intensity
 from inference_lab.lessons import batching, machine, setup_check
@@ -106,11 +107,14 @@ def test_streamed_answer_and_the_cache_comparison(model, capsys, tmp_path):
 def test_weight_stream_rates_table(model):
     from inference_lab.model import pretrained
 
-    rates = two_speeds.weight_stream_rates(model, pretrained.load(kernels="reference"), context=8)
-    assert rates.small.batch == rates.large.batch == 1 and rates.bandwidth > 0
-    assert rates.small.bytes_per_step < rates.large.bytes_per_step
+    bard = pretrained.load(kernels="reference")
+    rates = two_speeds.weight_stream_rates(model, bard, context=8)
+    assert rates.small.batch == rates.large.batch == 1 and rates.small_read > 0 and rates.large_read > 0
+    assert rates.small_hollow.bytes_per_step < rates.small.bytes_per_step / 10     # hollow: almost no bytes
+    assert rates.small_hollow.preset == "tiny (hollow)" and rates.large_hollow.preset == "shakespeare (hollow)"
     table = rates.table()
     assert "tiny" in table and "shakespeare" in table and "GB/s" in table and "plain read" in table
+    assert "this machine:" in rates.caches_line() and "cores" in rates.caches_line()
 
 def test_reference_node_reconciles_30x_with_the_ridge():
     ref = two_speeds.reference_gap()
@@ -127,7 +131,7 @@ def test_reference_node_reconciles_30x_with_the_ridge():
 def test_sweeps_tables_and_views(model, here, tmp_path):
     pre = prefill.prefill_sweep(model, (1, 32))
     assert len(pre.table().splitlines()) == 3 and [r.prompt_len for r in pre.records] == [1, 32]
-    kernels = experiments.matmul_sweep((1, 32), k=256, n=256, repeats=2)
+    kernels = matmuls.matmul_sweep((1, 32), k=256, n=256, repeats=2)
     fig, text = prefill.prefill_point_view(pre, here.spec, here.dtype, 32, kernels)
     assert text.startswith("prompt length 32:") and "lone matmul" in text
     _png(fig, tmp_path, "pre")
@@ -173,12 +177,12 @@ def test_kernels_are_shown_by_their_bodies():
     names = [f.__name__ for f in machine.kernel_parts(pk.flash_attention)]
     assert names == ["_flash_kernel", "_run", "update"]
     assert [f.__name__ for f in machine.kernel_parts(pk.matmul)] == ["_matmul_kernel", "_run"]
-    text = machine.function_source(roofline.decode_cost)
+    text = machine.function_source(costs.decode_cost)
     assert text.splitlines()[1].startswith("def decode_cost") and "kv_read" in text
-    excerpt = machine.function_source(roofline.decode_cost, start="kv_tok =", stop="return _cost(")
+    excerpt = machine.function_source(costs.decode_cost, start="kv_tok =", stop="return _cost(")
     assert excerpt.splitlines()[1].startswith("kv_tok =") and "(excerpt)" in excerpt
     with pytest.raises(ValueError, match="no line"):
-        machine.function_source(roofline.decode_cost, start="not in the source")
+        machine.function_source(costs.decode_cost, start="not in the source")
 
 
 def test_regimes_and_roofline_points(model, here, tmp_path):
@@ -217,7 +221,7 @@ def test_prices_fall_with_batch(model):
 
 
 def test_serving_simulation_views(tmp_path):
-    phases = economics.roofline_phases(CFG8B, H100, step_overhead_s=2e-4)
+    phases = roofline_phases(CFG8B, H100, step_overhead_s=2e-4)
     assert serving.one_way_bandwidth(H100) == H100.interconnect_bandwidth / 2
     with pytest.raises(ValueError, match="interconnect"):
         serving.one_way_bandwidth(dataclasses.replace(H100, interconnect_bandwidth=None))

@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 from inference_lab.base import hardware, progress
-from inference_lab.measure import timing as measure
-from inference_lab.analytic import roofline
+from inference_lab.measure import records, timing
+from inference_lab.analytic import costs, roofline
 from pallas_kernels import ceilings
 from inference_lab.base.config import ModelConfig
 from inference_lab.base.hardware import HardwareSpec
@@ -27,61 +27,67 @@ def model():
 
 
 def test_measure_prefill(model):
-    r = measure.measure_prefill(model, batch=2, prompt_len=16, repeats=2, ceilings=SPEC)
+    r = timing.measure_prefill(model, batch=2, prompt_len=16, repeats=2, ceilings=SPEC)
     assert (r.phase, r.batch, r.prompt_len, r.preset, r.kernels) == ("prefill", 2, 16, "tiny", "reference")
     assert r.seconds > 0 and r.prefill_tokens_per_s == pytest.approx(32 / r.seconds)
-    cost = roofline.prefill_cost(TINY, 2, 16)
+    cost = costs.prefill_cost(TINY, 2, 16)
     assert (r.flops, r.bytes) == (cost.flops, cost.bytes)
     assert r.mfu == pytest.approx(cost.flops / r.seconds / 1e11)
-    assert measure.measure_prefill(model, 1, 8, repeats=1, ceilings=None).mfu is None
+    assert timing.measure_prefill(model, 1, 8, repeats=1, ceilings=None).mfu is None
 
 
 def test_measure_decode(model):
-    r = measure.measure_decode(model, batch=2, context=16, steps=4, repeats=2, ceilings=SPEC)
+    r = timing.measure_decode(model, batch=2, context=16, steps=4, repeats=2, ceilings=SPEC)
     assert (r.phase, r.batch, r.context, r.steps) == ("decode", 2, 16, 4)
     assert r.decode_tokens_per_s == pytest.approx(2 / r.step_seconds)
-    mean = [roofline.decode_cost(TINY, 2, 16 + i) for i in range(4)]
+    mean = [costs.decode_cost(TINY, 2, 16 + i) for i in range(4)]
     assert r.bytes_per_step == pytest.approx(sum(c.bytes for c in mean) / 4)
     assert r.mbu == pytest.approx(r.bytes_per_step / r.step_seconds / 2e10)
     assert r.mfu == pytest.approx(r.flops_per_step / r.step_seconds / 1e11)
 
 
 def test_random_cache_is_not_zeros():
-    c = measure._random_cache(TINY, 2, 8, 5, seed=0)
+    from inference_lab.model.kv_cache import KVCache
+
+    c = KVCache.random(TINY, 2, 8, 5, seed=0)
     assert np.asarray(c.k[0]).std() > 0.5 and c.host_lengths.tolist() == [5, 5]
-    assert measure._random_tokens(TINY, (4, 32), 0).any()
+    assert timing.random_tokens(TINY, (4, 32), 0).any()
+    again = c.rewound(2)   # the same buffers, shorter rows; the old cache is donated
+    assert again.host_lengths.tolist() == [2, 2] and c.consumed and again.k[0] is not None
+    with pytest.raises(ValueError, match="lengths"):
+        again.rewound(9)
 
 
 def test_sweep_skips_and_records_oom(model, monkeypatch, capsys):
     monkeypatch.setenv(progress.ENV_VAR, "1")  # a bar even under pytest, to read it
     need = roofline.memory_needed(TINY, 2, 8 + 2)
-    res = measure.sweep(model, batch_sizes=[1, 2], prompt_lengths=[8], steps=2, repeats=1,
+    res = timing.sweep(model, batch_sizes=[1, 2], prompt_lengths=[8], steps=2, repeats=1,
                         ceilings=SPEC, memory_bytes=need - 1)
     # batch 2 decode needs `need` bytes: skipped with the reason; the rest measured
     assert [(r.phase, r.batch) for r in res] == [("prefill", 1), ("decode", 1), ("prefill", 2)]
     assert [(s[0], s[1]) for s in res.skipped] == [("decode", 2)] and "memory_needed" in res.skipped[0][3]
     captured = capsys.readouterr()
     assert "skipped decode batch 2" in captured.out
-    # tqdm's text bar, on stderr: points done, elapsed<remaining (the time estimate)
-    assert re.search(r"sweep: 100%.*4/4 \[\d+:\d+<\d+:\d+", captured.err), captured.err[-500:]
+    # tqdm's text bar, on stderr: runs done (a warm-up and one repeat per point), elapsed<remaining
+    assert re.search(r"sweep: 100%.*8/8 \[\d+:\d+<\d+:\d+", captured.err), captured.err[-500:]
 
     def oom(*a, **k):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1 bytes")
 
-    monkeypatch.setattr(measure, "measure_decode", oom)
-    res = measure.sweep(model, [1], [8], steps=2, repeats=1, ceilings=SPEC, progress=False)
+    monkeypatch.setattr(timing.DecodePoint, "run", oom)
+    res = timing.sweep(model, [1], [8], steps=2, repeats=1, ceilings=SPEC, progress=False)
     assert [r.phase for r in res] == ["prefill"] and "out of memory" in res.skipped[0][3]
 
     def bug(*a, **k):
         raise RuntimeError("something else")
 
-    monkeypatch.setattr(measure, "measure_decode", bug)
+    monkeypatch.setattr(timing.DecodePoint, "run", bug)
     with pytest.raises(RuntimeError, match="something else"):
-        measure.sweep(model, [1], [8], ceilings=SPEC, progress=False)
+        timing.sweep(model, [1], [8], ceilings=SPEC, progress=False)
     with pytest.raises(ValueError, match="batch_sizes"):
-        measure.sweep(model, [], [8], ceilings=SPEC)
+        timing.sweep(model, [], [8], ceilings=SPEC)
     with pytest.raises(ValueError, match="phases"):
-        measure.sweep(model, [1], [8], phases=("train",), ceilings=SPEC)
+        timing.sweep(model, [1], [8], phases=("train",), ceilings=SPEC)
 
 
 def test_progress_shows_only_where_someone_watches(monkeypatch):
@@ -126,23 +132,23 @@ def test_progress_without_tqdm_is_silent(monkeypatch, capsys):
 
 def _records():
     m = dict(device="cpu", backend="cpu", kernels="reference", preset="tiny", dtype="float32")
-    return [measure.PrefillRecord(**m, batch=1, prompt_len=8, seconds=0.5, prefill_tokens_per_s=16.0,
+    return [records.PrefillRecord(**m, batch=1, prompt_len=8, seconds=0.5, prefill_tokens_per_s=16.0,
                                   flops=1e9, bytes=2e6, mfu=None),
-            measure.DecodeRecord(**m, batch=4, context=8, step_seconds=0.01, decode_tokens_per_s=400.0,
+            records.DecodeRecord(**m, batch=4, context=8, step_seconds=0.01, decode_tokens_per_s=400.0,
                                  bytes_per_step=3e6, flops_per_step=5e6, mbu=0.5, mfu=0.1, steps=4)]
 
 
 @pytest.mark.parametrize("suffix", [".json", ".csv"])
 def test_save_load_round_trip(tmp_path, suffix):
     recs = _records()
-    path = measure.save_records(recs, tmp_path / f"r{suffix}")
-    assert measure.load_records(path) == recs
+    path = records.save_records(recs, tmp_path / f"r{suffix}")
+    assert records.load_records(path) == recs
     with pytest.raises(ValueError, match=".json or .csv"):
-        measure.save_records(recs, tmp_path / "r.txt")
+        records.save_records(recs, tmp_path / "r.txt")
 
 
 def test_load_folder_with_probe_json(tmp_path):
-    measure.save_records(_records(), tmp_path / "a.csv")
+    records.save_records(_records(), tmp_path / "a.csv")
     probe = {"schema_version": 1, "device": "NVIDIA H200", "backend": "gpu", "kernels": "pallas",
              "versions": {}, "model": {"preset": "base", "params": 1, "dtype": "bfloat16"},
              "ceilings": {}, "prompt_len": 512, "new_tokens": 2,
@@ -151,13 +157,13 @@ def test_load_folder_with_probe_json(tmp_path):
                          "bytes_per_step": 2.5e9, "mbu": 0.3, "mfu": 0.01}],
              "ratio": 20.48, "tp": 1, "weight_bytes_per_device": 1, "all_reduces_per_step": 0}
     (tmp_path / "b.json").write_text(json.dumps(probe))
-    recs = measure.load_records(tmp_path)
+    recs = records.load_records(tmp_path)
     assert [r.phase for r in recs] == ["prefill", "decode", "prefill", "decode"]
     pf, dc = recs[2], recs[3]
-    assert pf.device == "NVIDIA H200" and pf.flops == roofline.prefill_cost(ModelConfig.preset("base"), 1, 512).flops
+    assert pf.device == "NVIDIA H200" and pf.flops == costs.prefill_cost(ModelConfig.preset("base"), 1, 512).flops
     assert dc.decode_tokens_per_s == 500.0 and dc.mbu == 0.3
     with pytest.raises(ValueError, match="does not exist"):
-        measure.load_records(tmp_path / "missing")
+        records.load_records(tmp_path / "missing")
 
 
 def test_measure_ceilings_cached(tmp_path, monkeypatch, capsys):
@@ -182,7 +188,8 @@ def test_measure_ceilings_cached(tmp_path, monkeypatch, capsys):
 
 
 # ----------------------------------------------------------------------------- caches validated on read
-FAKE = {"matmul_flops": 1.5e11, "bandwidth": 3.0e10, "matmul_method": "fake matmul", "bandwidth_method": "fake stream"}
+FAKE = {"matmul_flops": 1.5e11, "bandwidth": 3.0e10, "copy_bandwidth": 4.5e10, "matmul_method": "fake matmul",
+        "bandwidth_method": "fake stream", "copy_method": "fake copy"}
 
 
 def _cache_file(tmp_path, monkeypatch, calls):
@@ -268,24 +275,18 @@ def test_a_damaged_machine_id_is_replaced_and_named(tmp_path, monkeypatch, capsy
 
 # ----------------------------------------------------------------------------- what survives an interrupt
 def _instant(monkeypatch, stop_at):
-    """Instant measurements; the point number ``stop_at`` (0-based) raises KeyboardInterrupt."""
-    m = dict(device="cpu", backend="cpu", kernels="reference", preset="tiny", dtype="float32")
+    """Instant measurements (every run takes a millisecond); preparing the point number
+    ``stop_at`` (0-based) raises KeyboardInterrupt."""
     count = []
 
-    def point(kind):
-        def f(model, b, p, *a, **k):
-            if len(count) == stop_at:
-                raise KeyboardInterrupt
-            count.append(1)
-            if kind == "prefill":
-                return measure.PrefillRecord(**m, batch=b, prompt_len=p, seconds=0.1, prefill_tokens_per_s=b * p / 0.1,
-                                             flops=1e9, bytes=1e6, mfu=0.3)
-            return measure.DecodeRecord(**m, batch=b, context=p, step_seconds=0.01, decode_tokens_per_s=b / 0.01,
-                                        bytes_per_step=1e6, flops_per_step=1e6, mbu=0.5, mfu=0.1, steps=a[0])
-        return f
+    def prepare(self):
+        if len(count) == stop_at:
+            raise KeyboardInterrupt
+        count.append(1)
 
-    monkeypatch.setattr(measure, "measure_prefill", point("prefill"))
-    monkeypatch.setattr(measure, "measure_decode", point("decode"))
+    for point in (timing.PrefillPoint, timing.DecodePoint):
+        monkeypatch.setattr(point, "prepare", prepare)
+        monkeypatch.setattr(point, "run", lambda self: 1e-3)
 
 
 @pytest.mark.parametrize("suffix", [".json", ".csv"])
@@ -293,8 +294,8 @@ def test_an_interrupted_sweep_keeps_its_finished_points(model, tmp_path, monkeyp
     _instant(monkeypatch, stop_at=3)
     path = tmp_path / f"sweep{suffix}"
     with pytest.raises(KeyboardInterrupt) as err:
-        measure.sweep(model, [1, 2], [8], steps=2, ceilings=SPEC, progress=False, save_to=path)
-    kept = measure.load_records(path)
+        timing.sweep(model, [1, 2], [8], steps=2, ceilings=SPEC, progress=False, save_to=path)
+    kept = records.load_records(path)
     assert [(r.phase, r.batch) for r in kept] == [("prefill", 1), ("decode", 1), ("prefill", 2)]
     assert list(err.value.sweep_result) == kept
     assert any(f"3 point(s) were measured before this, saved in {path}" in n for n in err.value.__notes__)
@@ -303,11 +304,11 @@ def test_an_interrupted_sweep_keeps_its_finished_points(model, tmp_path, monkeyp
 def test_sweep_refuses_bad_save_path_and_long_prompts_before_measuring(model, tmp_path, monkeypatch):
     _instant(monkeypatch, stop_at=0)            # any measurement would raise KeyboardInterrupt
     with pytest.raises(ValueError, match="save_to .*does not exist"):
-        measure.sweep(model, [1], [8], ceilings=SPEC, save_to=tmp_path / "no" / "r.json")
+        timing.sweep(model, [1], [8], ceilings=SPEC, save_to=tmp_path / "no" / "r.json")
     with pytest.raises(ValueError, match=".json or .csv"):
-        measure.sweep(model, [1], [8], ceilings=SPEC, save_to=tmp_path / "r.txt")
+        timing.sweep(model, [1], [8], ceilings=SPEC, save_to=tmp_path / "r.txt")
     with pytest.raises(ValueError, match="max_seq_len=512"):
-        measure.sweep(model, [1], [500], steps=16, ceilings=SPEC)
+        timing.sweep(model, [1], [500], steps=16, ceilings=SPEC)
 
 
 # ----------------------------------------------------------------------------- what the process may allocate
@@ -329,4 +330,4 @@ def test_memory_limit_is_the_smallest_the_process_may_use(tmp_path, monkeypatch)
     monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     assert hardware.process_memory_limit() == 3_000_000_000               # then the cgroup
     if jax.default_backend() == "cpu":
-        assert measure.device_memory_bytes() == 3_000_000_000
+        assert timing.device_memory_bytes() == 3_000_000_000

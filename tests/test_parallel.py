@@ -129,7 +129,7 @@ def test_two_processes_form_one_mesh_and_match_one_process(tmp_path):
 
 def test_tp_lesson_rows():
     from inference_lab.base import hardware
-    from inference_lab.analytic import roofline
+    from inference_lab.analytic import costs, roofline
 
     rows = tensor_parallel.tp_lesson("tiny", (1, 2, 4), spec="H100_SXM", steps=4, repeats=2)
     assert [r["tp"] for r in rows] == [1, 2, 4]
@@ -140,7 +140,7 @@ def test_tp_lesson_rows():
     assert [r["all_reduces"] for r in rows] == [0, 2 * TINY.n_layers + 1, 2 * TINY.n_layers + 1]
     h100 = hardware.PRESETS["H100_SXM"]
     for r in rows:  # prediction = roofline step on the spec + ring all-reduces at half NVLink
-        base = roofline.predict_time(roofline.decode_cost(TINY, 1, 64, tp=r["tp"]), h100, TINY.dtype)
+        base = roofline.predict_time(costs.decode_cost(TINY, 1, 64, tp=r["tp"]), h100, TINY.dtype)
         assert r["predicted_step_s"] == pytest.approx(base + r["predicted_allreduce_s"])
     assert rows[0]["predicted_allreduce_s"] == 0 < rows[1]["predicted_allreduce_s"]
     # On an H100 node the tiny model's weights dominate: more devices, shorter predicted step.

@@ -26,10 +26,11 @@ from matplotlib.container import BarContainer  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from inference_lab import plots
-from inference_lab.analytic import economics, roofline, simulator
+from inference_lab.analytic import costs, roofline, simulator
+from inference_lab.analytic.phases import roofline_phases
 from inference_lab.base import hardware  # noqa: E402
 from inference_lab.base.config import ModelConfig  # noqa: E402
-from inference_lab.measure.kernels import KernelPoint  # noqa: E402
+from inference_lab.measure.matmuls import KernelPoint  # noqa: E402
 from inference_lab.lessons.arithmetic_intensity import Op  # noqa: E402
 from inference_lab.measure.records import DecodeRecord, PrefillRecord  # noqa: E402
 
@@ -130,13 +131,13 @@ def _records(device="NVIDIA H200", efficiency=0.4, overhead=2e-4, seed=0):
     out = []
     for batch in (1, 4):
         for T in (128, 512, 2048):
-            c = roofline.prefill_cost(CFG, batch, T)
+            c = costs.prefill_cost(CFG, batch, T)
             t = (roofline.predict_time(c, SPEC, "bf16") / efficiency + overhead) * rng.uniform(0.97, 1.03)
             out.append(PrefillRecord(device, "gpu", "pallas", "base", "bfloat16", batch, T, t, batch * T / t,
                                      c.flops, c.bytes, None))
     for context in (512, 4096):
         for B in (1, 2, 4, 8, 16, 32, 64):
-            c = roofline.decode_cost(CFG, B, context)
+            c = costs.decode_cost(CFG, B, context)
             t = (roofline.predict_time(c, SPEC, "bf16") / efficiency + overhead) * rng.uniform(0.97, 1.03)
             out.append(DecodeRecord(device, "gpu", "pallas", "base", "bfloat16", B, context, t, B / t,
                                     c.bytes, c.flops, c.bytes / t / SPEC.bandwidth, None))
@@ -148,8 +149,8 @@ def _decode_batch1(recs):
 
 
 def _simulated():
-    phases = economics.roofline_phases(CFG8B, H100)
-    rows = economics.load_sweep(phases, [2.0, 6.0], n_requests=80, prompt_len=(256, 2048), output_len=(8, 32),
+    phases = roofline_phases(CFG8B, H100)
+    rows = simulator.load_sweep(phases, [2.0, 6.0], n_requests=80, prompt_len=(256, 2048), output_len=(8, 32),
                                 interconnect_bandwidth=450e9)
     runs = {mode: simulator.simulate(phases, rate=4.0, n_requests=80, prompt_len=(256, 2048), output_len=(8, 32),
                                      mode=mode, **({"interconnect_bandwidth": 450e9} if mode != "colocated" else {}))
@@ -160,7 +161,7 @@ def _simulated():
 def _goodput_rows():
     from inference_lab.analytic.serving_metrics import SLO
 
-    phases = economics.roofline_phases(CFG8B, H100)
+    phases = roofline_phases(CFG8B, H100)
     slo = SLO(ttft_ms=200, tpot_ms=20)
     return [dict(simulator.simulate(phases, rate=rate, n_requests=60, mode=m, interconnect_bandwidth=450e9)
                  .with_slo(slo).summary(), rate=rate, config=m)

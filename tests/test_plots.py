@@ -10,8 +10,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from inference_lab import plots
-from inference_lab.analytic import economics, roofline
+from inference_lab import plots  # noqa: E402
+from inference_lab.analytic import costs, roofline, simulator  # noqa: E402
+from inference_lab.analytic.phases import roofline_phases  # noqa: E402
 from inference_lab.base import hardware  # noqa: E402
 from inference_lab.base.config import ModelConfig  # noqa: E402
 
@@ -28,13 +29,13 @@ def _sweep(device="NVIDIA H200", efficiency=0.4, overhead=2e-4, context=512, see
     rng = np.random.default_rng(seed)
     out = []
     for T in (128, 512, 2048):
-        c = roofline.prefill_cost(CFG, 1, T)
+        c = costs.prefill_cost(CFG, 1, T)
         t = roofline.predict_time(c, SPEC, "bf16") / efficiency + overhead
         t *= rng.uniform(0.97, 1.03)
         out.append(PrefillRecord(device, "gpu", "pallas", "base", "bfloat16", 1, T, t, T / t,
                                  c.flops, c.bytes, None))
     for B in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-        c = roofline.decode_cost(CFG, B, context)
+        c = costs.decode_cost(CFG, B, context)
         t = roofline.predict_time(c, SPEC, "bf16") / efficiency + overhead
         t *= rng.uniform(0.97, 1.03)
         out.append(DecodeRecord(device, "gpu", "pallas", "base", "bfloat16", B, context, t, B / t,
@@ -126,8 +127,8 @@ def test_economics_figures(tmp_path):
     fig = plots.price_ratio_plot(ModelConfig.preset("llama3_8b"), hardware.PRESETS["H100_SXM"],
                                  batches=[1, 8, 64, 512], contexts=[512, 8192])
     _check(fig, tmp_path, "price", log_x=True, log_y=True, units=("sequences", "x"))
-    phases = economics.roofline_phases(ModelConfig.preset("llama3_8b"), hardware.PRESETS["H100_SXM"])
-    rows = economics.load_sweep(phases, [2.0, 6.0], n_requests=100, prompt_len=(256, 2048),
+    phases = roofline_phases(ModelConfig.preset("llama3_8b"), hardware.PRESETS["H100_SXM"])
+    rows = simulator.load_sweep(phases, [2.0, 6.0], n_requests=100, prompt_len=(256, 2048),
                                 output_len=(8, 32), interconnect_bandwidth=450e9)
     fig = plots.serving_plot(rows)
     _check(fig, tmp_path, "serving", log_x=False, log_y=True, units=("requests/s", "ms"))
@@ -143,15 +144,15 @@ def test_serving_figures_tell_modes_apart_without_colour(tmp_path):
     from inference_lab.analytic.serving_metrics import SLO
     from pathlib import Path
 
-    phases = economics.roofline_phases(ModelConfig.preset("llama3_8b"), hardware.PRESETS["H100_SXM"])
-    rows = economics.load_sweep(phases, [2.0, 4.0], modes=simulator.MODES, n_requests=80,
+    phases = roofline_phases(ModelConfig.preset("llama3_8b"), hardware.PRESETS["H100_SXM"])
+    rows = simulator.load_sweep(phases, [2.0, 4.0], modes=simulator.MODES, n_requests=80,
                                 prompt_len=(256, 2048), output_len=(8, 32), interconnect_bandwidth=450e9)
     (run,) = vllm_bench.load_vllm_bench(Path(__file__).parent / "fixtures" / "vllm_bench_serve.json")
     fig = plots.serving_plot(rows + [run.summary()])
     lines = fig.axes[1].get_lines()
     styles = {(ln.get_marker(), ln.get_linestyle()) for ln in lines}
     assert len(styles) == 4  # three modes and the measured run, each its own marker and line style
-    res = {m: economics.simulate(phases, rate=2.0, n_requests=80, mode=m, interconnect_bandwidth=450e9)
+    res = {m: simulator.simulate(phases, rate=2.0, n_requests=80, mode=m, interconnect_bandwidth=450e9)
            for m in simulator.MODES}
     fig = plots.latency_distributions({**res, "vllm (measured)": run})
     assert len(fig.axes) == 3 and "gap" in fig.axes[2].get_xlabel()
@@ -168,13 +169,13 @@ def test_serving_figures_tell_modes_apart_without_colour(tmp_path):
 
 
 def test_experiment_figures(tmp_path):
-    from inference_lab.measure.kernels import KernelPoint
+    from inference_lab.measure.matmuls import KernelPoint
     from inference_lab.lessons.arithmetic_intensity import Op
 
     recs = [r for r in _sweep() if isinstance(r, DecodeRecord)]
     ctx = []
     for c in (512, 2048, 8192):
-        cost = roofline.decode_cost(CFG, 1, c)
+        cost = costs.decode_cost(CFG, 1, c)
         t = roofline.predict_time(cost, SPEC, "bf16") / 0.5
         ctx.append(DecodeRecord("NVIDIA H200", "gpu", "pallas", "base", "bfloat16", 1, c, t, 1 / t, cost.bytes,
                                 cost.flops, None, None))

@@ -13,9 +13,8 @@ import pytest
 
 from inference_lab import cli
 from inference_lab.base import hardware
-from inference_lab.measure import timing as measure, probe, schema as probe_schema
+from inference_lab.measure import probe, probe_args, records, schema as probe_schema, timing
 from inference_lab.base.config import ModelConfig
-from inference_lab.measure.records import DecodeRecord, PrefillRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +38,8 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
     assert (r["complete"], r["skipped"]) == (True, [])
     assert set(r["versions"]) == {"python", "jax", "jaxlib", "flax"}
     assert set(r["model"]) == {"preset", "params", "dtype"} and r["model"]["preset"] == "tiny"
-    assert set(r["ceilings"]) == {"matmul_flops_per_s", "bandwidth_bytes_per_s", "method"}
+    assert set(r["ceilings"]) == {"matmul_flops_per_s", "bandwidth_bytes_per_s", "copy_bandwidth_bytes_per_s", "method"}
+    assert "read-only" in r["ceilings"]["method"]                 # MBU is against what this machine reads
     assert tuple(r["prefill"]) == probe.PREFILL_KEYS
     assert [d["batch"] for d in r["decode"]] == [1, 2]            # batch 1 added for the ratio
     assert all(tuple(d) == probe.DECODE_KEYS and d["context"] == 16 for d in r["decode"])
@@ -47,11 +47,14 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
     assert r["ratio"] == pytest.approx(r["prefill"]["prefill_tokens_per_s"] / b1["decode_tokens_per_s"])
     assert b1["decode_tokens_per_s"] == pytest.approx(1 / b1["step_seconds"])
     assert 0 < b1["mbu"] and 0 < r["prefill"]["mfu"]
+    streamed = r["streamed_decode"]                               # the same steps, a token to the host at a time
+    assert tuple(streamed) == probe.STREAMED_KEYS and (streamed["batch"], streamed["context"]) == (1, 16)
+    assert streamed["decode_tokens_per_s"] == pytest.approx(1 / streamed["step_seconds"])
     assert (r["kernels"], r["tp"], r["all_reduces_per_step"]) == ("reference", 1, 0)
     assert r["weight_bytes_per_device"] == 4 * r["model"]["params"]
     out = capsys.readouterr().out
-    assert "prefill" in out and "decode" in out and "MBU" in out and "at batch 1" in out
-    recs = measure.load_records(path)                               # the classroom path
+    assert "prefill" in out and "decode" in out and "MBU" in out and "at batch 1" in out and "streamed" in out
+    recs = records.load_records(path)                               # the classroom path
     assert [x.phase for x in recs] == ["prefill", "decode", "decode"]
 
 
@@ -63,7 +66,7 @@ def test_probe_errors(capsys):
     assert probe.main(["--preset", "nope"]) == 2
     assert "preset" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        probe.build_parser().parse_args(["--batch", "1,x"])
+        probe_args.build_parser().parse_args(["--batch", "1,x"])
 
 
 @pytest.fixture
@@ -99,7 +102,7 @@ def test_existing_file_needs_force(tmp_path, never_measures, capsys):
     path.write_text("keep me")
     assert probe.main(["--preset", "tiny", "--prompt-len", "16", "--json", str(path)]) == 2
     assert "already exists; pass --force" in capsys.readouterr().err and path.read_text() == "keep me"
-    assert probe.output_path(probe.build_parser().parse_args(["--json", str(path), "--force"])) == path
+    assert probe_args.output_path(probe_args.build_parser().parse_args(["--json", str(path), "--force"])) == path
 
 
 def _unwritable_folder(tmp_path) -> Path | None:
@@ -153,23 +156,19 @@ def test_env_and_probe_report_a_bad_kernel_mode_alike(monkeypatch, capsys):
 
 
 def _fake_measurements(monkeypatch, oom_at=None, interrupt_at=None):
-    """Instant measurements (the probe's bookkeeping is under test, not the timings)."""
-    m = dict(device="cpu", backend="cpu", kernels="reference", preset="tiny", dtype="float32")
-
-    def prefill(model, batch, prompt_len, **k):
-        return PrefillRecord(**m, batch=batch, prompt_len=prompt_len, seconds=0.01,
-                             prefill_tokens_per_s=batch * prompt_len / 0.01, flops=1e9, bytes=1e7, mfu=0.5)
-
-    def decode(model, batch, context, steps, **k):
-        if batch == oom_at:
+    """Instant measurements (the probe's bookkeeping is under test, not the timings): every run
+    takes a millisecond; the decode point of batch ``oom_at`` runs out of memory, the one of
+    batch ``interrupt_at`` is interrupted."""
+    def prepare(self):
+        if self.batch == oom_at:
             raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1 bytes")
-        if batch == interrupt_at:
+        if self.batch == interrupt_at:
             raise KeyboardInterrupt
-        return DecodeRecord(**m, batch=batch, context=context, step_seconds=1e-3, decode_tokens_per_s=batch / 1e-3,
-                            bytes_per_step=1e7, flops_per_step=1e6, mbu=0.5, mfu=0.01, steps=steps)
 
-    monkeypatch.setattr(measure, "measure_prefill", prefill)
-    monkeypatch.setattr(measure, "measure_decode", decode)
+    monkeypatch.setattr(timing.PrefillPoint, "prepare", lambda self: None)
+    monkeypatch.setattr(timing.DecodePoint, "prepare", prepare)    # the streamed point's too
+    for point in (timing.PrefillPoint, timing.DecodePoint, timing.StreamedDecodePoint):
+        monkeypatch.setattr(point, "run", lambda self: 1e-3)
 
 
 def test_out_of_memory_keeps_the_points_measured(tmp_path, quick_ceilings, monkeypatch, capsys):
@@ -184,7 +183,7 @@ def test_out_of_memory_keeps_the_points_measured(tmp_path, quick_ceilings, monke
     assert "not tried" in r["skipped"][1]["reason"] and r["ratio"] > 0
     out = capsys.readouterr().out
     assert "PARTIAL RESULT" in out and "skipped: out of memory" in out
-    assert [x.batch for x in measure.load_records(path) if x.phase == "decode"] == [1, 2]
+    assert [x.batch for x in records.load_records(path) if x.phase == "decode"] == [1, 2]
 
 
 def test_interrupt_keeps_the_points_measured(tmp_path, quick_ceilings, monkeypatch, capsys):
@@ -197,11 +196,11 @@ def test_interrupt_keeps_the_points_measured(tmp_path, quick_ceilings, monkeypat
     assert [d["batch"] for d in r["decode"]] == [1, 2] and r["complete"] is False
     assert r["all_reduces_per_step"] is None                         # never reached
     assert "interrupted: kept the 3 point(s) measured" in capsys.readouterr().err
-    assert len(measure.load_records(path)) == 3
+    assert len(records.load_records(path)) == 3
 
 
 def test_memory_check_blames_every_flag_that_sizes_the_cache(monkeypatch, quick_ceilings, capsys):
-    monkeypatch.setattr(measure, "device_memory_bytes", lambda: 10**6)
+    monkeypatch.setattr(timing, "device_memory_bytes", lambda: 10**6)
     assert probe.main(["--preset", "tiny", "--prompt-len", "16", "--batch", "4", "--new-tokens", "400",
                        "--kernels", "reference"]) == 2
     err = capsys.readouterr().err

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inference_lab.base import hardware
-from inference_lab.analytic import roofline
+from inference_lab.analytic import costs, roofline
 from inference_lab.base.config import ModelConfig
 
 H100 = hardware.PRESETS["H100_SXM"]
@@ -35,12 +35,12 @@ def test_forward_intensity_is_about_n_in_bf16(name, n):
     cfg = ModelConfig.preset(name)
     assert cfg.dtype_bytes == 2
     # 2*N*P FLOPs over 2*P bytes; the norm scales make the bytes a hair larger.
-    assert roofline.forward_intensity(cfg, n) == pytest.approx(n, rel=1e-3)
+    assert costs.forward_intensity(cfg, n) == pytest.approx(n, rel=1e-3)
 
 
 def test_forward_intensity_halves_in_float32():
     cfg = ModelConfig.preset("small")
-    assert roofline.forward_intensity(cfg, 1000) == pytest.approx(500, rel=1e-3)
+    assert costs.forward_intensity(cfg, 1000) == pytest.approx(500, rel=1e-3)
 
 
 @pytest.mark.parametrize("spec", [H100, H200, hardware.PRESETS["L4"]])
@@ -54,9 +54,9 @@ def test_single_stream_decode_is_bandwidth_over_model_bytes(spec, name):
     tps = roofline.predicted_decode_tokens_per_s(cfg, spec, batch=1, context=16)
     assert tps == pytest.approx(rule, rel=0.1)
     assert roofline.single_stream_decode_tokens_per_s(cfg, spec) == pytest.approx(
-        spec.bandwidth / roofline.weight_bytes(cfg))
-    assert roofline.bound(roofline.decode_cost(cfg, 1, 16), spec, "bf16") == "memory"
-    assert roofline.bound(roofline.prefill_cost(cfg, 1, 4000), spec, "bf16") == "compute"
+        spec.bandwidth / costs.weight_bytes(cfg))
+    assert roofline.bound(costs.decode_cost(cfg, 1, 16), spec, "bf16") == "memory"
+    assert roofline.bound(costs.prefill_cost(cfg, 1, 4000), spec, "bf16") == "compute"
 
 
 # ----------------------------------------------------------------------------- bookkeeping
@@ -64,14 +64,14 @@ def test_single_stream_decode_is_bandwidth_over_model_bytes(spec, name):
 def test_decode_bytes_follow_the_one_definition(name):
     cfg = ModelConfig.preset(name)
     b, B, C = cfg.dtype_bytes, 3, 77
-    cost = roofline.decode_cost(cfg, batch=B, context=C)
+    cost = costs.decode_cost(cfg, batch=B, context=C)
     weights = (cfg.matmul_params + (2 * cfg.n_layers + 1) * cfg.d_model) * b
     expected = (weights + B * cfg.d_model * b              # B gathered embedding rows
                 + B * C * _kv_per_token(cfg)                # KV read
                 + B * _kv_per_token(cfg))                    # new K/V written
     assert cost.bytes == pytest.approx(expected, rel=1e-12)
     assert cost.parts["kv_read"] == B * C * _kv_per_token(cfg)
-    assert cost.bytes == pytest.approx(sum(cost.parts[k] for k in roofline.Cost.BYTE_PARTS if k in cost.parts))
+    assert cost.bytes == pytest.approx(sum(cost.parts[k] for k in costs.Cost.BYTE_PARTS if k in cost.parts))
     flops = 2 * cfg.matmul_params * B + 4 * cfg.n_heads * cfg.head_dim * (C + 1) * cfg.n_layers * B
     assert cost.flops == pytest.approx(flops, rel=1e-12)
     assert cost.intensity == pytest.approx(cost.flops / cost.bytes)
@@ -82,18 +82,18 @@ def test_prefill_attention_flops_count_causal_pairs_exactly():
     T, B = 37, 2
     # Brute force: query i (1-based) attends to i keys.
     pairs = sum(range(1, T + 1))
-    cost = roofline.prefill_cost(cfg, batch=B, prompt_len=T)
+    cost = costs.prefill_cost(cfg, batch=B, prompt_len=T)
     assert cost.parts["attention"] == 4 * cfg.n_heads * cfg.head_dim * cfg.n_layers * B * pairs
     assert cost.parts["kv_write"] == B * T * _kv_per_token(cfg)
     assert "kv_read" not in cost.parts
     head = cfg.vocab_size * cfg.d_model
-    all_logits = roofline.prefill_cost(cfg, B, T, logits="all")
+    all_logits = costs.prefill_cost(cfg, B, T, logits="all")
     assert all_logits.flops - cost.flops == pytest.approx(2 * head * B * (T - 1))
 
 
 def test_cost_addition_and_scaling_keep_parts_consistent():
     cfg = ModelConfig.preset("tiny")
-    a, d = roofline.prefill_cost(cfg, 1, 10), roofline.decode_cost(cfg, 1, 10)
+    a, d = costs.prefill_cost(cfg, 1, 10), costs.decode_cost(cfg, 1, 10)
     total = a + 5 * d
     assert total.flops == pytest.approx(a.flops + 5 * d.flops)
     assert total.bytes == pytest.approx(a.bytes + 5 * d.bytes)
@@ -102,7 +102,7 @@ def test_cost_addition_and_scaling_keep_parts_consistent():
 
 def test_predict_time_is_the_larger_term():
     cfg = ModelConfig.preset("base")
-    for cost in (roofline.decode_cost(cfg, 1, 128), roofline.prefill_cost(cfg, 4, 2048)):
+    for cost in (costs.decode_cost(cfg, 1, 128), costs.prefill_cost(cfg, 4, 2048)):
         compute, memory = roofline.predict_terms(cost, H100, "bf16")
         assert compute == pytest.approx(cost.flops / 989.4e12)
         assert memory == pytest.approx(cost.bytes / 3.35e12)
@@ -118,7 +118,7 @@ def test_more_batch_never_fewer_tokens_per_s(name, context):
     tps = [roofline.predicted_decode_tokens_per_s(cfg, H100, b, context, "bf16") for b in batches]
     assert all(np.diff(tps) >= -1e-9 * max(tps))
     # ... and strictly more while memory-bound (the weight read is shared).
-    cost1 = roofline.decode_cost(cfg, 1, context)
+    cost1 = costs.decode_cost(cfg, 1, context)
     assert roofline.bound(cost1, H100, "bf16") == "memory"
     assert tps[1] > tps[0]
 
@@ -132,9 +132,9 @@ def test_longer_context_never_faster_decode():
 # ----------------------------------------------------------------------------- the two knees
 def _brute_flip(cfg, spec, context, include_kv, limit=100_000):
     for b in range(1, limit):
-        cost = roofline.decode_cost(cfg, b, context)
+        cost = costs.decode_cost(cfg, b, context)
         if not include_kv:
-            cost = roofline._without_kv(cost)
+            cost = costs.without_kv(cost)
         compute, memory = roofline.predict_terms(cost, spec, "bf16")
         if compute >= memory:
             return b
@@ -197,7 +197,7 @@ def test_memory_needed_counts_weights_and_kv():
     cfg = ModelConfig.preset("llama3_8b")
     m1 = roofline.memory_needed(cfg, 1, 1)
     assert m1 >= cfg.num_params * 2
-    kv = roofline.kv_cache_bytes(cfg, 64, 8192)
+    kv = costs.kv_cache_bytes(cfg, 64, 8192)
     assert roofline.memory_needed(cfg, 64, 8192) >= cfg.num_params * 2 + kv
     assert isinstance(m1, int)
     # 8B in bf16 with a small cache fits an H200; 64 x 8192 tokens of cache (68 GB) does not fit an H100.
@@ -208,12 +208,12 @@ def test_memory_needed_counts_weights_and_kv():
 
 def test_context_beyond_max_seq_len_is_allowed():
     cfg = ModelConfig.preset("tiny")
-    assert roofline.decode_cost(cfg, 1, cfg.max_seq_len * 4).bytes > 0
+    assert costs.decode_cost(cfg, 1, cfg.max_seq_len * 4).bytes > 0
 
 
 def test_tensor_parallel_splits_bytes_and_flops():
     cfg = ModelConfig.preset("llama3_8b")
-    one, four = roofline.decode_cost(cfg, 8, 1024), roofline.decode_cost(cfg, 8, 1024, tp=4)
+    one, four = costs.decode_cost(cfg, 8, 1024), costs.decode_cost(cfg, 8, 1024, tp=4)
     assert four.parts["kv_read"] == pytest.approx(one.parts["kv_read"] / 4)
     assert four.flops == pytest.approx(one.flops / 4)
     assert four.parts["weights"] == pytest.approx(one.parts["weights"] / 4, rel=1e-3)
@@ -224,7 +224,7 @@ def test_tensor_parallel_splits_bytes_and_flops():
     assert t == pytest.approx(1.5 * 2 * 32 * 8 * 4096 * 2 / 450e9)
     assert roofline.allreduce_time(cfg, H100, 8, tp=1) == 0.0
     with pytest.raises(ValueError, match="tp=3"):
-        roofline.decode_cost(cfg, 1, 1, tp=3)
+        costs.decode_cost(cfg, 1, 1, tp=3)
 
 
 # ----------------------------------------------------------------------------- errors
@@ -237,15 +237,15 @@ def test_tensor_parallel_splits_bytes_and_flops():
 ])
 def test_decode_cost_rejects_bad_sizes(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        roofline.decode_cost(ModelConfig.preset("tiny"), **kwargs)
+        costs.decode_cost(ModelConfig.preset("tiny"), **kwargs)
 
 
 def test_other_errors_are_clear():
     cfg = ModelConfig.preset("tiny")
     with pytest.raises(ValueError, match="prompt_len"):
-        roofline.prefill_cost(cfg, 1, 0)
+        costs.prefill_cost(cfg, 1, 0)
     with pytest.raises(ValueError, match="logits"):
-        roofline.prefill_cost(cfg, 1, 4, logits="some")
+        costs.prefill_cost(cfg, 1, 4, logits="some")
     with pytest.raises(ValueError, match="dtype"):
         roofline.ridge_point(H100, "float64")
     with pytest.raises(ValueError, match="fp8"):
@@ -253,7 +253,7 @@ def test_other_errors_are_clear():
     with pytest.raises(ValueError, match="HardwareSpec"):
         roofline.ridge_point("H100", "bf16")
     with pytest.raises(ValueError, match="ModelConfig"):
-        roofline.decode_cost("tiny", 1, 1)
+        costs.decode_cost("tiny", 1, 1)
     with pytest.raises(ValueError, match="Cost"):
         roofline.predict_time((1.0, 2.0), H100, "bf16")
     with pytest.raises(ValueError, match="bandwidth"):
@@ -269,14 +269,14 @@ def test_other_errors_are_clear():
 def test_overhead_is_the_third_term():
     cfg = ModelConfig.preset("small")
     spec = dataclasses.replace(H100, overhead_s=5e-6)
-    cost = roofline.decode_cost(cfg, 1, 256)
+    cost = costs.decode_cost(cfg, 1, 256)
     two = roofline.predict_time(cost, spec, "fp32")
     assert roofline.predict_time(cost, spec, "fp32", overhead=True) == pytest.approx(two + 5e-6)
     assert roofline.predict_time(cost, spec, "fp32", overhead=1e-3) == pytest.approx(two + 1e-3)
     assert roofline.predict_time(cost, H100, "fp32", overhead=True) == two      # a datasheet preset has none
     assert roofline.regime(cost, spec, "bf16") == "memory"
-    assert roofline.regime(roofline.prefill_cost(cfg, 1, 4096), spec, "bf16") == "compute"
-    tiny = roofline.Cost(2.0, 8.0, {})
+    assert roofline.regime(costs.prefill_cost(cfg, 1, 4096), spec, "bf16") == "compute"
+    tiny = costs.Cost(2.0, 8.0, {})
     assert roofline.regime(tiny, spec) == "overhead" and roofline.regime(tiny, spec, overhead=False) == "memory"
     with pytest.raises(ValueError, match="overhead"):
         roofline.predict_time(cost, spec, overhead=-1.0)
@@ -296,7 +296,7 @@ def test_max_batch_is_the_edge_of_fits(context):
 
 def test_max_batch_follows_the_kv_cache():
     cfg = ModelConfig.preset("llama3_8b")
-    assert roofline.kv_bytes_per_token(cfg) == 128 * 1024                      # 2 x 32 x 8 x 128 x 2 bytes
+    assert costs.kv_bytes_per_token(cfg) == 128 * 1024                      # 2 x 32 x 8 x 128 x 2 bytes
     mha = cfg.replace(n_kv_heads=cfg.n_heads)
     assert roofline.max_batch(mha, H100, 4096) < roofline.max_batch(cfg, H100, 4096)   # GQA fits more
     assert roofline.max_batch(cfg, H100, 16384) < roofline.max_batch(cfg, H100, 4096)

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from inference_lab.analytic import economics, simulator
+from inference_lab.analytic import simulator, workload
+from inference_lab.analytic.phases import roofline_phases
 from inference_lab.base import hardware
 from inference_lab.base.config import ModelConfig
 from inference_lab.analytic.serving_metrics import SLO, trace_from_token_times
@@ -21,7 +22,7 @@ LINK = H100.interconnect_bandwidth / 2  # one direction of NVLink
 
 @pytest.fixture(scope="module")
 def phases():
-    return economics.roofline_phases(CFG, H100, step_overhead_s=2e-4)
+    return roofline_phases(CFG, H100, step_overhead_s=2e-4)
 
 
 def _requests(arrival, prompt, output):
@@ -104,21 +105,21 @@ def test_mixed_iteration_is_prefill_and_decode_at_its_ends(phases):
     # Decode rows ride along a compute-bound chunk almost for free.
     alone = phases.iteration_seconds(0, 0, [(512, 0)])
     assert phases.iteration_seconds(16, 16 * 1000, [(512, 0)]) < alone + 0.5 * phases.decode_seconds(16, 16000)
-    slow = economics.roofline_phases(CFG, H100, mfu=0.5)
-    assert slow.prefill_seconds([4096]) == pytest.approx(2 * economics.roofline_phases(CFG, H100).prefill_seconds([4096]))
+    slow = roofline_phases(CFG, H100, mfu=0.5)
+    assert slow.prefill_seconds([4096]) == pytest.approx(2 * roofline_phases(CFG, H100).prefill_seconds([4096]))
     with pytest.raises(ValueError, match="mfu"):
-        economics.roofline_phases(CFG, H100, mfu=1.5)
+        roofline_phases(CFG, H100, mfu=1.5)
 
 
 # ----------------------------------------------------------------------------- the simulator
 def _prompt_heavy(n=500, rate=20.0, seed=0):
-    return economics.sample_requests(n, rate, ratio=economics.RAG_RATIO, output_len=(32, 128), seed=seed)
+    return workload.sample_requests(n, rate, ratio=workload.RAG_RATIO, output_len=(32, 128), seed=seed)
 
 
 @pytest.mark.parametrize("mode", simulator.MODES)
 def test_every_token_is_timestamped(phases, mode):
-    reqs = economics.sample_requests(400, 10.0, prompt_len=(64, 3000), output_len=(1, 96), seed=2)
-    res = economics.simulate_requests(reqs, phases, mode=mode, gpus=2, prefill_gpus=2, decode_gpus=1,
+    reqs = workload.sample_requests(400, 10.0, prompt_len=(64, 3000), output_len=(1, 96), seed=2)
+    res = simulator.simulate_requests(reqs, phases, mode=mode, gpus=2, prefill_gpus=2, decode_gpus=1,
                                       max_batch=16, interconnect_bandwidth=LINK)
     assert np.array_equal(res.tokens, reqs.output_len)
     assert res.decode_tokens_total == int((reqs.output_len - 1).sum())
@@ -136,18 +137,18 @@ def test_chunked_prefill_lowers_tpot_p99_on_prompt_heavy_traffic(phases):
     """Same requests, same two GPUs: prefill-first stalls every running stream for a whole
     prompt; chunks never let an iteration grow past the token budget."""
     reqs = _prompt_heavy(rate=20.0)
-    colo = economics.simulate_requests(reqs, phases, mode="colocated", gpus=2).summary()
-    chunk = economics.simulate_requests(reqs, phases, mode="chunked", gpus=2).summary()
+    colo = simulator.simulate_requests(reqs, phases, mode="colocated", gpus=2).summary()
+    chunk = simulator.simulate_requests(reqs, phases, mode="chunked", gpus=2).summary()
     assert chunk["tpot_p99_ms"] < 0.7 * colo["tpot_p99_ms"]
     assert chunk["itl_p99_ms"] < 0.3 * colo["itl_p99_ms"]
     # A smaller budget holds ITL tighter and makes prompts wait longer for their first token.
-    small = economics.simulate_requests(reqs, phases, mode="chunked", gpus=2, chunk_tokens=128).summary()
+    small = simulator.simulate_requests(reqs, phases, mode="chunked", gpus=2, chunk_tokens=128).summary()
     assert small["itl_p99_ms"] < chunk["itl_p99_ms"] and small["ttft_p50_ms"] > chunk["ttft_p50_ms"]
 
 
 def test_goodput_is_zero_when_the_slo_is_below_the_unloaded_latency(phases):
     reqs = _prompt_heavy(n=200, rate=2.0)
-    res = economics.simulate_requests(reqs, phases, mode="chunked")
+    res = simulator.simulate_requests(reqs, phases, mode="chunked")
     fastest_prefill = phases.prefill_seconds([int(reqs.prompt_len.min())])
     assert res.goodput(SLO(ttft_ms=0.9e3 * fastest_prefill)) == 0.0
     one_step = phases.decode_seconds(1, int(reqs.prompt_len.min()))
@@ -157,46 +158,46 @@ def test_goodput_is_zero_when_the_slo_is_below_the_unloaded_latency(phases):
 
 @pytest.mark.parametrize("mode", simulator.MODES)
 def test_same_seed_same_result(phases, mode):
-    kw = dict(rate=15.0, n_requests=300, ratio=economics.RAG_RATIO, output_len=(8, 64), mode=mode,
+    kw = dict(rate=15.0, n_requests=300, ratio=workload.RAG_RATIO, output_len=(8, 64), mode=mode,
               gpus=2, prefill_gpus=2, decode_gpus=2, interconnect_bandwidth=LINK, slo=SLO(ttft_ms=200, tpot_ms=10))
-    a, b, c = (economics.simulate(phases, seed=s, **kw) for s in (7, 7, 8))
+    a, b, c = (simulator.simulate(phases, seed=s, **kw) for s in (7, 7, 8))
     assert a.summary() == b.summary()
     assert np.array_equal(a.itl_values, b.itl_values) and np.array_equal(a.finish, b.finish)
     assert not np.array_equal(a.finish, c.finish)
 
 
 def test_a_few_thousand_requests_take_well_under_a_second(phases):
-    reqs = economics.sample_requests(3000, 20.0, prompt_len=(64, 1024), output_len=(8, 64), seed=0)
+    reqs = workload.sample_requests(3000, 20.0, prompt_len=(64, 1024), output_len=(8, 64), seed=0)
     for mode in simulator.MODES:
         best = np.inf
         for _ in range(2):  # the better of two: the CI machines are shared and noisy
             t0 = time.perf_counter()
-            res = economics.simulate_requests(reqs, phases, mode=mode, interconnect_bandwidth=LINK)
+            res = simulator.simulate_requests(reqs, phases, mode=mode, interconnect_bandwidth=LINK)
             res.summary()
             best = min(best, time.perf_counter() - t0)
         assert best < 1.0, (mode, best)  # ~0.2-0.4 s each on an idle 2-core machine
 
 
 def test_chunked_has_a_sensible_default_budget(phases):
-    res = economics.simulate(phases, rate=5.0, n_requests=100, mode="chunked")
+    res = simulator.simulate(phases, rate=5.0, n_requests=100, mode="chunked")
     assert res.mode == "chunked" and simulator.DEFAULT_CHUNK_TOKENS == 512
     # No gap is longer than one iteration of the budget plus a full batch of decode rows.
     worst = phases.iteration_seconds(64, 64 * 2000, [(simulator.DEFAULT_CHUNK_TOKENS, 2000)])
     assert res.itl.max() <= worst
     with pytest.raises(ValueError, match="chunk_tokens"):
-        economics.simulate(phases, rate=5.0, n_requests=10, mode="chunked", chunk_tokens=0)
+        simulator.simulate(phases, rate=5.0, n_requests=10, mode="chunked", chunk_tokens=0)
 
 
 def test_disaggregated_pools_and_the_link(phases):
     reqs = _prompt_heavy(rate=25.0)
-    one = economics.simulate_requests(reqs, phases, mode="disaggregated", prefill_gpus=1, decode_gpus=1,
+    one = simulator.simulate_requests(reqs, phases, mode="disaggregated", prefill_gpus=1, decode_gpus=1,
                                       interconnect_bandwidth=LINK)
-    three = economics.simulate_requests(reqs, phases, mode="disaggregated", prefill_gpus=3, decode_gpus=1,
+    three = simulator.simulate_requests(reqs, phases, mode="disaggregated", prefill_gpus=3, decode_gpus=1,
                                         interconnect_bandwidth=LINK)
     assert three.summary()["ttft_p99_ms"] < 0.5 * one.summary()["ttft_p99_ms"]  # more prefill servers
     assert set(one.utilisation) == {"prefill", "decode"} and set(one.mean_batch) == {"decode"}
     # A slow link: the KV cache's transfer lands in the first gap, never in TTFT.
-    slow = economics.simulate_requests(reqs, phases, mode="disaggregated", prefill_gpus=3,
+    slow = simulator.simulate_requests(reqs, phases, mode="disaggregated", prefill_gpus=3,
                                        interconnect_bandwidth=1e9, transfer_latency_s=0.01)
     assert np.allclose(slow.ttft, three.ttft)
     first_gaps = slow.itl_values[slow.itl_offsets[:-1]]
@@ -206,11 +207,11 @@ def test_disaggregated_pools_and_the_link(phases):
 
 def test_busy_is_not_full(phases):
     """A decode worker with one sequence is 'busy': utilisation says nothing about the batch."""
-    res = economics.simulate(phases, rate=10.0, n_requests=400, prompt_len=(1024, 3072), mode="disaggregated",
+    res = simulator.simulate(phases, rate=10.0, n_requests=400, prompt_len=(1024, 3072), mode="disaggregated",
                              interconnect_bandwidth=LINK)
     assert res.utilisation["decode"] > 0.9 and res.mean_batch["decode"] < 0.2 * 64
 
 
 def test_unknown_mode_names_the_three(phases):
     with pytest.raises(ValueError, match="chunked"):
-        economics.simulate(phases, rate=1.0, n_requests=5, mode="mixed")
+        simulator.simulate(phases, rate=1.0, n_requests=5, mode="mixed")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from inference_lab.analytic import economics
+from inference_lab.analytic import workload
 from inference_lab.base import hardware
 from inference_lab.measure import vllm_bench
 from inference_lab.base.config import ModelConfig
@@ -82,7 +82,7 @@ def test_budget_claim(phases):
 def test_views_read_their_controls(phases, tmp_path):
     for fig, text, start in ((*lesson.budget_view(phases, 256, rate=4, n_requests=100), "chunk budget 256 tokens"),
                              (*lesson.serving_view(phases, 1024, spec=H100), "prompt length 1024:"),
-                             (*pools.pool_view(phases, economics.sample_requests(200, 5.0, **lesson.RAG_TRAFFIC), 8, 64),
+                             (*pools.pool_view(phases, workload.sample_requests(200, 5.0, **lesson.RAG_TRAFFIC), 8, 64),
                               "batch size 64:")):
         assert isinstance(fig, Figure) and text.startswith(start), text
     assert "ridge" not in lesson.lab_assumptions() and "50%" in lesson.lab_assumptions()
@@ -102,14 +102,14 @@ def test_disaggregated_oddities_are_explained(phases):
 
 # ----------------------------------------------------------------------------- pool sizing
 def test_pool_estimate_is_the_ratio_over_the_gap(phases):
-    rag = economics.sample_requests(1000, 10.0, **lesson.RAG_TRAFFIC)
+    rag = workload.sample_requests(1000, 10.0, **lesson.RAG_TRAFFIC)
     est = pools.pool_estimate(phases, rag, 8, tpot_ms=15)
     assert est.prefill_gpus_per_decode_gpu == pytest.approx((est.prompt / est.output) / est.speed_gap)
     assert phases.decode_seconds(est.batch, est.batch * int(est.prompt + est.output / 2)) <= 0.015
     assert est.best_prefill_gpus >= 5  # RAG: most GPUs prefill
     # Short prompts are packed into full passes, as a busy prefill worker runs them.
     assert pools._full_passes_seconds(phases, [100] * 80, 8192) < 0.6 * 80 * phases.prefill_seconds([100])
-    chat = economics.sample_requests(1000, 10.0, prompt_len=(32, 128), output_len=(32, 128))
+    chat = workload.sample_requests(1000, 10.0, prompt_len=(32, 128), output_len=(32, 128))
     chat_est = pools.pool_estimate(phases, chat, 8, tpot_ms=15)
     assert chat_est.prefill_gpus_per_decode_gpu < 1 < est.prefill_gpus_per_decode_gpu  # chat: mostly decode
     assert chat_est.best_prefill_gpus <= 4 < est.best_prefill_gpus and chat_est.batch == 256

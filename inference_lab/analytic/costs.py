@@ -38,8 +38,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from inference_lab.base import checks
+
 __all__ = ["Cost", "weight_bytes", "kv_bytes_per_token", "kv_cache_bytes", "prefill_cost", "decode_cost",
-           "forward_cost_no_attention", "forward_intensity"]
+           "decode_loop_cost", "forward_cost_no_attention", "without_kv", "forward_intensity"]
 
 
 # ----------------------------------------------------------------------------- the Cost type
@@ -85,45 +87,6 @@ def _cost(**parts: float) -> Cost:
     return Cost(float(flops), float(nbytes), {k: float(v) for k, v in parts.items()})
 
 
-# ----------------------------------------------------------------------------- validation
-def _check_count(name: str, value, minimum: int = 1) -> int:
-    # ints and numpy integers pass; floats, bools and strings do not (a batch of 2.5 is a bug)
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-    value = value.__index__()
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be an integer >= {minimum}")
-    return value
-
-
-def _check_cfg(cfg) -> None:
-    for field in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "d_model", "vocab_size",
-                  "matmul_params", "dtype_bytes"):
-        if not hasattr(cfg, field):
-            raise ValueError(
-                f"cfg={cfg!r} is not a ModelConfig (it lacks {field!r}); "
-                "pass inference_lab.ModelConfig.preset(name)"
-            )
-
-
-def _check_tp(cfg, tp) -> int:
-    tp = _check_count("tp", tp)
-    if cfg.n_kv_heads % tp or cfg.n_heads % tp:
-        raise ValueError(
-            f"tp={tp} must divide n_heads={cfg.n_heads} and n_kv_heads={cfg.n_kv_heads} "
-            "(the tensor-parallel split gives each device whole heads)"
-        )
-    return tp
-
-
-def _check_spec(spec) -> None:
-    if not (hasattr(spec, "peak_flops") and hasattr(spec, "bandwidth")):
-        raise ValueError(
-            f"spec={spec!r} is not a HardwareSpec; pass hardware.PRESETS[name] or "
-            "hardware.measure_ceilings()"
-        )
-
-
 # ----------------------------------------------------------------------------- sizes
 def weight_bytes(cfg, *, tp: int = 1) -> float:
     """Bytes of weights one forward reads: every matrix once (layers + output head) + norms.
@@ -131,23 +94,23 @@ def weight_bytes(cfg, *, tp: int = 1) -> float:
     The input embedding is not included (a forward reads only the rows it gathers). With
     ``tp`` devices each holds and reads ``1/tp`` of the matrices; norms are replicated.
     """
-    _check_cfg(cfg)
-    tp = _check_tp(cfg, tp)
+    checks.model_config(cfg)
+    tp = checks.tensor_parallel(cfg, tp)
     norms = (2 * cfg.n_layers + 1) * cfg.d_model
     return (cfg.matmul_params / tp + norms) * cfg.dtype_bytes
 
 
 def kv_bytes_per_token(cfg, *, tp: int = 1) -> float:
     """Bytes of K and V for one token across all layers: ``2 * L * Hkv * D * dtype_bytes``."""
-    _check_cfg(cfg)
-    tp = _check_tp(cfg, tp)
+    checks.model_config(cfg)
+    tp = checks.tensor_parallel(cfg, tp)
     return 2 * cfg.n_layers * (cfg.n_kv_heads // tp) * cfg.head_dim * cfg.dtype_bytes
 
 
 def kv_cache_bytes(cfg, batch: int, context: int, *, tp: int = 1) -> float:
     """Bytes of a KV cache holding ``context`` tokens for each of ``batch`` sequences."""
-    batch = _check_count("batch", batch)
-    context = _check_count("context", context)
+    batch = checks.count("batch", batch)
+    context = checks.count("context", context)
     return batch * context * kv_bytes_per_token(cfg, tp=tp)
 
 
@@ -161,10 +124,10 @@ def prefill_cost(cfg, batch: int, prompt_len: int, *, logits: str = "last", tp: 
     applies the output head to one token per row; ``"all"`` to every prompt token.
     Per device when ``tp > 1``.
     """
-    _check_cfg(cfg)
-    tp = _check_tp(cfg, tp)
-    batch = _check_count("batch", batch)
-    prompt_len = _check_count("prompt_len", prompt_len)
+    checks.model_config(cfg)
+    tp = checks.tensor_parallel(cfg, tp)
+    batch = checks.count("batch", batch)
+    prompt_len = checks.count("prompt_len", prompt_len)
     if logits not in ("last", "all"):
         raise ValueError(f"logits={logits!r}: use 'last' (head on each row's last token) or 'all'")
     tokens = batch * prompt_len
@@ -191,10 +154,10 @@ def decode_cost(cfg, batch: int, context: int, *, tp: int = 1) -> Cost:
     (``context`` tokens per sequence) + the new token's K/V written. FLOPs: 2 per matmul
     parameter per sequence + attention over ``context + 1`` keys (the cache and the new token).
     """
-    _check_cfg(cfg)
-    tp = _check_tp(cfg, tp)
-    batch = _check_count("batch", batch)
-    context = _check_count("context", context)
+    checks.model_config(cfg)
+    tp = checks.tensor_parallel(cfg, tp)
+    batch = checks.count("batch", batch)
+    context = checks.count("context", context)
     kv_tok = kv_bytes_per_token(cfg, tp=tp)
     return _cost(
         matmul=2 * cfg.matmul_params * batch / tp,
@@ -206,14 +169,26 @@ def decode_cost(cfg, batch: int, context: int, *, tp: int = 1) -> Cost:
     )
 
 
+def decode_loop_cost(cfg, batch: int, context: int, steps: int, *, tp: int = 1) -> Cost:
+    """The mean cost of one step of a timed loop of ``steps`` decode steps from ``context``
+    cached tokens (step ``i`` attends to ``context + i + 1`` keys): what a measured step time
+    is compared with. The cost is linear in the context, so the mean of the first and last
+    steps is the mean of them all, in constant time (a file claiming a billion steps is as
+    quick to check as one claiming 32)."""
+    steps = checks.count("steps", steps)
+    first = decode_cost(cfg, batch, context, tp=tp)
+    last = decode_cost(cfg, batch, context + steps - 1, tp=tp)
+    return (first + last) * 0.5
+
+
 def forward_cost_no_attention(cfg, n_tokens: int) -> Cost:
     """The first approximation: a forward over ``n_tokens`` with attention and KV dropped.
 
     FLOPs ``2 * N * P`` (``P`` matmul parameters) over the weight bytes ``P * dtype_bytes``:
     intensity ~ ``N`` FLOP/byte in 2-byte precision (``N / 2`` in float32).
     """
-    _check_cfg(cfg)
-    n_tokens = _check_count("n_tokens", n_tokens)
+    checks.model_config(cfg)
+    n_tokens = checks.count("n_tokens", n_tokens)
     return _cost(matmul=2 * cfg.matmul_params * n_tokens, weights=weight_bytes(cfg))
 
 
@@ -222,6 +197,7 @@ def forward_intensity(cfg, n_tokens: int) -> float:
     return forward_cost_no_attention(cfg, n_tokens).intensity
 
 
-def _without_kv(cost: Cost) -> Cost:
+def without_kv(cost: Cost) -> Cost:
+    """``cost`` without its KV-cache bytes and attention FLOPs: the weights-only first approximation."""
     parts = {k: v for k, v in cost.parts.items() if k not in ("kv_read", "kv_write", "attention")}
     return _cost(**parts)

@@ -9,8 +9,7 @@
    (:func:`measured_token_prices`), is why providers charge 3-5x more for output.
 
 The serving simulation (prefill and decode sharing GPUs or split into pools) lives in
-:mod:`inference_lab.analytic.simulator`; its names are re-exported here so ``economics.simulate`` and
-friends keep working.
+:mod:`inference_lab.analytic.simulator`.
 """
 
 from __future__ import annotations
@@ -20,19 +19,13 @@ from typing import Iterable
 
 import numpy as np
 
-from inference_lab.analytic import roofline
+from inference_lab.analytic import costs, roofline
+from inference_lab.base import checks
 from inference_lab.base.hardware import PRESETS
-from inference_lab.analytic.simulator import (  # noqa: F401  (re-exported: economics.simulate, ...)
-    DEFAULT_CHUNK_TOKENS, MODES, RAG_RATIO, SLO, PhaseModel, Requests, ServingTrace, SimResult,
-    load_sweep, measured_phases, roofline_phases, sample_requests, simulate, simulate_requests)
-from inference_lab.analytic.workload import _positive
 
 __all__ = [
     "GpuPrice", "GPU_PRICES", "cost_per_million_tokens", "token_prices",
     "predicted_token_prices", "price_ratio_vs_batch", "measured_token_prices",
-    "PhaseModel", "roofline_phases", "measured_phases", "sample_requests", "Requests",
-    "simulate", "simulate_requests", "SimResult", "load_sweep", "RAG_RATIO", "SLO",
-    "ServingTrace", "MODES", "DEFAULT_CHUNK_TOKENS",
 ]
 
 # ============================================================================= prices
@@ -64,7 +57,7 @@ to month and by provider (spot and reserved capacity are far cheaper); pass your
 
 def _price(spec, dollars_per_gpu_hour):
     if dollars_per_gpu_hour is not None:
-        return _positive("dollars_per_gpu_hour", dollars_per_gpu_hour)
+        return checks.positive("dollars_per_gpu_hour", dollars_per_gpu_hour)
     for key, preset in PRESETS.items():
         if preset == spec and key in GPU_PRICES:
             return GPU_PRICES[key].dollars_per_hour
@@ -77,9 +70,9 @@ def _price(spec, dollars_per_gpu_hour):
 def cost_per_million_tokens(dollars_per_gpu_hour: float, tokens_per_s: float, *, gpus: int = 1) -> float:
     """Dollars per million tokens for ``gpus`` GPUs rented at ``dollars_per_gpu_hour`` each
     that together process ``tokens_per_s`` tokens per second."""
-    price = _positive("dollars_per_gpu_hour", dollars_per_gpu_hour)
-    tps = _positive("tokens_per_s", tokens_per_s)
-    gpus = roofline._check_count("gpus", gpus)
+    price = checks.positive("dollars_per_gpu_hour", dollars_per_gpu_hour)
+    tps = checks.positive("tokens_per_s", tokens_per_s)
+    gpus = checks.count("gpus", gpus)
     return price * gpus / 3600.0 / tps * 1e6
 
 
@@ -95,7 +88,7 @@ def token_prices(dollars_per_gpu_hour: float, prefill_tokens_per_s: float,
 
 
 def _efficiency(name, value) -> float:
-    value = _positive(name, value)
+    value = checks.positive(name, value)
     if value > 1:
         raise ValueError(f"{name}={value!r} must be a fraction in (0, 1]: the share of the datasheet peak reached")
     return value
@@ -115,10 +108,10 @@ def predicted_token_prices(cfg, spec, *, batch: int, context: int, prompt_len: i
     price = _price(spec, dollars_per_gpu_hour)
     prefill_mfu, decode_mbu = _efficiency("prefill_mfu", prefill_mfu), _efficiency("decode_mbu", decode_mbu)
     prompt_len = context if prompt_len is None else prompt_len
-    dt = roofline._dtype(cfg, dtype)
-    c, m = roofline.predict_terms(roofline.prefill_cost(cfg, prefill_batch, prompt_len), spec, dt)
+    dt = roofline.flop_dtype(cfg, dtype)
+    c, m = roofline.predict_terms(costs.prefill_cost(cfg, prefill_batch, prompt_len), spec, dt)
     pre = prefill_batch * prompt_len / max(c / prefill_mfu, m)
-    c, m = roofline.predict_terms(roofline.decode_cost(cfg, batch, context), spec, dt)
+    c, m = roofline.predict_terms(costs.decode_cost(cfg, batch, context), spec, dt)
     dec = batch / max(c, m / decode_mbu)
     out = token_prices(price, pre, dec)
     out.update(batch=batch, context=context, prompt_len=prompt_len, prefill_tokens_per_s=pre,
@@ -147,7 +140,7 @@ def measured_token_prices(records: Iterable, dollars_per_gpu_hour: float) -> lis
     """Prices from your own records: input from the fastest prefill record, output per decode
     batch (median tok/s over repeats). Records are read by attribute (``prefill_tokens_per_s``,
     ``decode_tokens_per_s``, ``batch``). One dict per decode batch, sorted by batch."""
-    price = _positive("dollars_per_gpu_hour", dollars_per_gpu_hour)
+    price = checks.positive("dollars_per_gpu_hour", dollars_per_gpu_hour)
     records = list(records)
     prefill = [r.prefill_tokens_per_s for r in records if getattr(r, "prefill_tokens_per_s", None)]
     decode: dict[int, list[float]] = {}

@@ -14,9 +14,9 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from inference_lab.analytic import roofline
+from inference_lab.analytic import costs
 from inference_lab.base.hardware import dtype_key
-from inference_lab.analytic.workload import _positive
+from inference_lab.base import checks
 
 __all__ = ["PhaseModel", "roofline_phases", "measured_phases"]
 
@@ -59,7 +59,7 @@ class PhaseModel:
 
 
 def _efficiency(name: str, value) -> float:
-    value = _positive(name, value)
+    value = checks.positive(name, value)
     if value > 1:
         raise ValueError(f"{name}={value!r} must be a fraction in (0, 1]: the share of the peak reached")
     return value
@@ -75,8 +75,8 @@ def roofline_phases(cfg, spec, dtype=None, *, step_overhead_s: float = 0.0, mfu:
     reach roughly 0.4-0.7 of the FLOP/s in prefill). ``step_overhead_s`` adds a fixed cost per
     iteration (kernel launches, Python); real engines pay tens of microseconds to milliseconds.
     """
-    roofline._check_cfg(cfg)
-    roofline._check_spec(spec)
+    checks.model_config(cfg)
+    checks.hardware_spec(spec)
     if step_overhead_s < 0:
         raise ValueError(f"step_overhead_s={step_overhead_s!r} must be >= 0")
     mfu, mbu = _efficiency("mfu", mfu), _efficiency("mbu", mbu)
@@ -85,8 +85,8 @@ def roofline_phases(cfg, spec, dtype=None, *, step_overhead_s: float = 0.0, mfu:
     head = cfg.vocab_size * cfg.d_model
     body = cfg.matmul_params - head
     attn = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim  # FLOPs per (query, key) pair, all layers
-    W = roofline.weight_bytes(cfg)
-    kv_tok = roofline.kv_bytes_per_token(cfg)
+    W = costs.weight_bytes(cfg)
+    kv_tok = costs.kv_bytes_per_token(cfg)
     row = cfg.d_model * cfg.dtype_bytes
 
     params = cfg.matmul_params
@@ -142,9 +142,9 @@ def measured_phases(records: Iterable, *, cfg=None, kv_bytes_per_token: float | 
     if not pre or not dec:
         raise ValueError("records need prefill records (seconds) and decode records (step_seconds)")
     if cfg is not None:
-        kv_bytes_per_token = roofline.kv_bytes_per_token(cfg)
+        kv_bytes_per_token = costs.kv_bytes_per_token(cfg)
     elif kv_bytes_per_token is not None:
-        kv_bytes_per_token = _positive("kv_bytes_per_token", kv_bytes_per_token)
+        kv_bytes_per_token = checks.positive("kv_bytes_per_token", kv_bytes_per_token)
     pxs = sorted(pre)
     pys = [float(np.median(pre[x])) for x in pxs]
     dxs = sorted(dec)

@@ -16,8 +16,8 @@ synchronisation) however few bytes and FLOPs it has. With it (``overhead=True``)
 
 and :func:`regime` names the largest of the three: overhead-, memory- or compute-bound.
 
-The FLOPs and bytes of each phase are counted in :mod:`inference_lab.analytic.costs` (re-exported
-here: ``roofline.decode_cost`` and friends).
+The FLOPs and bytes of each phase are counted in :mod:`inference_lab.analytic.costs`; this module
+turns them into time on a machine.
 """
 
 from __future__ import annotations
@@ -25,24 +25,21 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from inference_lab.analytic.costs import (  # noqa: F401  (re-exported: roofline.decode_cost, ...)
-    Cost, _check_cfg, _check_count, _check_spec, _check_tp, _without_kv, decode_cost,
-    forward_cost_no_attention, forward_intensity, kv_bytes_per_token, kv_cache_bytes, prefill_cost,
-    weight_bytes)
+from inference_lab.analytic.costs import Cost, decode_cost, kv_cache_bytes, prefill_cost, weight_bytes, without_kv
+from inference_lab.base import checks
 from inference_lab.base.hardware import dtype_key
 
 __all__ = [
-    "Cost", "weight_bytes", "kv_bytes_per_token", "kv_cache_bytes", "prefill_cost",
-    "decode_cost", "forward_cost_no_attention", "forward_intensity", "ridge_point",
-    "predict_terms", "predict_time", "bound", "overhead_seconds", "regime", "predicted_prefill_tokens_per_s",
-    "predicted_prefill_seconds", "predicted_decode_step_seconds",
+    "ridge_point", "predict_terms", "predict_time", "bound", "overhead_seconds", "regime",
+    "predicted_prefill_tokens_per_s", "predicted_prefill_seconds", "predicted_decode_step_seconds",
     "predicted_decode_tokens_per_s", "single_stream_decode_tokens_per_s", "predicted_flip",
-    "measured_knee", "memory_needed", "fits", "max_batch", "allreduce_bytes", "allreduce_time",
+    "measured_knee", "memory_needed", "fits", "max_batch", "allreduce_bytes", "allreduce_time", "flop_dtype",
 ]
 
 
-def _dtype(cfg, dtype):
-    """The FLOP dtype: the model's own unless given (``"bfloat16"``, ``"bf16"``, ...)."""
+def flop_dtype(cfg, dtype=None) -> str:
+    """The datasheet key of the dtype a model's FLOPs run in: its own unless ``dtype`` is given
+    (``"bfloat16"``, ``"bf16"``, ...)."""
     return dtype_key(cfg.dtype if dtype is None else dtype)
 
 
@@ -50,13 +47,13 @@ def _dtype(cfg, dtype):
 # ----------------------------------------------------------------------------- the roofline
 def ridge_point(spec, dtype="bf16") -> float:
     """FLOP per byte where compute time equals memory time: ``peak_flops / bandwidth``."""
-    _check_spec(spec)
+    checks.hardware_spec(spec)
     return spec.peak_flops(dtype) / spec.bandwidth
 
 
 def predict_terms(cost: Cost, spec, dtype="bf16") -> tuple[float, float]:
     """``(compute_seconds, memory_seconds)`` = ``(flops / peak, bytes / bandwidth)``."""
-    _check_spec(spec)
+    checks.hardware_spec(spec)
     if not isinstance(cost, Cost):
         raise ValueError(f"cost={cost!r} must be a roofline.Cost (from prefill_cost/decode_cost)")
     return cost.flops / spec.peak_flops(dtype), cost.bytes / spec.bandwidth
@@ -106,7 +103,7 @@ def regime(cost: Cost, spec, dtype="bf16", *, overhead=True) -> str:
 
 def predicted_prefill_seconds(cfg, spec, batch: int, prompt_len: int, dtype=None, *, tp: int = 1) -> float:
     """Roofline time to prefill ``batch`` prompts of ``prompt_len`` tokens (time to first token)."""
-    return predict_time(prefill_cost(cfg, batch, prompt_len, tp=tp), spec, _dtype(cfg, dtype))
+    return predict_time(prefill_cost(cfg, batch, prompt_len, tp=tp), spec, flop_dtype(cfg, dtype))
 
 
 def predicted_prefill_tokens_per_s(cfg, spec, batch: int, prompt_len: int, dtype=None, *, tp: int = 1) -> float:
@@ -119,8 +116,8 @@ def predicted_decode_step_seconds(cfg, spec, batch: int, context: int, dtype=Non
     """Roofline time of one decode step; ``include_kv=False`` drops KV bytes and attention FLOPs."""
     cost = decode_cost(cfg, batch, context, tp=tp)
     if not include_kv:
-        cost = _without_kv(cost)
-    return predict_time(cost, spec, _dtype(cfg, dtype))
+        cost = without_kv(cost)
+    return predict_time(cost, spec, flop_dtype(cfg, dtype))
 
 
 def predicted_decode_tokens_per_s(cfg, spec, batch: int, context: int, dtype=None, *, tp: int = 1,
@@ -132,11 +129,11 @@ def predicted_decode_tokens_per_s(cfg, spec, batch: int, context: int, dtype=Non
 
 def single_stream_decode_tokens_per_s(cfg, spec) -> float:
     """The rule of thumb: batch-1 decode ~ ``bandwidth / model bytes`` tokens/s."""
-    _check_spec(spec)
+    checks.hardware_spec(spec)
     return spec.bandwidth / weight_bytes(cfg)
 
 def predicted_flip(cfg, spec, dtype=None, context: int = 1, include_kv: bool = True):
-    """Smallest decode batch whose compute term reaches its memory term (ARCHITECTURE's flip).
+    """Smallest decode batch whose compute term reaches its memory term (the flip).
 
     One step of batch ``B``: compute ``B * f / peak`` against memory ``(W + B * k) / bw`` with
     ``f`` FLOPs and ``k`` bytes per sequence and ``W`` the weight bytes. They cross at
@@ -146,13 +143,13 @@ def predicted_flip(cfg, spec, dtype=None, context: int = 1, include_kv: bool = T
     the compute term never catches up (each sequence's KV bytes take longer than its math:
     at long context decode stays memory-bound at every batch).
     """
-    _check_cfg(cfg)
-    _check_spec(spec)
-    context = _check_count("context", context)
-    peak, bw = spec.peak_flops(_dtype(cfg, dtype)), spec.bandwidth
+    checks.model_config(cfg)
+    checks.hardware_spec(spec)
+    context = checks.count("context", context)
+    peak, bw = spec.peak_flops(flop_dtype(cfg, dtype)), spec.bandwidth
     one = decode_cost(cfg, 1, context)
     if not include_kv:
-        one = _without_kv(one)
+        one = without_kv(one)
     W = one.parts["weights"]
     f = one.flops
     k = one.bytes - W  # per-sequence bytes (embedding row, and KV when included)
@@ -213,10 +210,10 @@ def memory_needed(cfg, batch: int, context: int, *, tp: int = 1, attention_score
     materialises. Per device when ``tp > 1``. An estimate for skipping sweeps that will not
     fit, not an allocator trace.
     """
-    _check_cfg(cfg)
-    tp = _check_tp(cfg, tp)
-    batch = _check_count("batch", batch)
-    context = _check_count("context", context)
+    checks.model_config(cfg)
+    tp = checks.tensor_parallel(cfg, tp)
+    batch = checks.count("batch", batch)
+    context = checks.count("context", context)
     b = cfg.dtype_bytes
     weights = cfg.num_params * b / tp
     kv = kv_cache_bytes(cfg, batch, context, tp=tp)
@@ -231,7 +228,7 @@ def memory_needed(cfg, batch: int, context: int, *, tp: int = 1, attention_score
 
 def fits(cfg, batch: int, context: int, spec, *, tp: int = 1, headroom: float = 0.9) -> bool:
     """Whether :func:`memory_needed` fits in ``headroom`` x ``spec.memory_bytes``."""
-    _check_spec(spec)
+    checks.hardware_spec(spec)
     if spec.memory_bytes is None:
         raise ValueError(f"spec {spec.name!r} has no memory_bytes; set it to test the fit")
     return memory_needed(cfg, batch, context, tp=tp) <= headroom * spec.memory_bytes
@@ -244,8 +241,8 @@ def max_batch(cfg, spec, context: int, *, tp: int = 1, headroom: float = 0.9) ->
     its own KV cache (``context x kv_bytes_per_token``) plus its share of the working set.
     Found by bisection on :func:`fits` itself, so the two always agree.
     """
-    _check_cfg(cfg)
-    context = _check_count("context", context)
+    checks.model_config(cfg)
+    context = checks.count("context", context)
     if not 0 < headroom <= 1:
         raise ValueError(f"headroom={headroom!r} must be in (0, 1]: the share of memory the server may use")
     if not fits(cfg, 1, context, spec, tp=tp, headroom=headroom):
@@ -266,9 +263,9 @@ def allreduce_bytes(cfg, batch: int, tokens: int = 1) -> float:
     (After the attention output projection and after the MLP down projection.) ``tokens`` is
     1 for a decode step, the prompt length for a prefill.
     """
-    _check_cfg(cfg)
-    batch = _check_count("batch", batch)
-    tokens = _check_count("tokens", tokens)
+    checks.model_config(cfg)
+    batch = checks.count("batch", batch)
+    tokens = checks.count("tokens", tokens)
     return 2 * cfg.n_layers * batch * tokens * cfg.d_model * cfg.dtype_bytes
 
 
@@ -286,8 +283,8 @@ def allreduce_time(cfg, spec, batch: int, tokens: int = 1, *, tp: int = 2) -> fl
     Latency is ignored (it dominates tiny decode messages in practice: a few microseconds
     per all-reduce, ``2 * n_layers`` of them per step).
     """
-    _check_spec(spec)
-    tp = _check_tp(cfg, tp)
+    checks.hardware_spec(spec)
+    tp = checks.tensor_parallel(cfg, tp)
     if tp == 1:
         return 0.0
     if not spec.interconnect_bandwidth:

@@ -40,14 +40,12 @@ from typing import Iterable
 
 import numpy as np
 
-from inference_lab.analytic import roofline
-from inference_lab.analytic.phases import PhaseModel, measured_phases, roofline_phases  # noqa: F401
-from inference_lab.analytic.serving_metrics import LATENCY_METRICS, SLO, ServingTrace  # noqa: F401
-from inference_lab.analytic.workload import RAG_RATIO, Requests, _positive, sample_requests  # noqa: F401
+from inference_lab.analytic.phases import PhaseModel
+from inference_lab.analytic.serving_metrics import SLO, ServingTrace
+from inference_lab.analytic.workload import Requests, sample_requests
+from inference_lab.base import checks
 
-__all__ = ["PhaseModel", "roofline_phases", "measured_phases", "sample_requests", "Requests",
-           "simulate", "simulate_requests", "SimResult", "load_sweep", "RAG_RATIO", "SLO",
-           "ServingTrace", "MODES", "DEFAULT_CHUNK_TOKENS"]
+__all__ = ["simulate", "simulate_requests", "SimResult", "load_sweep", "MODES", "DEFAULT_CHUNK_TOKENS"]
 
 MODES = ("colocated", "chunked", "disaggregated")
 
@@ -161,20 +159,20 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
     targets goodput counts against (also settable later with ``result.with_slo``).
     """
     _check_mode(mode, phases, requests)
-    max_batch = roofline._check_count("max_batch", max_batch)
-    max_prefill_tokens = roofline._check_count("max_prefill_tokens", max_prefill_tokens)
-    chunk_tokens = roofline._check_count("chunk_tokens", chunk_tokens)
+    max_batch = checks.count("max_batch", max_batch)
+    max_prefill_tokens = checks.count("max_prefill_tokens", max_prefill_tokens)
+    chunk_tokens = checks.count("chunk_tokens", chunk_tokens)
     if transfer_latency_s < 0:
         raise ValueError(f"transfer_latency_s={transfer_latency_s!r} must be >= 0")
     if mode == "disaggregated":
-        pre_pool = [_Worker("prefill", i, i) for i in range(roofline._check_count("prefill_gpus", prefill_gpus))]
+        pre_pool = [_Worker("prefill", i, i) for i in range(checks.count("prefill_gpus", prefill_gpus))]
         dec_pool = [_Worker("decode", i, len(pre_pool) + i)
-                    for i in range(roofline._check_count("decode_gpus", decode_gpus))]
-        interconnect_bandwidth = _positive("interconnect_bandwidth", interconnect_bandwidth)
+                    for i in range(checks.count("decode_gpus", decode_gpus))]
+        interconnect_bandwidth = checks.positive("interconnect_bandwidth", interconnect_bandwidth)
         if phases.kv_bytes_per_token is None:
             raise ValueError("disaggregated mode needs phases.kv_bytes_per_token: pass cfg= to measured_phases")
     else:
-        pre_pool = dec_pool = [_Worker(mode, i, i) for i in range(roofline._check_count("gpus", gpus))]
+        pre_pool = dec_pool = [_Worker(mode, i, i) for i in range(checks.count("gpus", gpus))]
     workers = pre_pool if pre_pool is dec_pool else pre_pool + dec_pool
 
     arrival, plen, olen = requests.arrival, requests.prompt_len, requests.output_len

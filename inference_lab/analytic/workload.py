@@ -7,24 +7,17 @@ Seeded Poisson arrivals; prompt and output lengths as constants, ranges or any d
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
-from inference_lab.analytic import roofline
+from inference_lab.base import checks
+
 
 __all__ = ["Requests", "sample_requests", "RAG_RATIO"]
 
 RAG_RATIO = (19, 47)
 """Prompt:generation token ratios of RAG traffic measured on a 27B model served on 4xH100
 (the course's reference node)."""
-
-
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive number")
-    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +61,8 @@ def sample_requests(n_requests: int, rate: float, *, prompt_len=512, output_len=
     ``ratio=(lo, hi)``: prompt length = output length x a uniform ratio in ``[lo, hi]``
     (``RAG_RATIO`` = 19:1 to 47:1), replacing ``prompt_len``. Same seed, same workload.
     """
-    n = roofline._check_count("n_requests", n_requests)
-    rate = _positive("rate", rate)
+    n = checks.count("n_requests", n_requests)
+    rate = checks.positive("rate", rate)
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1.0 / rate, size=n))
     out = _draw("output_len", output_len, rng, n)

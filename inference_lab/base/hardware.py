@@ -8,8 +8,8 @@ peak is a promise and the lessons compare against what this machine really reach
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
+
+from inference_lab.base import checks
 
 # Both vocabularies are accepted: jnp dtype names and the short datasheet keys.
 _DTYPE_KEYS = {
@@ -24,12 +24,6 @@ FLOP_KEYS = ("bf16", "fp16", "fp32", "tf32", "fp8", "int8")
 
 TB = 1e12
 GB = 1e9
-
-
-def _positive(value) -> bool:
-    """A finite number > 0 (not a bool, not NaN, not infinity)."""
-    return (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-            and value > 0)
 
 
 def dtype_key(dtype) -> str:
@@ -47,11 +41,12 @@ class HardwareSpec:
 
     name: str
     flops: dict  # dense FLOP/s keyed by FLOP_KEYS (a part may lack some keys)
-    bandwidth: float  # memory bandwidth, bytes/s
+    bandwidth: float  # memory bandwidth, bytes/s: the rate memory can be *read* (what decode does)
     memory_bytes: float | None = None
     interconnect_bandwidth: float | None = None  # bytes/s between chips, None if none
     sources: dict = dataclasses.field(default_factory=dict)  # figure -> where it comes from
     overhead_s: float | None = None  # fixed cost of one call (dispatch/launch), measured; None if unknown
+    copy_bandwidth: float | None = None  # read + write bytes/s of an in-place copy, measured (not a ceiling)
 
     def __post_init__(self):
         if not isinstance(self.flops, dict) or not self.flops:
@@ -59,15 +54,15 @@ class HardwareSpec:
         for key, value in self.flops.items():
             if key not in FLOP_KEYS:
                 raise ValueError(f"HardwareSpec.flops key {key!r} for {self.name!r}: use one of {FLOP_KEYS}")
-            if not _positive(value):
+            if not checks.is_positive(value):
                 raise ValueError(f"HardwareSpec.flops[{key!r}]={value!r} for {self.name!r} must be a finite "
                                  "positive number")
-        if not _positive(self.bandwidth):
+        if not checks.is_positive(self.bandwidth):
             raise ValueError(f"HardwareSpec.bandwidth={self.bandwidth!r} for {self.name!r} must be finite "
                              "positive bytes/s")
-        for field in ("memory_bytes", "interconnect_bandwidth", "overhead_s"):
+        for field in ("memory_bytes", "interconnect_bandwidth", "overhead_s", "copy_bandwidth"):
             value = getattr(self, field)
-            if value is not None and not _positive(value):
+            if value is not None and not checks.is_positive(value):
                 raise ValueError(f"HardwareSpec.{field}={value!r} for {self.name!r} must be a finite positive "
                                  "number or None")
 
@@ -185,6 +180,90 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def cpu_caches(root: str = "/sys/devices/system/cpu") -> dict:
+    """This CPU's data caches as the operating system reports them: ``{"L1d": (bytes per
+    instance, instances), "L2": ..., "L3": ...}`` (Linux sysfs; on macOS ``sysctl``; ``{}``
+    where neither answers). A cache shared by several cores is one instance. What a virtual
+    machine reports may be the host's whole cache, not the share this machine gets."""
+    import glob
+    import os
+
+    found: dict = {}
+    for index in glob.glob(os.path.join(root, "cpu[0-9]*", "cache", "index[0-9]*")):
+        try:
+            with open(os.path.join(index, "level")) as fh:
+                level = fh.read().strip()
+            with open(os.path.join(index, "type")) as fh:
+                kind = fh.read().strip()
+            with open(os.path.join(index, "size")) as fh:
+                size = _size_bytes(fh.read().strip())
+            with open(os.path.join(index, "shared_cpu_list")) as fh:
+                shared = fh.read().strip()
+        except OSError:
+            continue
+        if kind == "Instruction" or size is None:
+            continue
+        name = f"L{level}" + ("d" if level == "1" else "")
+        found.setdefault(name, {})[shared] = size
+    if found:
+        return {name: (max(per.values()), len(per)) for name, per in sorted(found.items())}
+    return _sysctl_caches()
+
+
+def _size_bytes(text: str) -> int | None:
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    text = text.strip().upper().rstrip("B")
+    try:
+        return int(text[:-1]) * units[text[-1]] if text and text[-1] in units else int(text)
+    except (ValueError, KeyError):
+        return None
+
+
+def _sysctl_caches() -> dict:
+    import platform
+    import subprocess
+
+    if platform.system() != "Darwin":
+        return {}
+    out = {}
+    for name, key in (("L1d", "hw.l1dcachesize"), ("L2", "hw.l2cachesize"), ("L3", "hw.l3cachesize")):
+        try:
+            value = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if value.isdigit() and int(value) > 0:
+            out[name] = (int(value), 1)
+    return out
+
+
+def last_level_cache_bytes() -> int | None:
+    """Bytes of this CPU's largest cache level, all its instances together (None: not reported)."""
+    caches = cpu_caches()
+    if not caches:
+        return None
+    size, count = caches[max(caches, key=lambda k: int(k[1]))]
+    return size * count
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
+
+
+def processor_summary() -> str:
+    """The processor, its cores and caches in one line, to print beside every CPU figure
+    (``"AMD EPYC, 2 cores, L1d 2 x 32 KiB, L2 2 x 512 KiB, L3 32 MiB"``); a GPU's name on a GPU."""
+    import os
+
+    import jax
+
+    if jax.devices()[0].platform != "cpu":
+        return processor_name()
+    parts = [processor_name(), f"{os.cpu_count()} cores"]
+    for name, (size, count) in cpu_caches().items():
+        parts.append(f"{name} {count} x {_mib(size)}" if count > 1 else f"{name} {_mib(size)}")
+    return ", ".join(parts)
+
+
 def _read_limit(path) -> int | None:
     try:
         with open(path, encoding="ascii", errors="replace") as fh:
@@ -254,9 +333,15 @@ _CEILINGS_PRINTED: set = set()
 
 def _ceiling_sizes(backend: str, key: str) -> tuple[int, int]:
     """(matmul n for n x n x n, streamed buffer bytes) per backend: big enough to reach the
-    ceiling, small enough to finish in about a second (bf16 matmuls are slow on CPUs)."""
+    ceiling, small enough to finish in about a second (bf16 matmuls are slow on CPUs). On a CPU
+    the buffer is at least four times the last-level cache the processor reports (256 MiB on a
+    machine with a 32 MiB L3; 2 GiB beside a 260 MiB one), so the read comes from memory."""
     if backend == "cpu":
-        return (2048 if key == "fp32" else 1024), 256 * 2**20
+        llc = last_level_cache_bytes() or 0
+        stream = 256 * 2**20
+        while stream < 4 * llc and stream < 4 * 2**30:
+            stream *= 2
+        return (2048 if key == "fp32" else 1024), stream
     return (8192 if key in ("bf16", "fp16", "fp8", "int8") else 4096), 2**30
 
 
@@ -272,19 +357,20 @@ def _cache_problem(data, ident: dict, key: str) -> str | None:
     if not isinstance(data["name"], str) or not data["name"] or len(data["name"]) > 200:
         return f"name {str(data['name'])[:30]!r} is not a device name"
     flops = data["flops"]
-    if not isinstance(flops, dict) or not _positive(flops.get(key)):
+    if not isinstance(flops, dict) or not checks.is_positive(flops.get(key)):
         return f"flops[{key!r}] is {flops.get(key) if isinstance(flops, dict) else flops!r}, not a positive number"
-    if not _positive(data["bandwidth"]):
+    if not checks.is_positive(data["bandwidth"]):
         return f"bandwidth is {data['bandwidth']!r}, not a positive number"
     memory = data.get("memory_bytes")
-    if memory is not None and not _positive(memory):
+    if memory is not None and not checks.is_positive(memory):
         return f"memory_bytes is {memory!r}, not a positive number"
     sources = data["sources"]
     if not isinstance(sources, dict) or not all(isinstance(sources.get(k), str) for k in ("flops", "bandwidth")):
         return "sources lacks the methods of the two measurements"
-    overhead = data.get("overhead_s")   # absent in files from before it was measured: added on read
-    if overhead is not None and not _positive(overhead):
-        return f"overhead_s is {overhead!r}, not a positive number"
+    for field in ("overhead_s", "copy_bandwidth"):
+        value = data.get(field)   # overhead_s: absent in files from before it was measured, added on read
+        if value is not None and not checks.is_positive(value):
+            return f"{field} is {value!r}, not a positive number"
     return None
 
 
@@ -311,13 +397,16 @@ def _read_cache(path, ident: dict, key: str):
 
 
 def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = True) -> HardwareSpec:
-    """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and memory bandwidth,
-    and the floor under them: ``overhead_s``, the fixed cost of one call.
+    """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and the rate it reads
+    memory (``bandwidth``, what every MBU is against: decode reads), the floor under them
+    (``overhead_s``, the fixed cost of one call), and beside them the rate it copies
+    (``copy_bandwidth``, read + write counted; not a ceiling of decode).
 
     The measurement itself is :func:`pallas_kernels.ceilings.device_ceilings` (the same one the
-    kernel benchmark uses): a large matmul in ``dtype`` and the faster of a read-only and a
-    copy stream, best of repeats; and :func:`pallas_kernels.ceilings.call_overhead`, the median
-    time of a trivial jitted op (add 1 to a scalar), called and waited for.
+    kernel benchmark uses): a large matmul in ``dtype``, the fastest of three read-only kernels
+    over a buffer several times the last-level cache, and an in-place copy of it, best of
+    repeats; and :func:`pallas_kernels.ceilings.call_overhead`, the median time of a trivial
+    jitted op (add 1 to a scalar), called and waited for.
 
     The result is cached as JSON under ``.cache/ceilings`` keyed by device, backend, jax and
     jaxlib versions and dtype (``refresh=True`` measures again). A cache file that cannot be
@@ -347,15 +436,13 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     ident = {"device": dev.device_kind, "backend": backend, "jax": jax.__version__,
              "jaxlib": jaxlib.__version__, "dtype": key, "host": platform.node(),
              "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-             "method": "best-of, read-or-copy"}  # a changed method invalidates old cache files
+             "method": "best-of; bandwidth = fastest read-only kernel; copy beside it"}  # a new method: new files
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir("ceilings") / f"{backend}-{key}-{digest}.json"
 
     data = None if refresh else _read_cache(path, ident, key)
-    if data is not None and "overhead_s" not in data:
-        data = _add_overhead(data, path)  # a cache file from before the overhead was measured
-    if data is None:
-        from pallas_kernels.ceilings import device_ceilings
+    if data is None or "overhead_s" not in data:
+        from pallas_kernels.ceilings import call_overhead, device_ceilings
 
         n, nbytes = _ceiling_sizes(backend, key)
         jdt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[key]
@@ -366,17 +453,21 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
             memory = process_memory_limit()
         data = {
             "ident": ident, "name": dev.device_kind, "flops": {key: float(measured["matmul_flops"])},
-            "bandwidth": float(measured["bandwidth"]), "memory_bytes": memory,
-            "sources": {"flops": measured["matmul_method"], "bandwidth": measured["bandwidth_method"]},
+            "bandwidth": float(measured["bandwidth"]), "copy_bandwidth": float(measured["copy_bandwidth"]),
+            "memory_bytes": memory,
+            "sources": {"flops": measured["matmul_method"], "bandwidth": measured["bandwidth_method"],
+                        "copy_bandwidth": measured["copy_method"]},
         }
-        data = _add_overhead(data, None)
+        overhead = call_overhead()
+        data["overhead_s"] = overhead["seconds"]
+        data["sources"]["overhead"] = overhead["method"]
         try:
             atomic_write_text(path, json.dumps(data, indent=1))
         except OSError:
             pass  # read-only cache: the numbers are still returned
     spec = HardwareSpec(name=data["name"], flops={key: float(data["flops"][key])}, bandwidth=float(data["bandwidth"]),
                         memory_bytes=data.get("memory_bytes"), sources=dict(data["sources"]),
-                        overhead_s=data.get("overhead_s"))
+                        overhead_s=data.get("overhead_s"), copy_bandwidth=data.get("copy_bandwidth"))
     if verbose and str(path) not in _CEILINGS_PRINTED:
         _CEILINGS_PRINTED.add(str(path))
         print(f"ceilings of {spec.name} ({backend}): matmul {spec.flops[key] / 1e9:,.1f} GFLOP/s "
@@ -384,21 +475,3 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
               f"[{spec.sources['bandwidth']}]; overhead {spec.overhead_s * 1e6:,.1f} us per call "
               f"[{spec.sources.get('overhead', '?')}] (cached in {path})")
     return spec
-
-
-def _add_overhead(data: dict, path) -> dict:
-    """Measure the per-call overhead into ``data`` (and rewrite the cache file at ``path``)."""
-    import json
-
-    from pallas_kernels.ceilings import call_overhead
-    from pallas_kernels.files import atomic_write_text
-
-    measured = call_overhead()
-    data = dict(data, overhead_s=measured["seconds"],
-                sources=dict(data.get("sources", {}), overhead=measured["method"]))
-    if path is not None:
-        try:
-            atomic_write_text(path, json.dumps(data, indent=1))
-        except OSError:
-            pass
-    return data

@@ -5,23 +5,22 @@ reference node's numbers reconciled with the roofline."""
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 from inference_lab import plots
-from inference_lab.measure import kernels as experiments
-from inference_lab.analytic import roofline
+from inference_lab.measure import timing
+from pallas_kernels.timing import timed
+from inference_lab.analytic import costs, roofline
 
 
 def intensity_terms_table(cfg, contexts, batch: int) -> str:
     """Decode intensity with and without the KV-cache and attention terms."""
     lines = [f"{'context':>8}{'weights only':>14}{'+ attention & KV':>18}{'KV share of bytes':>19}"]
     for c in contexts:
-        full = roofline.decode_cost(cfg, batch, int(c))
-        bare = roofline.forward_cost_no_attention(cfg, batch)
+        full = costs.decode_cost(cfg, batch, int(c))
+        bare = costs.forward_cost_no_attention(cfg, batch)
         kv = (full.parts.get("kv_read", 0) + full.parts.get("kv_write", 0)) / full.bytes
         lines.append(f"{c:>8}{bare.intensity:>14.1f}{full.intensity:>18.1f}{kv:>19.0%}")
     return f"decode, batch {batch}, {cfg.name} ({cfg.dtype}): FLOP per byte\n" + "\n".join(lines)
@@ -44,6 +43,36 @@ class Op:
     seconds: float
 
 
+class _OpPoint:
+    """One call of ``fn`` on arrays ``make()`` builds, as a point of
+    :func:`~inference_lab.measure.timing.measure_points`: its record is the :class:`Op`."""
+
+    phase, dtype, batch = "op", None, 1
+
+    def __init__(self, kind, label, flops, nbytes, fn, make):
+        self.kind, self.label, self.flops, self.size = kind, label, flops, nbytes
+        self.fn, self.make, self.args = fn, make, None
+
+    def memory_needed(self) -> int:
+        return 3 * self.size
+
+    def prepare(self) -> None:
+        self.args = self.make()
+        timed(self.fn, *self.args)                              # compile
+        self.quick = timed(self.fn, *self.args) < 2e-3
+
+    def run(self) -> float:
+        if self.quick:  # a short call right after a long one finds the threads asleep and the caches
+            timed(self.fn, *self.args)   # cold: warm it (untimed), as a loop of such calls would be
+        return timed(self.fn, *self.args)
+
+    def release(self) -> None:
+        self.args = None
+
+    def record(self, samples, spec) -> Op:
+        return Op(self.kind, self.label, self.flops, self.size, samples.median)
+
+
 def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matmul_sizes=(32, 512, 2048),
                  repeats: int = 9) -> list[Op]:
     """Time a read-only stream (a sum) over buffers of ``stream_bytes`` and square float32
@@ -52,29 +81,15 @@ def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matm
     large streams, the bandwidth; large matmuls, the math."""
     total = jax.jit(jnp.sum)
     mm = jax.jit(lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST))
-    calls = []  # (Op without its time, function, args)
-    for n in stream_bytes:
-        x = jax.random.normal(jax.random.key(n), (n // 4,), jnp.float32)
-        calls.append((("stream", _size(n), n // 4, n), total, (x,)))
+    points = [_OpPoint("stream", _size(n), n // 4, n, total,
+                       lambda n=n: (jax.random.normal(jax.random.key(n), (n // 4,), jnp.float32),))
+              for n in stream_bytes]
     for n in matmul_sizes:
-        a = jax.random.normal(jax.random.key(n + 1), (n, n), jnp.float32)
-        calls.append((("matmul", f"{n}\u00b3", 2.0 * n ** 3, 3 * n * n * 4), mm, (a, a)))
-    times = [[] for _ in calls]
-    for i, (_, f, args) in enumerate(calls):  # compile and warm each
-        jax.block_until_ready(f(*args))
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times[i].append(time.perf_counter() - t0)
-    quick = [t[0] < 2e-3 for t in times]
-    times = [[] for _ in calls]
-    for _ in range(repeats):
-        for i, (_, f, args) in enumerate(calls):
-            if quick[i]:  # a short call right after a long one finds the threads asleep and the
-                jax.block_until_ready(f(*args))  # caches cold: warm it, as a loop of such calls would
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times[i].append(time.perf_counter() - t0)
-    return [Op(*head, statistics.median(t)) for (head, _, _), t in zip(calls, times)]
+        def square(n=n):
+            a = jax.random.normal(jax.random.key(n + 1), (n, n), jnp.float32)
+            return a, a
+        points.append(_OpPoint("matmul", f"{n}\u00b3", 2.0 * n ** 3, 3 * n * n * 4, mm, square))
+    return list(timing.measure_points(points, repeats=repeats, ceilings=None, desc="three regimes"))
 
 
 def _size(n):
@@ -93,7 +108,7 @@ def model_ops(prefill, decode) -> list[Op]:
 def regime_table(ops, spec, dtype) -> str:
     lines = [f"{'op':>10}{'bytes':>11}{'MFLOP':>11}{'roofline us':>13}{'measured us':>13}{'regime (3 terms)':>18}"]
     for o in ops:
-        cost = roofline.Cost(o.flops, o.bytes, {})
+        cost = costs.Cost(o.flops, o.bytes, {})
         roof = roofline.predict_time(cost, spec, dtype)
         lines.append(f"{o.label:>10}{_size(o.bytes):>11}{o.flops / 1e6:>11,.3g}{roof * 1e6:>13,.1f}"
                      f"{o.seconds * 1e6:>13,.1f}{roofline.regime(cost, spec, dtype):>18}")
@@ -112,9 +127,10 @@ class RooflinePoints:
 
 
 def roofline_points(model, prompt_lengths, batch_sizes, context: int, steps: int = 8) -> RooflinePoints:
-    pre = experiments.measure_prefill_points(model, [int(t) for t in prompt_lengths])
-    dec = experiments.measure_decode_points(model, [(int(b), int(context)) for b in batch_sizes], steps)
-    return RooflinePoints(pre, dec)
+    points = ([timing.PrefillPoint(model, 1, int(t)) for t in prompt_lengths]
+              + [timing.DecodePoint(model, int(b), int(context), steps) for b in batch_sizes])
+    recs = timing.measure_points(points)   # side by side: one burst of load bends no ratio
+    return RooflinePoints([r for r in recs if r.phase == "prefill"], [r for r in recs if r.phase == "decode"])
 
 
 def roofline_batch_view(points: RooflinePoints, spec, dtype, cfg, batch: int):

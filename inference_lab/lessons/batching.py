@@ -5,14 +5,14 @@ and tensor parallelism on the roofline (the measured half is :mod:`.tensor_paral
 from __future__ import annotations
 
 from inference_lab import plots
-from inference_lab.measure import kernels as experiments
-from inference_lab.analytic import roofline
+from inference_lab.measure import matmuls, timing
+from inference_lab.analytic import costs, roofline
 from inference_lab.lessons.machine import DECODE_COLUMNS, DECODE_STEPS, Sweep
 
 
 def batch_sweep(model, batch_sizes, context: int, steps: int = DECODE_STEPS) -> "BatchSweep":
     """Decode at each batch size (one context), timed side by side (round-robin)."""
-    recs = experiments.measure_decode_points(model, [(int(b), int(context)) for b in batch_sizes], steps)
+    recs = timing.decode_points(model, [(int(b), int(context)) for b in batch_sizes], steps)
     return BatchSweep(recs, DECODE_COLUMNS)
 
 
@@ -33,14 +33,16 @@ class BatchSweep(Sweep):
         return "\n".join(lines)
 
 
-def kernel_sweep(rows, size: int, dtype) -> list:
-    """The lone matmul ``[m, size] @ [size, size]`` at each row count ``m``, side by side."""
-    return experiments.matmul_sweep(tuple(int(m) for m in rows), k=size, n=size, dtype=dtype, repeats=15)
+def kernel_sweep(rows, size: int, dtype, kernels: str = "auto") -> list:
+    """The lone matmul ``[m, size] @ [size, size]`` at each row count ``m``, side by side, through
+    the entry point the model calls in the mode it runs (``kernels``: pass ``model.kernels``)."""
+    return matmuls.matmul_sweep(tuple(int(m) for m in rows), k=size, n=size, dtype=dtype, kernels=kernels,
+                                repeats=15)
 
 
 def model_matmuls(model, rows) -> list:
     """The model's own weight matrices multiplied alone, for each row count, side by side."""
-    return experiments.model_matmuls_sweep(model, tuple(int(m) for m in rows), repeats=9)
+    return matmuls.model_matmuls_sweep(model, tuple(int(m) for m in rows), repeats=9)
 
 
 def kernel_table(*sweeps) -> str:
@@ -80,7 +82,7 @@ def knee_explanation(sweep: BatchSweep, kernels, spec, cfg, dtype, lone=()) -> s
     flip_kv = roofline.predicted_flip(cfg, spec, dtype, context=context, include_kv=True)
     flip_w = roofline.predicted_flip(cfg, spec, dtype, context=context, include_kv=False)
     biggest = max(r.batch for r in sweep.records)
-    cost = roofline.decode_cost(cfg, biggest, context)
+    cost = costs.decode_cost(cfg, biggest, context)
     kv = cost.parts.get("kv_read", 0) / cost.bytes
     knee_txt = f"batch {knee}" if knee else f"beyond the sweep (> {biggest})"
     return "\n".join([
@@ -104,7 +106,7 @@ def kv_capacity_table(cfgs, spec, contexts, *, tp: int = 1, headroom: float = 0.
     lines = [f"{spec.name}, {spec.memory_bytes / 1e9:.0f} GB x {headroom:.0%} usable" + (f", TP={tp}" if tp > 1 else ""),
              f"{'model':<22}{'KV/token':>10}{'weights':>10}{'context':>9}{'KV/sequence':>13}{'max batch':>11}"]
     for cfg in cfgs:
-        kv_tok = roofline.kv_bytes_per_token(cfg)
+        kv_tok = costs.kv_bytes_per_token(cfg)
         for c in contexts:
             lines.append(f"{cfg.name:<22}{kv_tok / 1024:>7,.0f}KiB{cfg.num_params * cfg.dtype_bytes / tp / 1e9:>8.1f}GB"
                          f"{c:>9,}{kv_tok * c / tp / 1e9:>11.2f}GB{roofline.max_batch(cfg, spec, c, tp=tp, headroom=headroom):>11,}")
@@ -119,9 +121,9 @@ def tensor_parallel_table(cfg, spec, *, batch: int, context: int, degrees=(1, 2,
         if cfg.n_kv_heads % tp or cfg.n_heads % tp:
             lines.append(f"{tp:>4}  (heads do not divide by {tp})")
             continue
-        t = roofline.predict_time(roofline.decode_cost(cfg, batch, context, tp=tp), spec, cfg.dtype)
+        t = roofline.predict_time(costs.decode_cost(cfg, batch, context, tp=tp), spec, cfg.dtype)
         comm = roofline.allreduce_time(cfg, spec, batch, tp=tp) if tp > 1 else 0.0
         step = t + comm
-        lines.append(f"{tp:>4}{roofline.weight_bytes(cfg, tp=tp) / 1e9:>14.2f}GB{t * 1e3:>19.3f}ms"
+        lines.append(f"{tp:>4}{costs.weight_bytes(cfg, tp=tp) / 1e9:>14.2f}GB{t * 1e3:>19.3f}ms"
                      f"{comm * 1e3:>10.3f}ms{step * 1e3:>8.3f}ms{batch / step:>10,.0f}")
     return "\n".join(lines)

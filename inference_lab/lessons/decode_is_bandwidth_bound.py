@@ -11,9 +11,9 @@ import jax.numpy as jnp
 
 import pallas_kernels as pk
 from inference_lab import plots
-from inference_lab.measure import kernels as experiments
-from inference_lab.analytic import roofline
-from inference_lab.lessons.machine import DECODE_COLUMNS, Sweep, _pct, kernel_check_mode
+from inference_lab.measure import matmuls, timing
+from inference_lab.analytic import costs
+from inference_lab.lessons.machine import DECODE_COLUMNS, Sweep, percent, kernel_check_mode
 from pallas_kernels.testing import decode_attention_f64, rel_err
 
 
@@ -34,7 +34,7 @@ def decode_bytes_table(cfg, batch: int, contexts) -> str:
     lines = [f"{'context':>8}{'weights MB':>12}{'KV read MB':>12}{'KV write MB':>13}{'total MB':>10}"
              f"{'MFLOP':>9}{'FLOP/byte':>11}"]
     for c in contexts:
-        cost = roofline.decode_cost(cfg, batch, int(c))
+        cost = costs.decode_cost(cfg, batch, int(c))
         p = cost.parts
         weights = p.get("weights", 0) + p.get("embedding_rows", 0)
         lines.append(f"{c:>8}{weights / 1e6:>12,.1f}{p.get('kv_read', 0) / 1e6:>12,.1f}"
@@ -49,7 +49,7 @@ class Experiments:
 
     batch: list  # decode records at batch sizes, one context: FLOPs x B, bytes ~x1
     context: list  # decode records at batch 1, several contexts: KV bytes up, matmul FLOPs fixed
-    kernels: list  # experiments.KernelPoint at m = 1 (and 2): the matrix-vector kernel alone
+    kernels: list  # matmuls.KernelPoint at m = 1 (and 2): the matrix-vector kernel alone
 
     def table(self) -> str:
         rows = sorted(self.batch, key=lambda r: r.batch) + sorted(
@@ -75,10 +75,11 @@ def decode_experiments(model, *, batches, contexts, context: int, steps: int, ke
     then the matrix-vector kernel on a ``kernel_size`` square weight."""
     points = [(int(b), int(context)) for b in batches]
     points += [(1, int(c)) for c in contexts if (1, int(c)) not in points]
-    recs = experiments.measure_decode_points(model, points, steps)
+    recs = timing.decode_points(model, points, steps)
     batch = [r for r in recs if r.context == context]
     ctx = [r for r in recs if r.batch == 1]
-    kernels = experiments.matmul_sweep((1, 2), k=kernel_size, n=kernel_size, dtype=model.cfg.dtype, repeats=9)
+    kernels = matmuls.matmul_sweep((1, 2), k=kernel_size, n=kernel_size, dtype=model.cfg.dtype,
+                                  kernels=model.kernels, repeats=9)
     return Experiments(batch, ctx, kernels)
 
 
@@ -91,5 +92,5 @@ def experiment_view(exp: Experiments, batch: int):
     ax.scatter([batch], [t], s=220, facecolors="none", edgecolors="black", lw=2, zorder=6)
     text = (f"batch size {batch}: FLOPs x{r.flops_per_step / one.flops_per_step:.1f}, bytes "
             f"x{r.bytes_per_step / one.bytes_per_step:.2f}, step time x{t:.2f} ({r.step_seconds * 1e3:,.2f} ms); "
-            f"MFU {_pct(r.mfu)}, MBU {_pct(r.mbu)}")
+            f"MFU {percent(r.mfu)}, MBU {percent(r.mbu)}")
     return fig, text

@@ -203,7 +203,7 @@ class Sweep:
         raise KeyError(f"no record with {where}")
 
 
-def _pct(x) -> str:
+def percent(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
@@ -213,7 +213,7 @@ PREFILL_COLUMNS = [
     ("tok/s", 12, lambda r: f"{r.prefill_tokens_per_s:,.0f}"),
     ("GFLOP/s", 11, lambda r: f"{r.flops / r.seconds / 1e9:,.1f}"),
     ("FLOP/byte", 11, lambda r: f"{r.flops / r.bytes:,.1f}"),
-    ("MFU", 8, lambda r: _pct(r.mfu)),
+    ("MFU", 8, lambda r: percent(r.mfu)),
 ]
 
 
@@ -224,6 +224,6 @@ DECODE_COLUMNS = [
     ("tok/s", 11, lambda r: f"{r.decode_tokens_per_s:,.1f}"),
     ("MB/step", 10, lambda r: f"{r.bytes_per_step / 1e6:,.1f}"),
     ("GB/s", 8, lambda r: f"{r.bytes_per_step / r.step_seconds / 1e9:,.1f}"),
-    ("MBU", 8, lambda r: _pct(r.mbu)),
-    ("MFU", 8, lambda r: _pct(r.mfu)),
+    ("MBU", 8, lambda r: percent(r.mbu)),
+    ("MFU", 8, lambda r: percent(r.mfu)),
 ]

@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from inference_lab import plots
-from inference_lab.measure import timing as measure
+from inference_lab.measure.records import load_records, machine_key, machine_label
 from inference_lab.lessons import one_model_two_speeds as two_speeds
 from inference_lab.lessons.machine import Machine
-from inference_lab.measure.records import machine_key, machine_label
 
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "measurements"
 
@@ -18,9 +17,9 @@ MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "measurements"
 def probe_filename(here: Machine, name: str | None = None) -> str:
     """This machine's probe file name: its name (or processor), its id, the preset and the
     kernels; two laptops never share one."""
-    from inference_lab.measure import probe
+    from inference_lab.measure import probe_args
 
-    return probe.filename(probe.machine(name), here.config.name, here.kernels)
+    return probe_args.filename(probe_args.machine(name), here.config.name, here.kernels)
 
 
 def run_probe(here: Machine, folder, *, new_tokens: int = 8, repeats: int | None = 3,
@@ -30,7 +29,7 @@ def run_probe(here: Machine, folder, *, new_tokens: int = 8, repeats: int | None
 
     The file is written after every measured point, whole or not at all: interrupting the
     cell keeps what was measured (marked ``"complete": false``) and says so."""
-    from inference_lab.measure import probe
+    from inference_lab.measure import probe, probe_args
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -38,19 +37,15 @@ def run_probe(here: Machine, folder, *, new_tokens: int = 8, repeats: int | None
              "--batch", ",".join(str(b) for b in here.sizes.probe_batches), "--new-tokens", str(new_tokens),
              "--json", str(folder), "--force"]  # the name is this machine's own: re-running replaces it
     flags += (["--repeats", str(repeats)] if repeats is not None else []) + (["--name", name] if name else [])
-    args = probe.build_parser().parse_args(flags)
-    path = probe.output_path(args)
-    kept = {}
-
-    def save(r):
-        kept["r"] = r
-        probe.write(path, r)
-
+    args = probe_args.build_parser().parse_args(flags)
+    probe_args.check_args(args)
+    path = probe_args.output_path(args)
     try:
-        report = probe.run(args, save=save)
-    except KeyboardInterrupt:
-        if "r" in kept:
-            print(f"interrupted: the {1 + len(kept['r']['decode'])} point(s) measured so far are in {path}")
+        report = probe.run(args, path=path)
+    except KeyboardInterrupt as err:
+        kept = getattr(err, "probe_result", None)
+        if kept is not None:
+            print(f"interrupted: the {1 + len(kept['decode'])} point(s) measured so far are in {path}")
         raise
     print(probe.format_table(report))
     print(f"wrote {path}")
@@ -86,7 +81,7 @@ def load_measured(*folders) -> Runs:
             continue
         for path in sorted(p for p in folder.iterdir() if p.suffix in (".json", ".csv")):
             try:
-                records = list(measure.load_records(path))
+                records = list(load_records(path))
             except ValueError as err:
                 reason = str(err)  # the message starts with the path; the file name is shown beside it
                 out.skipped.append((path, reason.removeprefix(str(path)).lstrip(": ")))
@@ -101,7 +96,7 @@ def classroom_summary(runs) -> str:
     """What the overlay shows: how many runs (or records) from how many machines, told apart by
     their ids, not their device names; then every file that was skipped and why.
 
-    ``runs``: :func:`load_measured`'s ``{label: records}``, or ``measure.load_records(folder)``'s
+    ``runs``: :func:`load_measured`'s ``{label: records}``, or ``load_records(folder)``'s
     flat list."""
     if isinstance(runs, dict):
         machines = {machine_key(recs[0]) for recs in runs.values() if recs}

@@ -9,11 +9,11 @@ import dataclasses
 import statistics
 
 from inference_lab import plots
+from inference_lab.analytic import costs, roofline
 from inference_lab.base import hardware
-from inference_lab.measure import timing as measure
-from inference_lab.analytic import roofline
-from inference_lab.runtime import streaming
 from inference_lab.base.config import ModelConfig
+from inference_lab.measure import records, timing
+from inference_lab.runtime import streaming
 
 PROMPT = "ROMEO:\nWhat light through yonder window breaks?\n\nJULIET:\n"
 
@@ -100,8 +100,8 @@ def reference_gap() -> Gap:
 class TwoSpeeds:
     prompt_len: int
     new_tokens: int
-    prefill: measure.PrefillRecord
-    decode: measure.DecodeRecord
+    prefill: records.PrefillRecord
+    decode: records.DecodeRecord
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -134,9 +134,10 @@ class TwoSpeeds:
 
 
 def two_speeds(model, prompt_len: int, new_tokens: int = 16) -> TwoSpeeds:
-    """Prefill of one prompt, then ``new_tokens`` decode steps from it, both timed here."""
-    pre = measure.measure_prefill(model, batch=1, prompt_len=prompt_len)
-    dec = measure.measure_decode(model, batch=1, context=prompt_len, steps=new_tokens)
+    """Prefill of one prompt, then ``new_tokens`` decode steps from it, both timed here, side by
+    side (their ratio is the lesson)."""
+    pre, dec = timing.measure_points([timing.PrefillPoint(model, 1, prompt_len),
+                                      timing.DecodePoint(model, 1, prompt_len, new_tokens)])
     return TwoSpeeds(prompt_len, new_tokens, pre, dec)
 
 
@@ -249,36 +250,77 @@ def with_and_without_cache(model, prompt: str = PROMPT, max_new_tokens: int = 15
 
 
 # ------------------------------------------------------------------ why the timings use a bigger model
+SMALL_STEPS, LARGE_STEPS = 32, 8   # decode steps per timed loop of each model (a loop of ~5 and ~60 ms here)
+
+
+def hollow(model):
+    """The same model with almost no weights: every layer, head and kernel call of ``model``
+    (the same number of matmuls, attentions, norms and the same vocabulary), at width 16. Its
+    decode step is what ``model``'s costs whatever its bytes: the fixed cost of the step's
+    operations (notebook 04's third regime)."""
+    from flax import nnx
+
+    from inference_lab.model.transformer import Transformer
+
+    cfg = model.cfg.replace(name=f"{model.cfg.name} (hollow)", d_model=16, d_ff=16, head_dim=16)
+    return Transformer(cfg, rngs=nnx.Rngs(0), kernels=model.kernels)
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamRates:
-    """Batch-1 decode of a small and a large model: the bytes each step must read over its
-    time (the weights and the KV cache, streamed per second), beside the machine's bandwidth."""
+    """Batch-1 decode of a small and a large model and of their hollow twins (:func:`hollow`),
+    timed side by side, beside a plain read of each model's bytes on this machine
+    (:func:`pallas_kernels.ceilings.read_bandwidth`, re-read as a decode loop re-reads its
+    weights) and the caches the processor reports."""
 
-    small: measure.DecodeRecord
-    large: measure.DecodeRecord
-    bandwidth: float   # measured bytes/s of a plain read
+    small: records.DecodeRecord
+    small_hollow: records.DecodeRecord
+    large: records.DecodeRecord
+    large_hollow: records.DecodeRecord
+    small_read: float   # bytes/s of a plain read of the small model's step bytes
+    large_read: float
+    processor: str
+
+    @staticmethod
+    def fixed_share(model, twin) -> float:
+        """The share of a step its hollow twin takes: what the step costs whatever its bytes."""
+        return twin.step_seconds / model.step_seconds
 
     @staticmethod
     def rate(record) -> float:
         return record.bytes_per_step / record.step_seconds
 
     def table(self) -> str:
-        rows = [f"{'model':<26}{'bytes per step':>16}{'step':>12}{'bytes/s':>12}{'of bandwidth':>14}"]
-        for name, r in ((self.small.preset, self.small), (self.large.preset, self.large)):
-            rows.append(f"{name:<26}{r.bytes_per_step / 1e6:>13,.1f} MB{r.step_seconds * 1e3:>9,.3f} ms"
-                        f"{self.rate(r) / 1e9:>9,.1f} GB/s{self.rate(r) / self.bandwidth:>13.0%}")
-        return "\n".join(rows + [f"(a plain read of a 256 MiB buffer here: {self.bandwidth / 1e9:,.1f} GB/s)"])
+        rows = [f"{'model':<14}{'bytes/step':>12}{'step':>11}{'hollow twin':>13}{'streams':>12}{'a plain read':>14}"]
+        for r, twin, read in ((self.small, self.small_hollow, self.small_read),
+                              (self.large, self.large_hollow, self.large_read)):
+            rows.append(f"{r.preset:<14}{r.bytes_per_step / 1e6:>9,.1f} MB{r.step_seconds * 1e3:>8,.3f} ms"
+                        f"{twin.step_seconds * 1e3:>7,.3f} ms {self.fixed_share(r, twin):>4.0%}"
+                        f"{self.rate(r) / 1e9:>7,.1f} GB/s{read / 1e9:>9,.1f} GB/s")
+        return "\n".join(rows)
+
+    def caches_line(self) -> str:
+        """Which case this machine's caches are: a plain re-read of the small model's bytes
+        against the large one's."""
+        gain = self.small_read / self.large_read
+        case = ("its caches re-read the small model's bytes faster than memory gives the large one's"
+                if gain >= 1.2 else "its caches re-read no faster than its memory")
+        return (f"this machine: {self.processor}\n{case} ({self.small_read / 1e9:,.1f} vs "
+                f"{self.large_read / 1e9:,.1f} GB/s, {gain:.2f}x)")
 
 
 def weight_stream_rates(small_model, large_model, *, context: int = 64) -> StreamRates:
-    """Time batch-1 decode of both models at the same context (compilation excluded, medians).
+    """Read each model's bytes on this machine, then time batch-1 decode of both models and their
+    hollow twins at the same context, side by side (round-robin: a burst of load from another
+    program cannot decide the comparison)."""
+    from pallas_kernels.ceilings import read_bandwidth
 
-    The two are timed in turn three times and each keeps its median run: a burst of load from
-    another program during one run cannot decide the comparison."""
-    runs = {"small": [], "large": []}
-    for _ in range(3):
-        runs["small"].append(measure.measure_decode(small_model, batch=1, context=context, steps=32, repeats=9))
-        runs["large"].append(measure.measure_decode(large_model, batch=1, context=context, steps=8, repeats=3))
-    small, large = (sorted(runs[k], key=lambda r: r.step_seconds)[1] for k in ("small", "large"))
-    bandwidth = hardware.measure_ceilings(large_model.cfg.dtype, verbose=False).bandwidth
-    return StreamRates(small, large, bandwidth)
+    points = [timing.DecodePoint(small_model, 1, context, SMALL_STEPS),
+              timing.DecodePoint(hollow(small_model), 1, context, SMALL_STEPS),
+              timing.DecodePoint(large_model, 1, context, LARGE_STEPS),
+              timing.DecodePoint(hollow(large_model), 1, context, LARGE_STEPS)]
+    small_bytes = costs.decode_loop_cost(small_model.cfg, 1, context, SMALL_STEPS).bytes
+    large_bytes = costs.decode_loop_cost(large_model.cfg, 1, context, LARGE_STEPS).bytes
+    reads = [read_bandwidth(int(n), repeats=9)["bytes_per_s"] for n in (small_bytes, large_bytes)]
+    small, small_hollow, large, large_hollow = timing.measure_points(points, repeats=9)
+    return StreamRates(small, small_hollow, large, large_hollow, *reads, hardware.processor_summary())

@@ -10,9 +10,9 @@ import jax
 
 import pallas_kernels as pk
 from inference_lab import plots
-from inference_lab.measure import kernels as experiments, timing as measure
-from inference_lab.analytic import roofline, workload
-from inference_lab.lessons.machine import DECODE_STEPS, PREFILL_COLUMNS, Sweep, _pct, kernel_check_mode
+from inference_lab.measure import timing
+from inference_lab.analytic import costs, roofline, workload
+from inference_lab.lessons.machine import DECODE_STEPS, PREFILL_COLUMNS, Sweep, percent, kernel_check_mode
 from pallas_kernels.testing import flash_attention_f64, matmul_f64, rel_err
 
 
@@ -32,13 +32,13 @@ def prefill_kernels_check(seed: int = 0) -> dict:
 
 def prefill_sweep(model, prompt_lengths) -> Sweep:
     """Prefill at batch 1 for each prompt length, timed side by side (round-robin)."""
-    return Sweep(experiments.measure_prefill_points(model, [int(t) for t in prompt_lengths]), PREFILL_COLUMNS)
+    return Sweep(timing.prefill_points(model, [(1, int(t)) for t in prompt_lengths]), PREFILL_COLUMNS)
 
 
 def first_compute_bound_length(cfg, spec, dtype, lengths) -> int | None:
     """The shortest of ``lengths`` whose prefill the roofline calls compute-bound here."""
     for t in sorted(lengths):
-        if roofline.bound(roofline.prefill_cost(cfg, 1, int(t)), spec, dtype) == "compute":
+        if roofline.bound(costs.prefill_cost(cfg, 1, int(t)), spec, dtype) == "compute":
             return int(t)
     return None
 
@@ -51,7 +51,7 @@ def prediction_table(sweep: Sweep, kernels, cfg, spec, dtype) -> str:
     lines = [f"{'prompt':>7}{'roofline ms':>13}{'kernel-scaled ms':>18}{'measured ms':>13}"
              f"{'measured/roofline':>19}{'measured/kernel':>17}{'bound (roofline)':>18}"]
     for r in sweep.records:
-        cost = roofline.prefill_cost(cfg, 1, r.prompt_len)
+        cost = costs.prefill_cost(cfg, 1, r.prompt_len)
         roof = roofline.predict_time(cost, spec, dtype, overhead=True)
         k = by_m.get(r.prompt_len)
         scaled = k.seconds * cfg.matmul_params / (k.k * k.n) if k else None
@@ -66,8 +66,8 @@ def prefill_point_view(sweep: Sweep, spec, dtype, prompt_len: int, kernels=()):
     rec = sweep.at(prompt_len=prompt_len)
     fig = plots.prefill_flops_vs_length(sweep.records, spec, dtype, highlight=prompt_len, kernels=kernels)
     k = {p.m: p for p in kernels}.get(prompt_len)
-    lone = f"; the lone matmul at m = {prompt_len}: {_pct(k.flops_per_s / spec.peak_flops(dtype))}" if k else ""
-    text = (f"prompt length {prompt_len}: {rec.flops / rec.seconds / 1e9:,.1f} GFLOP/s = {_pct(rec.mfu)} of the measured "
+    lone = f"; the lone matmul at m = {prompt_len}: {percent(k.flops_per_s / spec.peak_flops(dtype))}" if k else ""
+    text = (f"prompt length {prompt_len}: {rec.flops / rec.seconds / 1e9:,.1f} GFLOP/s = {percent(rec.mfu)} of the measured "
             f"matmul peak; {rec.prefill_tokens_per_s:,.0f} tok/s" + lone)
     return fig, text
 
@@ -91,8 +91,8 @@ class RagSplit:
 
 def rag_time_split(model, prompt_tokens: int, ratios=workload.RAG_RATIO, steps: int = DECODE_STEPS) -> RagSplit:
     """Time of one RAG request's phases at the given prompt:output ratios, from measurements."""
-    pre = measure.measure_prefill(model, batch=1, prompt_len=prompt_tokens)
-    dec = measure.measure_decode(model, batch=1, context=prompt_tokens, steps=steps)
+    pre, dec = timing.measure_points([timing.PrefillPoint(model, 1, prompt_tokens),
+                                      timing.DecodePoint(model, 1, prompt_tokens, steps)])
     rows = []
     for ratio in ratios:
         out = max(1, round(prompt_tokens / ratio))

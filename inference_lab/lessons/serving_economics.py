@@ -13,9 +13,9 @@ import dataclasses
 import numpy as np
 
 from inference_lab import plots
-from inference_lab.analytic import economics, simulator
+from inference_lab.analytic import economics, phases, simulator, workload
 from inference_lab.base import hardware
-from inference_lab.measure import timing as measure
+from inference_lab.measure import timing
 from inference_lab.base.config import ModelConfig
 from inference_lab.lessons.machine import DECODE_STEPS
 from inference_lab.analytic.serving_metrics import trace_from_token_times
@@ -44,7 +44,7 @@ LAB = {"model": "llama3_8b", "spec": DEFAULT_PRICE_KEY, "mfu": 0.5, "mbu": 0.8, 
 def lab_phases(**overrides):
     """The roofline phase model every simulation of the lesson uses (:data:`LAB`)."""
     lab = {**LAB, **overrides}
-    return economics.roofline_phases(ModelConfig.preset(lab["model"]), hardware.PRESETS[lab["spec"]],
+    return phases.roofline_phases(ModelConfig.preset(lab["model"]), hardware.PRESETS[lab["spec"]],
                                      step_overhead_s=lab["step_overhead_s"], mfu=lab["mfu"], mbu=lab["mbu"])
 
 
@@ -88,8 +88,9 @@ class MeasuredPrices:
 
 def measured_price_ratios(model, price, *, batches, prompt_len: int) -> MeasuredPrices:
     """Token prices from this machine's own prefill and decode throughput, per decode batch."""
-    recs = [measure.measure_prefill(model, batch=1, prompt_len=prompt_len)]
-    recs += [measure.measure_decode(model, batch=int(b), context=prompt_len, steps=DECODE_STEPS) for b in batches]
+    points = [timing.PrefillPoint(model, 1, prompt_len)]
+    points += [timing.DecodePoint(model, int(b), prompt_len, DECODE_STEPS) for b in batches]
+    recs = timing.measure_points(points)   # side by side: the ratios are what the prices rest on
     rows = economics.measured_token_prices(recs, price.dollars_per_hour)
     return MeasuredPrices(rows, {r["batch"]: r["ratio"] for r in rows})
 
@@ -194,7 +195,7 @@ def one_way_bandwidth(spec) -> float:
     return spec.interconnect_bandwidth / 2
 
 
-RAG_TRAFFIC = {"ratio": economics.RAG_RATIO, "output_len": (32, 128)}
+RAG_TRAFFIC = {"ratio": workload.RAG_RATIO, "output_len": (32, 128)}
 SERVING = dict(rate=10.0, n_requests=600, output_len=(32, 128), prefill_gpus=1, decode_gpus=1)
 
 
@@ -205,7 +206,7 @@ def serving_at(phases, prompt_len: int, *, spec, seed: int = 0, serving: dict = 
     kw = dict(serving)
     rate, n, out = kw.pop("rate"), kw.pop("n_requests"), kw.pop("output_len")
     gpus = kw["prefill_gpus"] + kw["decode_gpus"]
-    reqs = economics.sample_requests(n, rate, prompt_len=(prompt_len // 2, prompt_len * 3 // 2), output_len=out,
+    reqs = workload.sample_requests(n, rate, prompt_len=(prompt_len // 2, prompt_len * 3 // 2), output_len=out,
                                      seed=seed)
     link = one_way_bandwidth(spec)
     return {"colocated": simulator.simulate_requests(reqs, phases, mode="colocated", gpus=gpus),
@@ -294,7 +295,7 @@ def rate_sweep(phases, rates, *, spec, gpus: int = 2, n_requests: int = 500, see
     1 prefill + ``gpus - 1`` decode GPUs; RAG traffic by default (prompts 19-47x the answer)."""
     rows = []
     for rate in rates:
-        reqs = economics.sample_requests(n_requests, rate, seed=seed, **traffic)
+        reqs = workload.sample_requests(n_requests, rate, seed=seed, **traffic)
         for mode in simulator.MODES:
             res = simulator.simulate_requests(reqs, phases, mode=mode, gpus=gpus, prefill_gpus=1,
                                               decode_gpus=gpus - 1, interconnect_bandwidth=one_way_bandwidth(spec))
@@ -305,7 +306,7 @@ def rate_sweep(phases, rates, *, spec, gpus: int = 2, n_requests: int = 500, see
 def budget_sweep(phases, budgets, *, rate: float, gpus: int = 2, n_requests: int = 500, seed: int = 0,
                  traffic: dict = RAG_TRAFFIC) -> Sweep:
     """Chunked prefill at one load with every token budget in ``budgets`` (rows' ``chunk_tokens``)."""
-    reqs = economics.sample_requests(n_requests, rate, seed=seed, **traffic)
+    reqs = workload.sample_requests(n_requests, rate, seed=seed, **traffic)
     rows = [{**simulator.simulate_requests(reqs, phases, mode="chunked", gpus=gpus, chunk_tokens=int(b)).summary(),
              "chunk_tokens": int(b)} for b in budgets]
     return Sweep(rows, "chunk_tokens")
@@ -341,7 +342,7 @@ def budget_trades_ttft_for_itl(sweep: Sweep, default: int = simulator.DEFAULT_CH
 
 
 def budget_view(phases, chunk_tokens: int, *, rate: float, gpus: int = 2, seed: int = 0, n_requests: int = 400):
-    reqs = economics.sample_requests(n_requests, rate, seed=seed, **RAG_TRAFFIC)
+    reqs = workload.sample_requests(n_requests, rate, seed=seed, **RAG_TRAFFIC)
     runs = {"colocated": simulator.simulate_requests(reqs, phases, mode="colocated", gpus=gpus),
             f"chunked, {chunk_tokens} tokens": simulator.simulate_requests(reqs, phases, mode="chunked", gpus=gpus,
                                                                            chunk_tokens=chunk_tokens)}

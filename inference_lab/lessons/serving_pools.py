@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from inference_lab import plots
-from inference_lab.analytic import economics, simulator
+from inference_lab.analytic import simulator, workload
 from inference_lab.measure import vllm_bench
 from inference_lab.analytic.serving_metrics import SLO
 from inference_lab.analytic.workload import Requests
@@ -168,11 +168,11 @@ def pool_sweep(phases, rates, *, gpus: int, slo: SLO, link: float, n_requests: i
                seed: int = 0, splits=None, max_batch: int = 64, **traffic) -> PoolSweep:
     """Goodput at each offered rate for each xPyD split of ``gpus`` GPUs, and for colocated
     and chunked serving on all of them; the same requests everywhere at each rate."""
-    traffic = {"ratio": economics.RAG_RATIO, "output_len": (32, 128), **traffic}
+    traffic = {"ratio": workload.RAG_RATIO, "output_len": (32, 128), **traffic}
     splits = list(range(1, gpus)) if splits is None else list(splits)
     rows = []
     for rate in rates:
-        reqs = economics.sample_requests(n_requests, rate, seed=seed, **traffic)
+        reqs = workload.sample_requests(n_requests, rate, seed=seed, **traffic)
         runs = {"colocated": dict(mode="colocated", gpus=gpus), "chunked": dict(mode="chunked", gpus=gpus)}
         runs.update({split_name(x, gpus): dict(mode="disaggregated", prefill_gpus=x, decode_gpus=gpus - x)
                      for x in splits})

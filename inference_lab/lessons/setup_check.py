@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 import pallas_kernels as pk
 from inference_lab import plots
-from inference_lab.analytic import roofline
+from inference_lab.analytic import costs, roofline
 from inference_lab.lessons.machine import Machine, kernel_check_mode
 from pallas_kernels.testing import rel_err
 
@@ -44,7 +44,7 @@ def pallas_vs_reference(seed: int = 0) -> dict:
 def decode_split(cfg, spec, dtype, *, batch: int, context: int) -> dict:
     """Predicted compute, memory and overhead time of one decode step (seconds), on ``spec``'s
     ceilings (``overhead_s`` is 0 where the spec has none, e.g. a datasheet preset)."""
-    cost = roofline.decode_cost(cfg, batch, context)
+    cost = costs.decode_cost(cfg, batch, context)
     compute_s, memory_s = roofline.predict_terms(cost, spec, dtype)
     return {"compute_s": compute_s, "memory_s": memory_s, "overhead_s": roofline.overhead_seconds(spec),
             "intensity": cost.intensity, "cost": cost, "regime": roofline.regime(cost, spec, dtype)}

@@ -17,9 +17,9 @@ import numpy as np
 
 from inference_lab.base import hardware
 from inference_lab.runtime import hlo
-from inference_lab.measure import timing as measure
+from inference_lab.measure import timing
 from inference_lab.model import parallel
-from inference_lab.analytic import roofline
+from inference_lab.analytic import costs, roofline
 from inference_lab.base.config import ModelConfig
 from inference_lab.model.kv_cache import KVCache
 from inference_lab.model.transformer import Transformer
@@ -34,7 +34,7 @@ def _measure_rows(cfg_name: str, degrees, batch: int, context: int, steps: int, 
     for tp in degrees:
         # tp=1 is the plain one-device model: the baseline, with no collectives at all.
         model = base if tp == 1 else parallel.shard(base, parallel.make_mesh(tp))
-        rec = measure.measure_decode(model, batch, context, steps, repeats=repeats, ceilings=None)
+        rec = timing.measure_decode(model, batch, context, steps, repeats=repeats, ceilings=None)
         # The collectives of the very program just timed (its loop body is one decode step);
         # compiling it again is mostly a hit in the persistent compilation cache.
         text = hlo.compiled_decode_text(model, KVCache.create(cfg, batch, context + steps), steps=steps)
@@ -95,7 +95,7 @@ def tp_lesson(cfg_name: str = "tiny", degrees=(1, 2, 4), *, spec="H100_SXM", bat
         comm = roofline.allreduce_time(cfg, spec, batch, tp=tp) if tp > 1 and spec.interconnect_bandwidth else 0.0
         r["spec"] = spec.name
         r["predicted_allreduce_s"] = comm
-        r["predicted_step_s"] = roofline.predict_time(roofline.decode_cost(cfg, batch, context, tp=tp),
+        r["predicted_step_s"] = roofline.predict_time(costs.decode_cost(cfg, batch, context, tp=tp),
                                                       spec, cfg.dtype) + comm
     return rows
 

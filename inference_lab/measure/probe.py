@@ -5,7 +5,7 @@ machine's ceilings, times one prefill of ``--prompt-len`` tokens at batch 1 and
 ``--new-tokens`` decode steps from that context at each ``--batch`` size, and prints a table
 with tokens/s, MFU and MBU, the prefill/decode ratio at batch 1, the device and versions.
 ``--json PATH`` writes the same numbers in the schema below (``schema_version`` 2, checked by
-:mod:`inference_lab.measure.schema`), which :func:`inference_lab.measure.timing.load_records` reads
+:mod:`inference_lab.measure.schema`), which :func:`inference_lab.measure.records.load_records` reads
 back (e.g. a classroom's results). ``--json FOLDER`` names the file after this machine
 (:func:`filename`), so thirty laptops' files never collide. The path is checked before
 anything is measured (a missing or unwritable folder, an empty name, or an existing file
@@ -19,18 +19,23 @@ Schema (every key always present)::
      "device", "backend", "kernels",
      "versions": {"python", "jax", "jaxlib", "flax"},
      "model": {"preset", "params", "dtype"},
-     "ceilings": {"matmul_flops_per_s", "bandwidth_bytes_per_s", "method"},
+     "ceilings": {"matmul_flops_per_s", "bandwidth_bytes_per_s", "copy_bandwidth_bytes_per_s", "method"},
      "prompt_len", "new_tokens",
      "prefill": {"batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu"},
      "decode": [{"batch", "context", "step_seconds", "decode_tokens_per_s",
                  "bytes_per_step", "mbu", "mfu"}, ...],
+     "streamed_decode": {"batch": 1, "context", "step_seconds", "decode_tokens_per_s"} or null,
      "ratio", "tp", "weight_bytes_per_device", "all_reduces_per_step",
      "complete", "skipped": [{"batch", "reason"}, ...]}
 
 ``machine.id`` is this machine's random id (:func:`inference_lab.base.disk_cache.machine_id`),
 ``machine.name`` what ``--name`` chose (or null), ``machine.processor`` the CPU or GPU model;
 no host or user name is written. ``ratio`` and ``all_reduces_per_step`` are null until
-measured.
+measured. ``bandwidth_bytes_per_s`` is the rate this machine *reads* memory (what each decode
+step's MBU is against), ``copy_bandwidth_bytes_per_s`` an in-place copy's read + write rate beside
+it. ``decode`` times steps inside one compiled loop; ``streamed_decode`` times the same batch-1
+steps the way a streaming server runs them, each token copied to the host before the next step
+(the per-token cost a user of a streamed answer pays on top).
 
 ``--tp N`` (N > 1) splits the model over N devices with :func:`inference_lab.model.parallel.shard`
 (on a CPU, N simulated devices sharing its cores: the timings then show the collectives'
@@ -47,16 +52,16 @@ import json
 import platform
 import sys
 
-# The arguments and their checks live in probe_args; probe.* keeps the names.
-from inference_lab.measure.probe_args import build_parser, check_args, filename, machine, mode_error  # noqa: F401
-from inference_lab.measure.probe_args import _simulate_cpu_devices, output_path, preset_for
+from inference_lab.measure.probe_args import (build_parser, check_args, machine, mode_error, output_path,
+                                              preset_for, simulate_cpu_devices)
 from inference_lab.measure.schema import SCHEMA_VERSION
 
 TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "kernel_tier", "versions", "model", "ceilings",
-            "prompt_len", "new_tokens", "prefill", "decode", "ratio", "tp",
+            "prompt_len", "new_tokens", "prefill", "decode", "streamed_decode", "ratio", "tp",
             "weight_bytes_per_device", "all_reduces_per_step", "complete", "skipped")
 PREFILL_KEYS = ("batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu")
 DECODE_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s", "bytes_per_step", "mbu", "mfu")
+STREAMED_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s")
 
 
 def _versions() -> dict:
@@ -68,117 +73,113 @@ def _versions() -> dict:
             "flax": flax.__version__}
 
 
-def _check_memory(cfg, args, batches) -> None:
-    from inference_lab.measure import timing as measure
+def check_memory(cfg, args, batches) -> None:
+    """Every batch size must fit in this process's memory at ``--prompt-len`` + ``--new-tokens``
+    (:func:`inference_lab.measure.timing.memory_problem`): a ValueError naming the flags if not."""
     from inference_lab.analytic import roofline
+    from inference_lab.measure import timing
 
-    limit = measure.device_memory_bytes()
+    limit = timing.device_memory_bytes()
     for b in batches:
         need = roofline.memory_needed(cfg, b, args.prompt_len + args.new_tokens, tp=args.tp)
-        if limit is not None and need > limit:
+        if timing.memory_problem(need, limit):
             raise ValueError(f"--batch {b} with --prompt-len {args.prompt_len} and --new-tokens {args.new_tokens} "
                              f"needs {need / 1e9:.1f} GB (roofline.memory_needed) but this process may use "
                              f"{limit / 1e9:.1f} GB; use a smaller --batch, --prompt-len or --new-tokens")
 
 
-def run(args, *, save=None) -> dict:
-    """Measure and return the schema-2 result (``args`` as parsed by :func:`build_parser`).
+def run(args, *, path=None) -> dict:
+    """Measure, and return the schema-2 result. ``args``: parsed by :func:`build_parser` and
+    checked by :func:`check_args`; ``path``: the file to keep the result in (from
+    :func:`output_path`), or None.
 
-    ``save(result)`` is called after every measured point with the result so far
-    (``"complete": false`` until the last). A decode batch size that runs out of memory is
-    skipped with its reason, and so are the larger ones after it; the result says so.
-    """
+    The file is written here and nowhere else: after every measured point (``"complete":
+    false`` until the last), whole or not at all. A decode batch size that runs out of memory is
+    skipped with its reason, and so are the larger ones after it. An interrupt re-raises with
+    the result so far as ``err.probe_result``."""
     import jax
 
-    from inference_lab.runtime import hlo
-    from inference_lab.measure import timing as measure
-    from inference_lab.model import parallel
     from inference_lab.base import progress
     from inference_lab.base.config import ModelConfig
     from inference_lab.base.hardware import measure_ceilings
+    from inference_lab.measure import timing
+    from inference_lab.model import parallel
     from inference_lab.model.kv_cache import KVCache
     from inference_lab.model.transformer import Transformer
+    from inference_lab.runtime import hlo
     from pallas_kernels import mode as pk_mode
 
-    check_args(args)
     cfg = ModelConfig.preset(preset_for(args))
     batches = sorted(set(args.batch) | {1})  # batch 1 is always measured: `ratio` needs it
+    check_memory(cfg, args, batches)
     model = Transformer(cfg, kernels=args.kernels)
     if args.tp > 1:
         model = parallel.shard(model, parallel.make_mesh(args.tp))
-    _check_memory(cfg, args, batches)
     spec = measure_ceilings(cfg.dtype, verbose=True)
-    r = {"schema_version": SCHEMA_VERSION, "machine": machine(args.name),
-         "device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "kernels": model.kernels,
-         "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(),   # replaced by what ran, below
-         "model": {"preset": cfg.name, "params": cfg.num_params, "dtype": cfg.dtype},
-         "ceilings": {"matmul_flops_per_s": spec.peak_flops(cfg.dtype), "bandwidth_bytes_per_s": spec.bandwidth,
-                      "method": f"matmul: {spec.sources.get('flops', '?')}; "
-                                f"bandwidth: {spec.sources.get('bandwidth', '?')}"[:500]},
-         "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "prefill": None, "decode": [],
-         "ratio": None, "tp": args.tp, "weight_bytes_per_device": parallel.weight_bytes_per_device(model),
-         "all_reduces_per_step": None, "complete": False, "skipped": []}
-    # A bar with the time left, on stderr (the table goes to stdout); see inference_lab.base.progress.
-    # record_tiers: which kernel tier each traced call actually chose (fallbacks included).
-    with progress.bar(total=1 + len(batches), desc="probe", unit="point") as bar, pk_mode.record_tiers() as ran:
-        bar.set_postfix_str(f"prefill batch 1 prompt {args.prompt_len}")
-        try:
-            pre = measure.measure_prefill(model, 1, args.prompt_len, repeats=args.repeats, ceilings=spec)
-        except Exception as err:  # noqa: BLE001 - out of memory is said plainly, anything else re-raised
-            if not measure._is_oom(err):
-                raise
-            raise ValueError(f"the prefill of --prompt-len {args.prompt_len} ran out of memory "
-                             f"({str(err).splitlines()[0][:120]}); use a smaller --prompt-len or --preset") from None
-        r["prefill"] = {"batch": pre.batch, "prompt_len": pre.prompt_len, "seconds": pre.seconds,
-                        "prefill_tokens_per_s": pre.prefill_tokens_per_s, "mfu": pre.mfu}
-        _saved(save, r)
-        bar.update(1)
-        oom = None
-        for b in batches:
-            bar.set_postfix_str(f"decode batch {b} context {args.prompt_len}")
-            oom = _decode_point(model, r, pre, b, oom, args, spec, save)
-            bar.update(1)
-    if ran:
-        r["kernel_tier"] = "+".join(sorted(ran)) if ran != {"reference"} else "reference"
-    if r["decode"]:
-        # Collectives are counted in the compiled decode loop (its body is one step), not assumed.
-        shape_cache = KVCache.create(cfg, 1, args.prompt_len + args.new_tokens)
-        r["all_reduces_per_step"] = hlo.count_all_reduces(
-            hlo.compiled_decode_text(model, shape_cache, steps=args.new_tokens))
-        del shape_cache
-    r["complete"] = not r["skipped"]
-    _saved(save, r)
-    return r
+    head = {"machine": machine(args.name), "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+            "kernels": model.kernels, "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(),
+            "model": {"preset": cfg.name, "params": cfg.num_params, "dtype": cfg.dtype},
+            "ceilings": {"matmul_flops_per_s": spec.peak_flops(cfg.dtype), "bandwidth_bytes_per_s": spec.bandwidth,
+                         "method": f"matmul: {spec.sources.get('flops', '?')}; "
+                                   f"bandwidth (read): {spec.sources.get('bandwidth', '?')}"[:500]},
+            "weight_bytes_per_device": parallel.weight_bytes_per_device(model)}
+    if spec.copy_bandwidth:
+        head["ceilings"]["copy_bandwidth_bytes_per_s"] = spec.copy_bandwidth
+    points = ([timing.PrefillPoint(model, 1, args.prompt_len)]
+              + [timing.DecodePoint(model, b, args.prompt_len, args.new_tokens) for b in batches])
+    state = {"measured": timing.SweepResult(), "streamed": None, "all_reduces": None, "complete": False}
 
+    def keep(measured=None, streamed=None):   # the one place the probe's file is written
+        state.update({k: v for k, v in (("measured", measured), ("streamed", streamed)) if v is not None})
+        state["result"] = result(head, args, state["measured"], state["streamed"], state["all_reduces"],
+                                 state["complete"])
+        if path is not None:
+            write(path, state["result"])
 
-def _decode_point(model, r: dict, pre, b: int, oom, args, spec, save):
-    """Measure decode at batch ``b`` into ``r`` (or skip it after an earlier out-of-memory);
-    returns the batch that ran out of memory, if any."""
-    from inference_lab.measure import timing as measure
-
-    if oom is not None:
-        r["skipped"].append({"batch": b, "reason": f"not tried: batch {oom} ran out of memory"})
-        return oom
+    show = progress.enabled()
     try:
-        d = measure.measure_decode(model, b, args.prompt_len, args.new_tokens, repeats=args.repeats, ceilings=spec)
-    except Exception as err:  # noqa: BLE001
-        if not measure._is_oom(err):
-            raise
-        r["skipped"].append({"batch": b, "reason": f"out of memory: {str(err).splitlines()[0][:160]}"})
-        _saved(save, r)
-        return b
-    r["decode"].append({"batch": d.batch, "context": d.context, "step_seconds": d.step_seconds,
-                        "decode_tokens_per_s": d.decode_tokens_per_s, "bytes_per_step": d.bytes_per_step,
-                        "mbu": d.mbu, "mfu": d.mfu})
-    if d.batch == 1:
-        r["ratio"] = pre.prefill_tokens_per_s / d.decode_tokens_per_s
-    _saved(save, r)
-    return None
+        with pk_mode.record_tiers() as ran:
+            measured = timing.measure_points(points, repeats=args.repeats, ceilings=spec, side_by_side=False,
+                                             on_record=keep, progress=show, desc="probe")
+            if not any(r.phase == "prefill" for r in measured):
+                reason = measured.skipped[0][3]
+                raise ValueError(f"the prefill of --prompt-len {args.prompt_len} was not measured ({reason}); "
+                                 "use a smaller --prompt-len or --preset")
+            if any(r.phase == "decode" and r.batch == 1 for r in measured):
+                # The same batch-1 steps as a streaming server runs them: one token to the host at a time.
+                streamed = timing.StreamedDecodePoint(model, args.prompt_len, args.new_tokens)
+                timing.measure_points([streamed], repeats=args.repeats, ceilings=spec, progress=show,
+                                      desc="streamed", on_record=lambda res: keep(streamed=res[0] if res else None))
+        if ran:
+            head["kernel_tier"] = "+".join(sorted(ran)) if ran != {"reference"} else "reference"
+        if any(r.phase == "decode" for r in measured):
+            # Collectives are counted in the compiled decode loop (its body is one step), not assumed.
+            shape_only = KVCache.create(cfg, 1, args.prompt_len + args.new_tokens)
+            state["all_reduces"] = hlo.count_all_reduces(
+                hlo.compiled_decode_text(model, shape_only, steps=args.new_tokens))
+        state["complete"] = not measured.skipped
+        keep(measured)
+    except KeyboardInterrupt as err:
+        err.probe_result = state.get("result")
+        raise
+    return state["result"]
 
 
-def _saved(save, r: dict) -> None:
-    if save is not None:
-        save(r)
+def result(head: dict, args, measured, streamed, all_reduces, complete: bool) -> dict:
+    """The probe file's object (schema version 2, keys in :data:`TOP_KEYS` order) from what was
+    measured so far: the records of :func:`inference_lab.measure.timing.measure_points`, and the
+    streamed batch-1 decode record (or None)."""
+    pre = next((r for r in measured if r.phase == "prefill"), None)
+    loops = [r for r in measured if r.phase == "decode"]
+    one = next((d for d in loops if d.batch == 1), None)
+    r = {"schema_version": SCHEMA_VERSION, **head, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+         "prefill": None if pre is None else {k: getattr(pre, k) for k in PREFILL_KEYS},
+         "decode": [{k: getattr(d, k) for k in DECODE_KEYS} for d in loops],
+         "streamed_decode": None if streamed is None else {k: getattr(streamed, k) for k in STREAMED_KEYS},
+         "ratio": pre.prefill_tokens_per_s / one.decode_tokens_per_s if pre is not None and one is not None else None,
+         "tp": args.tp, "all_reduces_per_step": all_reduces, "complete": complete,
+         "skipped": [{"batch": b, "reason": reason} for phase, b, _, reason in measured.skipped if phase == "decode"]}
+    return {k: r[k] for k in TOP_KEYS}
 
 
 def _pct(x) -> str:
@@ -197,7 +198,9 @@ def format_table(r: dict) -> str:
         f"machine: {m['name'] or m['processor']} #{m['id']}",
         f"versions: python {v['python']}, jax {v['jax']}, jaxlib {v['jaxlib']}, flax {v['flax']}",
         f"ceilings (measured here): matmul {c['matmul_flops_per_s'] / 1e12:,.3f} TFLOP/s, "
-        f"bandwidth {c['bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s",
+        f"read bandwidth {c['bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s"
+        + (f" (a copy moves {c['copy_bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s read + write)"
+           if c.get("copy_bandwidth_bytes_per_s") else ""),
         "",
         f"{'phase':<8} {'batch':>5} {'context':>7} {'time':>14} {'tokens/s':>12} {'MFU':>5} {'MBU':>5}",
     ]
@@ -210,6 +213,11 @@ def format_table(r: dict) -> str:
                      f"{d['decode_tokens_per_s']:>9,.1f} {_pct(d['mfu']):>5} {_pct(d['mbu']):>5}")
     for s in r["skipped"]:
         lines.append(f"{'decode':<8} {s['batch']:>5} skipped: {s['reason']}")
+    streamed, loop = r.get("streamed_decode"), next((d for d in r["decode"] if d["batch"] == 1), None)
+    if streamed is not None and loop is not None:
+        lines.append(f"{'streamed':<8} {1:>5} {streamed['context']:>7} {streamed['step_seconds'] * 1e3:>8.2f} ms/tok "
+                     f"{streamed['decode_tokens_per_s']:>9,.1f}   (one token to the host at a time: "
+                     f"+{streamed['step_seconds'] / loop['step_seconds'] - 1:.0%} per token over the compiled loop)")
     ratio = "-" if r["ratio"] is None else f"{r['ratio']:,.1f}x"
     reduces = "-" if r["all_reduces_per_step"] is None else r["all_reduces_per_step"]
     lines += [
@@ -239,7 +247,7 @@ def main(argv=None) -> int:
     except SystemExit as stop:  # argparse printed its one-line error (after the usage line)
         return int(stop.code or 0)
     if args.tp > 1:  # before anything starts jax's backends (the kernel-mode check does)
-        _simulate_cpu_devices(args.tp)
+        simulate_cpu_devices(args.tp)
     error = mode_error("probe") if args.kernels == "auto" else None
     if error:
         print(error, file=sys.stderr)
@@ -250,20 +258,13 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"probe: error: {err}", file=sys.stderr)
         return 2
-    latest = {}
-
-    def save(r):
-        latest["result"] = r
-        if path is not None:
-            write(path, r)
-
     try:
-        result = run(args, save=save)
+        report = run(args, path=path)
     except ValueError as err:
         print(f"probe: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        kept = latest.get("result")
+    except KeyboardInterrupt as err:
+        kept = getattr(err, "probe_result", None)
         if kept is None:
             print("probe: interrupted before the first point was measured; nothing written", file=sys.stderr)
         else:
@@ -276,9 +277,9 @@ def main(argv=None) -> int:
         print(f"probe: error: could not write {path} ({err.strerror or err}); the measurement stopped",
               file=sys.stderr)
         return 1
-    print(format_table(result))
+    print(format_table(report))
     if path is not None:
-        print(f"wrote {path}" + ("" if result["complete"] else " (partial: see the skipped batch sizes)"))
+        print(f"wrote {path}" + ("" if report["complete"] else " (partial: see the skipped batch sizes)"))
     return 0
 
 

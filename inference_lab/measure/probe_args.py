@@ -120,7 +120,7 @@ def _check_tp(cfg, tp: int) -> None:
         raise ValueError(f"--tp {tp}: {err}") from None
 
 
-def _simulate_cpu_devices(tp: int) -> None:
+def simulate_cpu_devices(tp: int) -> None:
     """Give jax's CPU backend ``tp`` devices, so ``--tp N`` runs on a laptop.
 
     ``jax_num_cpu_devices`` is honoured until the first jax operation (importing jax, as
@@ -150,7 +150,7 @@ def check_args(args) -> None:
     if args.tp > 1:
         if args.preset:  # a degree that cannot split the model fails before any device work
             _check_tp(ModelConfig.preset(args.preset), args.tp)
-        _simulate_cpu_devices(args.tp)
+        simulate_cpu_devices(args.tp)
     cfg = ModelConfig.preset(preset_for(args))
     if args.prompt_len >= cfg.max_seq_len:
         raise ValueError(f"--prompt-len {args.prompt_len} leaves no room for --new-tokens within the {cfg.name} "

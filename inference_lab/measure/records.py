@@ -22,9 +22,10 @@ import io
 import json
 from pathlib import Path
 
-from inference_lab.measure import schema as probe_schema
-from inference_lab.analytic import roofline
+from inference_lab.analytic import costs
 from inference_lab.base.config import ModelConfig
+from inference_lab.base.hardware import HardwareSpec, dtype_key
+from inference_lab.measure import schema
 from pallas_kernels.files import atomic_write, atomic_write_text
 
 
@@ -41,11 +42,12 @@ class PrefillRecord:
     prompt_len: int
     seconds: float                 # median time of the pass
     prefill_tokens_per_s: float    # batch * prompt_len / seconds
-    flops: float | None            # roofline.prefill_cost(...).flops (per device under tp)
-    bytes: float | None            # roofline.prefill_cost(...).bytes
+    flops: float | None            # costs.prefill_cost(...).flops (per device under tp)
+    bytes: float | None            # costs.prefill_cost(...).bytes
     mfu: float | None              # flops / seconds / measured matmul peak
     phase: str = "prefill"
     repeats: int = 0
+    spread: float | None = None    # upper over lower quartile of the repeats (1.0: all alike; None: unknown)
     machine_id: str | None = None    # the measuring machine (None: unknown, e.g. an old file)
     machine_name: str | None = None
     processor: str | None = None
@@ -64,19 +66,62 @@ class DecodeRecord:
     context: int
     step_seconds: float            # median loop time / steps
     decode_tokens_per_s: float     # batch / step_seconds (every row counts)
-    bytes_per_step: float | None   # roofline.decode_cost bytes, averaged over the steps (per device under tp)
+    bytes_per_step: float | None   # costs.decode_cost bytes, averaged over the steps (per device under tp)
     flops_per_step: float | None
     mbu: float | None              # bytes_per_step / step_seconds / measured bandwidth
     mfu: float | None
     phase: str = "decode"
     steps: int = 0
     repeats: int = 0
+    spread: float | None = None    # upper over lower quartile of the repeats (1.0: all alike; None: unknown)
     machine_id: str | None = None
     machine_name: str | None = None
     processor: str | None = None
 
 
 RECORD_TYPES = {"prefill": PrefillRecord, "decode": DecodeRecord}
+IDENTITY_FIELDS = ("device", "backend", "kernels", "preset", "dtype", "machine_id", "machine_name", "processor")
+
+
+# ----------------------------------------------------------------------------- building records
+def prefill_record(identity: dict, cfg, *, batch: int, prompt_len: int, seconds: float, tp: int = 1,
+                   spec=None, mfu=None, repeats: int = 0, spread=None) -> PrefillRecord:
+    """The one way a prefill measurement becomes a record, for a sweep and for a probe file alike.
+
+    ``identity``: the :data:`IDENTITY_FIELDS` (who measured, on what). FLOPs and bytes come from
+    :func:`inference_lab.analytic.costs.prefill_cost` (per device under ``tp``); MFU is against
+    ``spec``'s matmul peak, or ``mfu`` as given when there is no spec; ``cfg=None`` (a preset
+    this lab does not know) leaves FLOPs and bytes unknown."""
+    cost = costs.prefill_cost(cfg, batch, prompt_len, tp=tp) if cfg is not None else None
+    if spec is not None:
+        mfu = cost.flops / seconds / spec.peak_flops(cfg.dtype) if cost is not None else None
+    return PrefillRecord(**{k: identity.get(k) for k in IDENTITY_FIELDS}, batch=batch, prompt_len=prompt_len,
+                         seconds=seconds, prefill_tokens_per_s=batch * prompt_len / seconds,
+                         flops=cost.flops if cost else None, bytes=cost.bytes if cost else None, mfu=mfu,
+                         repeats=repeats, spread=spread)
+
+
+def decode_record(identity: dict, cfg, *, batch: int, context: int, steps: int, step_seconds: float, tp: int = 1,
+                  spec=None, mbu=None, mfu=None, bytes_per_step=None, repeats: int = 0, spread=None) -> DecodeRecord:
+    """The one way a decode measurement (``steps`` steps from ``context`` cached tokens, one
+    timed loop) becomes a record. Its bytes and FLOPs per step are
+    :func:`inference_lab.analytic.costs.decode_loop_cost` (the mean over the loop's steps, per
+    device under ``tp``); MBU and MFU are against ``spec`` (``mbu``/``mfu`` as given when there
+    is no spec). ``cfg=None`` keeps ``bytes_per_step`` as given and the FLOPs unknown."""
+    if cfg is not None:
+        cost = costs.decode_loop_cost(cfg, batch, context, steps, tp=tp)
+        bytes_per_step, flops = cost.bytes, cost.flops
+    else:
+        flops = None
+    if spec is not None:
+        mbu = bytes_per_step / step_seconds / spec.bandwidth if bytes_per_step is not None else None
+        mfu = flops / step_seconds / spec.peak_flops(cfg.dtype) if flops is not None else None
+    return DecodeRecord(**{k: identity.get(k) for k in IDENTITY_FIELDS}, batch=batch, context=context,
+                        step_seconds=step_seconds, decode_tokens_per_s=batch / step_seconds,
+                        bytes_per_step=bytes_per_step, flops_per_step=flops, mbu=mbu, mfu=mfu, steps=steps,
+                        repeats=repeats, spread=spread)
+
+
 _TEXT_FIELDS = {"device", "backend", "kernels", "preset", "dtype", "phase", "machine_id", "machine_name", "processor"}
 _INT_FIELDS = {"batch", "prompt_len", "context", "steps", "repeats"}
 
@@ -190,7 +235,7 @@ def _from_row(row: dict, where: str = "", *, from_csv: bool = False):
     # A CSV row has every column of both record types; keep this type's, drop empty defaults.
     kwargs = {k: v for k, v in row.items() if k in names and not (from_csv and v is None and k not in _NO_DEFAULT[cls])}
     kwargs["phase"] = phase
-    probe_schema.validate_row(phase, kwargs, where)
+    schema.validate_row(phase, kwargs, where)
     return cls(**{k: int(v) if k in _INT_FIELDS and v is not None else v for k, v in kwargs.items()})
 
 
@@ -199,44 +244,37 @@ _NO_DEFAULT = {cls: {f.name for f in dataclasses.fields(cls) if f.default is dat
                for cls in (PrefillRecord, DecodeRecord)}
 
 
-def _mean_decode_cost(cfg, batch: int, context: int, steps: int):
-    """``roofline.decode_cost`` averaged over ``steps`` steps from ``context`` cached tokens.
-
-    The cost is linear in the context, so the mean of the first and last steps is the mean
-    of all of them: constant time whatever ``steps`` says (a file claiming a billion steps
-    loads as fast as one claiming 32)."""
-    first = roofline.decode_cost(cfg, batch, context)
-    last = roofline.decode_cost(cfg, batch, context + steps - 1)
-    return (first.flops + last.flops) / 2
-
-
 def _from_probe(data: dict, path: Path) -> list:
-    """A probe JSON (schema_version 1 or 2) -> one PrefillRecord + its DecodeRecords."""
-    version = probe_schema.validate_probe(data)
+    """A probe JSON (schema_version 1 or 2) -> one PrefillRecord + its DecodeRecords, through the
+    same builders a sweep uses (tensor parallelism included)."""
+    version = schema.validate_probe(data)
     if version >= 2:
         m = data["machine"]
-        ident = {"machine_id": m["id"], "machine_name": m["name"], "processor": m["processor"]}
+        who = {"machine_id": m["id"], "machine_name": m["name"], "processor": m["processor"]}
+        c = data["ceilings"]   # what the file's MFU and MBU were measured against
+        spec = HardwareSpec(name=data["device"], flops={dtype_key(data["model"]["dtype"]): c["matmul_flops_per_s"]},
+                            bandwidth=c["bandwidth_bytes_per_s"])
     else:  # no identity: the file stands for one machine (a class renames its copies)
-        ident = {"machine_id": None, "machine_name": path.stem, "processor": None}
-    machine = {"device": data["device"], "backend": data["backend"], "kernels": data["kernels"],
-               "preset": data["model"]["preset"], "dtype": data["model"]["dtype"]}
+        who = {"machine_id": None, "machine_name": path.stem, "processor": None}
+        spec = None   # version 1 did not say what its ceilings were: its MFU and MBU are kept as written
+    identity = dict(who, device=data["device"], backend=data["backend"], kernels=data["kernels"],
+                    preset=data["model"]["preset"], dtype=data["model"]["dtype"])
     try:
-        cfg = ModelConfig.preset(machine["preset"], dtype=machine["dtype"])
+        cfg = ModelConfig.preset(identity["preset"], dtype=identity["dtype"])
+        tp = data["tp"]
+        costs.weight_bytes(cfg, tp=tp)   # a tp this preset cannot be split by: as an unknown preset
     except (ValueError, TypeError):
-        cfg = None  # a preset this lab does not know: no FLOPs, the measured figures still load
+        cfg, tp = None, 1   # a preset this lab does not know: no FLOPs, the measured figures still load
+    if cfg is None and spec is not None:
+        spec = None         # nothing to divide by the ceilings: keep the file's MFU and MBU
     pf = data["prefill"]
-    cost = roofline.prefill_cost(cfg, int(pf["batch"]), int(pf["prompt_len"])) if cfg else None
-    recs = [PrefillRecord(**machine, batch=int(pf["batch"]), prompt_len=int(pf["prompt_len"]),
-                          seconds=pf["seconds"], prefill_tokens_per_s=pf["prefill_tokens_per_s"],
-                          flops=cost.flops if cost else None, bytes=cost.bytes if cost else None,
-                          mfu=pf.get("mfu"), **ident)]
-    steps = int(data["new_tokens"])
+    recs = [prefill_record(identity, cfg, batch=pf["batch"], prompt_len=pf["prompt_len"], seconds=pf["seconds"],
+                           tp=tp, spec=spec, mfu=pf.get("mfu"))]
+    steps = data["new_tokens"]
     for d in data["decode"]:
-        b, c = int(d["batch"]), int(d["context"])
-        recs.append(DecodeRecord(**machine, batch=b, context=c, step_seconds=d["step_seconds"],
-                                 decode_tokens_per_s=d["decode_tokens_per_s"], bytes_per_step=d["bytes_per_step"],
-                                 flops_per_step=_mean_decode_cost(cfg, b, c, steps) if cfg else None,
-                                 mbu=d.get("mbu"), mfu=d.get("mfu"), steps=steps, **ident))
+        recs.append(decode_record(identity, cfg, batch=d["batch"], context=d["context"], steps=steps,
+                                  step_seconds=d["step_seconds"], tp=tp, spec=spec, mbu=d.get("mbu"),
+                                  mfu=d.get("mfu"), bytes_per_step=d["bytes_per_step"]))
     return recs
 
 
@@ -248,7 +286,7 @@ def _load_file(path: Path) -> list:
         if not reader.fieldnames:
             raise ValueError("is a CSV file without a header row")
         return [_from_row(row, f"row {i + 2}: ", from_csv=True) for i, row in enumerate(reader)]
-    data = probe_schema.read_json(path)
+    data = schema.read_json(path)
     if isinstance(data, dict) and "schema_version" in data:
         return _from_probe(data, path)
     if isinstance(data, list):
@@ -265,9 +303,9 @@ def _read_text(path: Path) -> str:
     if not path.is_file():
         raise ValueError("is not a regular file")
     with path.open("rb") as fh:
-        raw = fh.read(probe_schema.MAX_FILE_BYTES + 1)
-    if len(raw) > probe_schema.MAX_FILE_BYTES:
-        raise ValueError(f"is over {probe_schema.MAX_FILE_BYTES:,} bytes")
+        raw = fh.read(schema.MAX_FILE_BYTES + 1)
+    if len(raw) > schema.MAX_FILE_BYTES:
+        raise ValueError(f"is over {schema.MAX_FILE_BYTES:,} bytes")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:

@@ -95,10 +95,20 @@ def _v2() -> dict:
     p = s["properties"]
     p["schema_version"] = {"const": 2}
     p["machine"] = MACHINE
+    # bandwidth: the rate memory is read (what decode does); copy_bandwidth (optional, newer files):
+    # an in-place copy's read + write rate, reported beside it.
     p["ceilings"] = {"type": "object", "required": ["matmul_flops_per_s", "bandwidth_bytes_per_s", "method"],
                      "additionalProperties": False,
                      "properties": {"matmul_flops_per_s": _RATE, "bandwidth_bytes_per_s": _RATE,
+                                    "copy_bandwidth_bytes_per_s": _RATE,
                                     "method": {"type": "string", "maxLength": 500}}}
+    # Optional (newer files): batch-1 decode as a streaming server runs it, one token to the host
+    # at a time, beside the compiled loop's steps in "decode".
+    p["streamed_decode"] = {"type": ["object", "null"],
+                            "required": ["batch", "context", "step_seconds", "decode_tokens_per_s"],
+                            "additionalProperties": False,
+                            "properties": {"batch": {"const": 1}, "context": _LENGTH, "step_seconds": _SECONDS,
+                                           "decode_tokens_per_s": _RATE}}
     # A partial result (interrupted, or a batch size out of memory) keeps what was measured:
     p["decode"] = dict(p["decode"], minItems=0)
     p["ratio"] = {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1e9}
@@ -118,6 +128,7 @@ PROBES = {1: PROBE_V1, 2: PROBE_V2}
 # One record of a records file (save_records): the dataclass fields, by phase.
 _COMMON_ROW = {"device": _TEXT, "backend": _WORD, "kernels": _WORD, "preset": _WORD, "dtype": _DTYPE,
                "batch": _BATCH, "mfu": _FRACTION, "repeats": _COUNT,
+               "spread": {"type": ["number", "null"], "minimum": 1, "maximum": 1e6},
                "machine_id": {"type": ["string", "null"], "pattern": MACHINE_ID_PATTERN},
                "machine_name": {"type": ["string", "null"], "minLength": 1, "maxLength": 200},
                "processor": {"type": ["string", "null"], "minLength": 1, "maxLength": 200}}

@@ -1,47 +1,53 @@
 """Honest timing of prefill and decode: what the hardware did, next to what it could do.
 
-Rules every function here follows (and a learner can check in the code):
-- random token ids, never zeros (some kernels are faster on zeros);
-- a warm-up call first (it compiles), then ``block_until_ready`` around each timed call,
-  and the median of the repeats;
-- decode steps run inside one jitted loop with the cache donated (no Python between steps);
-- the cost of a step comes from :mod:`inference_lab.analytic.roofline` (the one definition of its
-  FLOPs and bytes) and is compared with ceilings *measured on this machine*
-  (:func:`inference_lab.base.hardware.measure_ceilings`): MFU = FLOPs / time / matmul peak,
-  MBU = bytes / time / bandwidth.
+The measuring core of the lab. The probe, the sweeps, the experiments and the lessons all
+measure through :func:`measure_points`, and every time it reports is a sample of the one timer,
+:func:`pallas_kernels.timing.round_robin`. The rules (a learner can check them in the code):
 
-A decode measurement starts from a cache holding ``context`` tokens of random keys and
-values (the time of a step does not depend on which tokens made the cache, and filling it
-by a real prefill would cost more than the measurement on a CPU).
+- random token ids, never zeros (some kernels are faster on zeros);
+- a warm-up run per point first (it compiles), then ``block_until_ready`` around each timed
+  run, and the median of the repeats (their spread is kept on the record);
+- several points are timed side by side, round-robin, unless they are measured one after
+  another on purpose (a sweep that saves each point as it finishes);
+- decode steps run inside one jitted loop with the cache donated (no Python between steps),
+  from a cache already holding ``context`` tokens of random keys and values
+  (:meth:`~inference_lab.model.kv_cache.KVCache.random`; a step takes the same time whichever
+  tokens made the cache), rewound between repeats;
+- the cost of a step comes from :mod:`inference_lab.analytic.costs` (the one definition of its
+  FLOPs and bytes), the record from :mod:`inference_lab.measure.records` (the one builder), and
+  it is compared with ceilings *measured on this machine*
+  (:func:`inference_lab.base.hardware.measure_ceilings`): MFU = FLOPs / time / matmul peak,
+  MBU = bytes / time / read bandwidth;
+- a point that will not fit in memory (:func:`memory_problem`) is skipped before it runs, an
+  out-of-memory error skips it when it does, and the points after it that need at least as
+  much are not tried; every skip is kept with its reason.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from inference_lab.runtime import engine
-from inference_lab.model import parallel
 from inference_lab.analytic import roofline
-from inference_lab.model.kv_cache import KVCache
+from inference_lab.base import checks
 from inference_lab.base.progress import bar as progress_bar, note
-# The record types and their files live in records.py; measure.* keeps the names.
-from inference_lab.measure.records import RECORD_TYPES, DecodeRecord, PrefillRecord, load_records, save_records  # noqa: F401
+from inference_lab.measure import records
+from inference_lab.model import parallel
+from inference_lab.model.kv_cache import KVCache
+from inference_lab.runtime import engine
+from pallas_kernels.timing import round_robin, timed, timed_call
 
 
 class SweepResult(list):
-    """A list of records; ``.skipped`` lists (phase, batch, prompt_len, reason) not measured."""
+    """A list of records; ``.skipped`` lists ``(phase, batch, size, reason)`` of the points not
+    measured (``size``: the prompt length of a prefill, the context of a decode)."""
 
     def __init__(self, records=(), skipped=()):
         super().__init__(records)
         self.skipped = list(skipped)
 
 
-# ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- this machine
 def machine_identity(name: str | None = None) -> dict:
     """This machine as records name it: its random id (kept in the cache folder), the
     learner's ``name`` for it (or None) and its processor's model string."""
@@ -51,134 +57,19 @@ def machine_identity(name: str | None = None) -> dict:
     return {"machine_id": machine_id(), "machine_name": name, "processor": processor_name()}
 
 
-def _machine(model) -> dict:
-    return {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-            "kernels": model.kernels, "preset": model.cfg.name, "dtype": model.cfg.dtype,
-            **machine_identity()}
+def model_identity(model) -> dict:
+    """What a record says about who measured what: the device and the model's kernels, preset
+    and dtype, and this machine (:func:`machine_identity`)."""
+    return {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "kernels": model.kernels,
+            "preset": model.cfg.name, "dtype": model.cfg.dtype, **machine_identity()}
 
 
-def _ceilings(model, ceilings):
-    """"auto" -> this machine's measured ceilings in the model's dtype; None -> None."""
-    if isinstance(ceilings, str):
-        if ceilings != "auto":
-            raise ValueError(f"ceilings={ceilings!r}: pass 'auto' (measure here), None, or a HardwareSpec")
-        from inference_lab.base.hardware import measure_ceilings
-        return measure_ceilings(model.cfg.dtype, verbose=False)
-    return ceilings
-
-
-def _tp(model) -> int:
-    """Tensor-parallel degree. With tp > 1 the costs are per device (each device reads 1/tp of
-    the weights and does 1/tp of the math), so MFU and MBU compare one device's work with one
-    device's ceilings."""
-    return parallel.degree(model)
-
-
-def _check_size(name, value):
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return int(value)
-
-
-def _default_repeats():
+def default_repeats() -> int:
     # A 2-core CPU is noisy (other programs, turbo, the notebook server): more repeats
     # steady the median there; a GPU is quiet and its steps are short.
     return 5 if jax.default_backend() == "cpu" else 10
 
 
-def _repeats(repeats):
-    return _default_repeats() if repeats is None else _check_size("repeats", repeats)
-
-
-def _random_tokens(cfg, shape, seed):
-    # Random ids over the byte range (never all zeros): timing must not ride on zeros.
-    return np.random.default_rng(seed).integers(0, min(cfg.vocab_size, 256), size=shape, dtype=np.int32)
-
-
-def _random_cache(cfg, batch, max_len, context, seed) -> KVCache:
-    """A cache of ``batch`` rows holding ``context`` tokens of random K/V (values ~N(0,1))."""
-    dt = jnp.dtype(cfg.dtype)
-    shape = (batch, max_len, cfg.n_kv_heads, cfg.head_dim)
-    keys = jax.random.split(jax.random.key(seed), 2 * cfg.n_layers)
-    fill = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(dt))
-    ks = [fill(keys[2 * i]) for i in range(cfg.n_layers)]
-    vs = [fill(keys[2 * i + 1]) for i in range(cfg.n_layers)]
-    lengths = np.full((batch,), context, np.int32)
-    return KVCache(ks, vs, jnp.asarray(lengths), host_lengths=lengths)
-
-
-# ----------------------------------------------------------------------------- measurements
-def measure_prefill(model, batch: int = 1, prompt_len: int = 512, *, repeats: int | None = None,
-                    ceilings="auto", seed: int = 0) -> PrefillRecord:
-    """Time one prefill of ``batch`` random prompts of ``prompt_len`` tokens (median of
-    ``repeats`` after a warm-up). ``ceilings``: "auto" (measured here), a HardwareSpec, or
-    None (then ``mfu`` is None)."""
-    batch, prompt_len = _check_size("batch", batch), _check_size("prompt_len", prompt_len)
-    repeats = _repeats(repeats)
-    cfg = model.cfg
-    if prompt_len > cfg.max_seq_len:
-        raise ValueError(f"prompt_len={prompt_len} is past the model's max_seq_len={cfg.max_seq_len}")
-    spec = _ceilings(model, ceilings)
-    tokens = _random_tokens(cfg, (batch, prompt_len), seed)
-    times = []
-    for i in range(repeats + 1):
-        cache = KVCache.create(cfg, batch, prompt_len)   # outside the timed region
-        jax.block_until_ready(cache.k)
-        t0 = time.perf_counter()
-        logits, cache = engine.prefill(model, tokens, cache)
-        jax.block_until_ready((logits, cache.k, cache.v))
-        if i:  # call 0 is the warm-up (compile)
-            times.append(time.perf_counter() - t0)
-        del cache, logits
-    seconds = statistics.median(times)
-    cost = roofline.prefill_cost(cfg, batch, prompt_len, tp=_tp(model))
-    mfu = cost.flops / seconds / spec.peak_flops(cfg.dtype) if spec is not None else None
-    return PrefillRecord(**_machine(model), batch=batch, prompt_len=prompt_len, seconds=seconds,
-                         prefill_tokens_per_s=batch * prompt_len / seconds, flops=cost.flops,
-                         bytes=cost.bytes, mfu=mfu, repeats=repeats)
-
-
-def measure_decode(model, batch: int = 8, context: int = 512, steps: int = 32, *,
-                   repeats: int | None = None, ceilings="auto", seed: int = 0) -> DecodeRecord:
-    """Time ``steps`` greedy decode steps in one jitted loop, from ``context`` cached tokens.
-
-    ``step_seconds`` = median loop time / steps. Step i attends to ``context + i + 1`` keys,
-    so ``bytes_per_step``/``flops_per_step`` are ``roofline.decode_cost`` averaged over the
-    steps (the cost at the mean context).
-    """
-    batch, context = _check_size("batch", batch), _check_size("context", context)
-    steps = _check_size("steps", steps)
-    repeats = _repeats(repeats)
-    cfg = model.cfg
-    if context + steps > cfg.max_seq_len:
-        raise ValueError(f"context={context} + steps={steps} is past the model's max_seq_len={cfg.max_seq_len}")
-    spec = _ceilings(model, ceilings)
-    cache = _random_cache(cfg, batch, context + steps, context, seed)
-    first = _random_tokens(cfg, (batch,), seed + 1)
-    times = []
-    for i in range(repeats + 1):
-        jax.block_until_ready(cache.k)
-        t0 = time.perf_counter()
-        out, cache = engine.decode_loop(model, first, cache, steps)
-        jax.block_until_ready((out, cache.k, cache.v))
-        if i:
-            times.append(time.perf_counter() - t0)
-        # Rewind: the same buffers, lengths back to `context` (the steps overwrite what they wrote).
-        ks, vs = cache._donate("measure_decode")
-        lengths = np.full((batch,), context, np.int32)
-        cache = KVCache(ks, vs, jnp.asarray(lengths), host_lengths=lengths)
-    step_seconds = statistics.median(times) / steps
-    costs = [roofline.decode_cost(cfg, batch, context + i, tp=_tp(model)) for i in range(steps)]
-    nbytes = sum(c.bytes for c in costs) / steps
-    flops = sum(c.flops for c in costs) / steps
-    mbu = nbytes / step_seconds / spec.bandwidth if spec is not None else None
-    mfu = flops / step_seconds / spec.peak_flops(cfg.dtype) if spec is not None else None
-    return DecodeRecord(**_machine(model), batch=batch, context=context, step_seconds=step_seconds,
-                        decode_tokens_per_s=batch / step_seconds, bytes_per_step=nbytes,
-                        flops_per_step=flops, mbu=mbu, mfu=mfu, steps=steps, repeats=repeats)
-
-
-# ----------------------------------------------------------------------------- sweeps
 def device_memory_bytes() -> int | None:
     """Memory this process may use on the default device: the allocator's limit on a GPU; on a
     CPU the smallest of physical RAM, the cgroup (container) limit and ``ulimit -v``/``-d``
@@ -196,88 +87,335 @@ def device_memory_bytes() -> int | None:
     return None
 
 
-def _is_oom(err: Exception) -> bool:
+def memory_problem(need: int, limit: int | None) -> str | None:
+    """Why ``need`` bytes (e.g. :func:`roofline.memory_needed`) will not fit in ``limit`` (None:
+    no known limit), or None when they will."""
+    if limit is not None and need > limit:
+        return f"needs {need / 1e9:.2f} GB (roofline.memory_needed) but this process may use {limit / 1e9:.2f} GB"
+    return None
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for the errors a device (or the host) raises when an allocation fails."""
     text = str(err)
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or isinstance(err, MemoryError)
 
 
-def _measure_point(model, result, phase, b, p, steps, repeats, spec, limit, say) -> None:
-    """One point of a sweep: its record appended to ``result``, or a reason in ``result.skipped``."""
-    label = f"{phase} batch {b} prompt {p}"
-    context = p + (steps if phase == "decode" else 0)
-    need = roofline.memory_needed(model.cfg, b, context)
-    if limit is not None and need > limit:
-        reason = f"needs {need / 1e9:.2f} GB (roofline.memory_needed) but the device has {limit / 1e9:.2f} GB"
-    else:
-        try:
-            if phase == "prefill":
-                result.append(measure_prefill(model, b, p, repeats=repeats, ceilings=spec))
-            else:
-                result.append(measure_decode(model, b, p, steps, repeats=repeats, ceilings=spec))
-            return
-        except Exception as err:  # noqa: BLE001 - only out-of-memory is recorded, others re-raise
-            if not _is_oom(err):
-                raise
-            reason = f"out of memory: {str(err).splitlines()[0][:160]}"
-    result.skipped.append((phase, b, p, reason))
-    if say:
-        note(f"skipped {label}: {reason}")
+def random_tokens(cfg, shape, seed: int) -> np.ndarray:
+    """Random ids over the byte range (never all zeros): timing must not ride on zeros."""
+    return np.random.default_rng(seed).integers(0, min(cfg.vocab_size, 256), size=shape, dtype=np.int32)
+
+
+def _ceilings(ceilings, dtype):
+    """"auto" -> this machine's measured ceilings in ``dtype``; None -> None; a spec as it is."""
+    if isinstance(ceilings, str):
+        if ceilings != "auto":
+            raise ValueError(f"ceilings={ceilings!r}: pass 'auto' (measure here), None, or a HardwareSpec")
+        from inference_lab.base.hardware import measure_ceilings
+        return measure_ceilings(dtype, verbose=False)
+    if ceilings is not None:
+        checks.hardware_spec(ceilings)
+    return ceilings
+
+
+# ----------------------------------------------------------------------------- points
+class PrefillPoint:
+    """One prefill of ``batch`` random prompts of ``prompt_len`` tokens, ready to time."""
+
+    phase = "prefill"
+
+    def __init__(self, model, batch: int = 1, prompt_len: int = 512, *, seed: int = 0):
+        self.model, self.seed = model, seed
+        self.batch, self.size = checks.count("batch", batch), checks.count("prompt_len", prompt_len)
+        if self.size > model.cfg.max_seq_len:
+            raise ValueError(f"prompt_len={self.size} is past the model's max_seq_len={model.cfg.max_seq_len}")
+        self.dtype = model.cfg.dtype   # the ceilings its MFU is against
+        self.tokens = None
+
+    @property
+    def label(self) -> str:
+        return f"prefill batch {self.batch} prompt {self.size}"
+
+    def memory_needed(self) -> int:
+        return roofline.memory_needed(self.model.cfg, self.batch, self.size, tp=parallel.degree(self.model))
+
+    def prepare(self) -> None:
+        self.tokens = random_tokens(self.model.cfg, (self.batch, self.size), self.seed)
+
+    def run(self) -> float:
+        cache = KVCache.create(self.model.cfg, self.batch, self.size)   # outside the timed region
+        jax.block_until_ready(cache.k)
+        return timed(self._prefill, cache)
+
+    def _prefill(self, cache):
+        logits, cache = engine.prefill(self.model, self.tokens, cache)
+        return logits, cache.k, cache.v   # the arrays the clock waits for
+
+    def release(self) -> None:
+        self.tokens = None
+
+    def record(self, samples, spec) -> records.PrefillRecord:
+        return records.prefill_record(model_identity(self.model), self.model.cfg, batch=self.batch,
+                                      prompt_len=self.size, seconds=samples.median, tp=parallel.degree(self.model),
+                                      spec=spec, repeats=len(samples.seconds), spread=samples.spread)
+
+
+class DecodePoint:
+    """``steps`` greedy decode steps in one jitted loop, from ``context`` cached tokens per row
+    of a batch of ``batch``, ready to time. Step ``i`` attends to ``context + i + 1`` keys; the
+    record's bytes and FLOPs are the mean over the loop (``costs.decode_loop_cost``)."""
+
+    phase = "decode"
+
+    def __init__(self, model, batch: int = 8, context: int = 512, steps: int = 32, *, seed: int = 0):
+        self.model, self.seed = model, seed
+        self.batch, self.size = checks.count("batch", batch), checks.count("context", context)
+        self.steps = checks.count("steps", steps)
+        if self.size + self.steps > model.cfg.max_seq_len:
+            raise ValueError(f"context={self.size} + steps={self.steps} is past the model's "
+                             f"max_seq_len={model.cfg.max_seq_len}")
+        self.dtype = model.cfg.dtype
+        self.cache = self.first = None
+
+    @property
+    def label(self) -> str:
+        return f"decode batch {self.batch} context {self.size}"
+
+    def memory_needed(self) -> int:
+        return roofline.memory_needed(self.model.cfg, self.batch, self.size + self.steps,
+                                      tp=parallel.degree(self.model))
+
+    def prepare(self) -> None:
+        cfg = self.model.cfg
+        self.cache = KVCache.random(cfg, self.batch, self.size + self.steps, self.size, self.seed)
+        self.first = random_tokens(cfg, (self.batch,), self.seed + 1)
+
+    def run(self) -> float:
+        jax.block_until_ready(self.cache.k)
+        seconds, (*_, cache) = timed_call(self._decode, self.cache)
+        self.cache = cache.rewound(self.size)   # the same buffers: the next run writes the same steps
+        return seconds
+
+    def _decode(self, cache):
+        out, cache = engine.decode_loop(self.model, self.first, cache, self.steps)
+        return out, cache.k, cache.v, cache   # the clock waits for the tokens and the cache arrays
+
+    def release(self) -> None:
+        self.cache = self.first = None
+
+    def record(self, samples, spec) -> records.DecodeRecord:
+        return records.decode_record(model_identity(self.model), self.model.cfg, batch=self.batch,
+                                     context=self.size, steps=self.steps, step_seconds=samples.median / self.steps,
+                                     tp=parallel.degree(self.model), spec=spec, repeats=len(samples.seconds),
+                                     spread=samples.spread)
+
+
+class StreamedDecodePoint(DecodePoint):
+    """Batch-1 decode as a streaming server runs it: ``steps`` tokens, each one decode step, its
+    sample, and the copy of the token to the host before the next step starts (what
+    :func:`inference_lab.runtime.streaming.stream` does). Against :class:`DecodePoint`'s one
+    compiled loop, it shows the per-token cost a streaming user pays on top: a dispatch and a
+    device-to-host round trip per token."""
+
+    def __init__(self, model, context: int = 512, steps: int = 32, *, seed: int = 0):
+        super().__init__(model, 1, context, steps, seed=seed)
+
+    @property
+    def label(self) -> str:
+        return f"decode batch 1 context {self.size}, streamed token by token"
+
+    def run(self) -> float:
+        jax.block_until_ready(self.cache.k)
+        seconds, cache = timed_call(self._stream, self.cache)
+        self.cache = cache.rewound(self.size)
+        return seconds
+
+    def _stream(self, cache):
+        token = self.first
+        key = jax.random.key(self.seed)
+        for i in range(self.steps):
+            logits, cache = engine.decode_step(self.model, token, cache)
+            token = engine.sample(logits, jax.random.fold_in(key, i))
+            int(token[0])   # the token reaches the host, as a streamed answer's must
+        return cache
+
+
+# ----------------------------------------------------------------------------- the measuring core
+def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_by_side: bool = True,
+                   memory_bytes: int | None = None, on_record=None, progress: bool = False,
+                   desc: str = "measuring") -> SweepResult:
+    """Time ``points`` (:class:`PrefillPoint`, :class:`DecodePoint`, the kernel points of
+    :mod:`inference_lab.measure.kernels`, or any object with their ``phase``, ``batch``, ``size``,
+    ``dtype`` (of the ceilings its record is against; None: none), ``label``, ``memory_needed``,
+    ``prepare``, ``run``, ``release`` and ``record``; their models may differ) and return their
+    records, in order.
+
+    ``side_by_side=True``: every point is prepared and warmed up, then the repeats go
+    round-robin, so a burst of load slows every point a little rather than one a lot (what a
+    comparison of points needs). ``False``: one point after another, each finished (and handed
+    to ``on_record``) before the next starts, its memory released: what a sweep that saves as it
+    goes needs, and what fits when the points together would not.
+
+    Points that :func:`memory_problem` says will not fit in ``memory_bytes`` (default: this
+    device's) are skipped before they run; an out-of-memory error while one runs skips it; after
+    that, the points that need at least as much memory are not tried. Each skip is in
+    ``result.skipped`` with its reason (and printed when ``progress``).
+
+    ``on_record(result)`` is called with the result so far after each record and each skip (a
+    partial save). An interrupt or another error stops the measurement; the exception carries the
+    records finished so far as ``err.sweep_result`` and a note saying how many there are.
+    ``progress``: a bar with the time left (:mod:`inference_lab.base.progress`: a widget in
+    JupyterLab, text in a terminal, nothing under CI or nbval). ``ceilings``: "auto" (this
+    machine's, measured and cached), a HardwareSpec, or None (no MFU/MBU).
+    """
+    points = list(points)
+    if not points:
+        raise ValueError("points is empty; give at least one point to measure")
+    repeats = default_repeats() if repeats is None else checks.count("repeats", repeats)
+    specs = {None: None}
+    for p in points:   # before anything is allocated: a bad ceilings= fails first
+        if p.dtype not in specs:
+            specs[p.dtype] = _ceilings(ceilings, p.dtype)
+    limit = device_memory_bytes() if memory_bytes is None else memory_bytes
+    result = SweepResult()
+    runs_per_point = repeats + 1
+    try:
+        with progress_bar(total=len(points) * runs_per_point, desc=desc, unit="run", show=progress) as bar:
+            tick = lambda: bar.update(1)   # noqa: E731 - one line, read where it is used
+
+            def skip(point, reason):
+                result.skipped.append((point.phase, point.batch, point.size, reason))
+                bar.update(runs_per_point)
+                if progress:
+                    note(f"skipped {point.label}: {reason}")
+                if on_record is not None:
+                    on_record(result)
+
+            oom_at = None
+            ready = []
+            for p in points:
+                reason = memory_problem(p.memory_needed(), limit)
+                if reason is None and oom_at is not None and p.memory_needed() >= oom_at.memory_needed():
+                    reason = f"not tried: {oom_at.label} ran out of memory"
+                if reason is not None:
+                    skip(p, reason)
+                    continue
+                bar.set_postfix_str(p.label)
+                try:
+                    p.prepare()
+                    if side_by_side:
+                        p.run()   # the warm-up (it compiles and allocates): an out-of-memory shows here
+                        tick()
+                        ready.append(p)
+                        continue
+                    samples = round_robin([p.run], repeats, tick=tick)[0]
+                except Exception as err:  # noqa: BLE001 - only out-of-memory is a skip; the rest re-raise
+                    p.release()
+                    if not is_out_of_memory(err):
+                        raise
+                    oom_at = p
+                    skip(p, f"out of memory: {str(err).splitlines()[0][:160]}")
+                    continue
+                result.append(p.record(samples, specs[p.dtype]))
+                p.release()
+                if on_record is not None:
+                    on_record(result)
+            if ready:
+                bar.set_postfix_str(f"{len(ready)} points side by side")
+                for p, samples in zip(ready, round_robin([p.run for p in ready], repeats, warmups=0, tick=tick)):
+                    result.append(p.record(samples, specs[p.dtype]))
+                    p.release()
+                    if on_record is not None:
+                        on_record(result)
+    except BaseException as err:
+        err.sweep_result = result
+        err.add_note(f"{desc}: {len(result)} point(s) were measured before this; they are in err.sweep_result")
+        raise
+    return result
+
+
+def prefill_points(model, points, *, seed: int = 0, **kw) -> SweepResult:
+    """Prefill records for ``(batch, prompt_len)`` points (:func:`measure_points`; side by side
+    unless ``side_by_side=False``)."""
+    points = list(points)
+    if not points:
+        raise ValueError("points is empty; give (batch, prompt_len) pairs, e.g. [(1, 64), (1, 256)]")
+    return measure_points([PrefillPoint(model, b, t, seed=seed) for b, t in points], desc="prefill", **kw)
+
+
+def decode_points(model, points, steps: int = 16, *, seed: int = 0, **kw) -> SweepResult:
+    """Decode records for ``(batch, context)`` points, ``steps`` steps each in one jitted loop
+    (:func:`measure_points`; side by side unless ``side_by_side=False``)."""
+    points = list(points)
+    if not points:
+        raise ValueError("points is empty; give (batch, context) pairs, e.g. [(1, 256), (4, 256)]")
+    return measure_points([DecodePoint(model, b, c, steps, seed=seed) for b, c in points], desc="decode", **kw)
+
+
+def _one(result: SweepResult, point):
+    if not result:
+        _, _, _, reason = result.skipped[0]
+        raise ValueError(f"{point.label} was not measured: {reason}; use a smaller batch or length")
+    return result[0]
+
+
+def measure_prefill(model, batch: int = 1, prompt_len: int = 512, *, repeats: int | None = None,
+                    ceilings="auto", seed: int = 0) -> records.PrefillRecord:
+    """One prefill of ``batch`` random prompts of ``prompt_len`` tokens, timed (median of
+    ``repeats`` after a warm-up): :func:`measure_points` of one :class:`PrefillPoint`. A point
+    that does not fit in memory is a ``ValueError`` saying so."""
+    point = PrefillPoint(model, batch, prompt_len, seed=seed)
+    return _one(measure_points([point], repeats=repeats, ceilings=ceilings), point)
+
+
+def measure_decode(model, batch: int = 8, context: int = 512, steps: int = 32, *, repeats: int | None = None,
+                   ceilings="auto", seed: int = 0) -> records.DecodeRecord:
+    """``steps`` greedy decode steps in one jitted loop from ``context`` cached tokens, timed:
+    :func:`measure_points` of one :class:`DecodePoint`. ``step_seconds`` = median loop time /
+    steps."""
+    point = DecodePoint(model, batch, context, steps, seed=seed)
+    return _one(measure_points([point], repeats=repeats, ceilings=ceilings), point)
 
 
 def sweep(model, batch_sizes=(1, 8, 32), prompt_lengths=(128, 512), *, steps: int = 16,
           phases=("prefill", "decode"), repeats: int | None = None, ceilings="auto",
           memory_bytes: int | None = None, progress: bool = True, save_to=None) -> SweepResult:
-    """Measure every (batch, prompt length) point: a prefill of that many prompts and/or
-    ``steps`` decode steps from that context. Returns a :class:`SweepResult` (a list of
-    records); points that ``roofline.memory_needed`` says will not fit in ``memory_bytes``
-    (default: this device's memory) are skipped before they run, and an out-of-memory error
-    is caught; both land in ``result.skipped`` with the reason, and the sweep goes on.
+    """Measure every (batch, prompt length) point, one after another: a prefill of that many
+    prompts and/or ``steps`` decode steps from that context (:func:`measure_points` with
+    ``side_by_side=False``: skips, out-of-memory and interrupts as it says).
 
-    ``save_to`` (a ``.json`` or ``.csv`` path): every finished point is saved there as soon
-    as it is measured (the file is replaced whole each time, :func:`save_records`), so an
-    interrupt or a crash keeps what was measured. An interrupt (or any other error) still
-    stops the sweep; the exception carries the points measured so far as
-    ``err.sweep_result`` and a note saying how many there are and where they were saved.
-
-    ``progress=True`` draws a bar with the time left (:mod:`inference_lab.base.progress`: a widget
-    in JupyterLab, text in a terminal, nothing under CI or nbval) and prints the skipped points;
-    ``progress=False`` is silent."""
+    ``save_to`` (a ``.json`` or ``.csv`` path): every finished point is saved there as soon as it
+    is measured (the file is replaced whole each time, :func:`records.save_records`), so an
+    interrupt or a crash keeps what was measured. ``progress=True`` draws a bar with the time
+    left and prints the skipped points; ``False`` is silent."""
     for name, values in (("batch_sizes", batch_sizes), ("prompt_lengths", prompt_lengths)):
         if not values:
             raise ValueError(f"{name} is empty; give at least one size")
         for v in values:
-            _check_size(name, v)
-    bad = set(phases) - set(RECORD_TYPES)
+            checks.count(name, v)
+    bad = set(phases) - set(records.RECORD_TYPES)
     if bad or not phases:
         raise ValueError(f"phases={phases!r}: use 'prefill' and/or 'decode'")
-    steps = _check_size("steps", steps)
+    steps = checks.count("steps", steps)
     longest = max(prompt_lengths) + (steps if "decode" in phases else 0)
     if longest > model.cfg.max_seq_len:
         raise ValueError(f"prompt_lengths up to {max(prompt_lengths)}" + (f" + steps={steps}" if "decode" in phases else "")
                          + f" = {longest} tokens is past the model's max_seq_len={model.cfg.max_seq_len}; "
                          "use shorter prompts")
+    save = None
     if save_to is not None:
         from pallas_kernels.files import check_output_path
 
         save_to = check_output_path(save_to, force=True, flag="save_to")
         if save_to.suffix not in (".json", ".csv"):
             raise ValueError(f"save_to={str(save_to)!r}: sweeps save to a .json or .csv file")
-    spec = _ceilings(model, ceilings)
-    result = SweepResult()
-    points = [(ph, b, p) for p in prompt_lengths for b in batch_sizes for ph in phases]
-    limit = device_memory_bytes() if memory_bytes is None else memory_bytes
+        save = lambda result: records.save_records(result, save_to) if result else None   # noqa: E731
+    points = [PrefillPoint(model, b, p) if ph == "prefill" else DecodePoint(model, b, p, steps)
+              for p in prompt_lengths for b in batch_sizes for ph in phases]
     try:
-        with progress_bar(total=len(points), desc="sweep", unit="point", show=progress) as bar:
-            for phase, b, p in points:
-                bar.set_postfix_str(f"{phase} batch {b} prompt {p}")
-                _measure_point(model, result, phase, b, p, steps, repeats, spec, limit, progress)
-                if save_to is not None and result:
-                    save_records(result, save_to)
-                bar.update(1)
+        return measure_points(points, repeats=repeats, ceilings=ceilings, side_by_side=False,
+                              memory_bytes=memory_bytes, on_record=save, progress=progress, desc="sweep")
     except BaseException as err:
-        err.sweep_result = result
-        where = f", saved in {save_to}" if save_to is not None else " (pass save_to= to keep them on disk)"
-        err.add_note(f"sweep: {len(result)} point(s) were measured before this{where}; "
-                     "they are also in err.sweep_result")
+        if save_to is not None:
+            err.add_note(f"sweep: {len(err.sweep_result)} point(s) were measured before this, saved in {save_to}")
         raise
-    return result

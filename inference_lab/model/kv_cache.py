@@ -56,8 +56,38 @@ class KVCache:
         v = [jnp.zeros(shape, dt) for _ in range(cfg.n_layers)]
         return cls(k, v, jnp.zeros((batch,), jnp.int32), host_lengths=np.zeros(batch, np.int32))
 
+    @classmethod
+    def random(cls, cfg: ModelConfig, batch: int, max_len: int, context: int, seed: int = 0) -> "KVCache":
+        """A cache whose ``batch`` rows already hold ``context`` tokens of random keys and values
+        (~N(0, 1)): what a decode measurement starts from. A step takes the same time whichever
+        tokens made the cache, and filling it by a real prefill would cost more than the
+        measurement on a CPU."""
+        cache = cls.create(cfg, batch, max_len)   # the same checks
+        if not 1 <= context <= max_len:
+            raise ValueError(f"context={context!r} must be in 1..max_len={max_len}")
+        dt = jnp.dtype(cfg.dtype)
+        shape = (cache.batch, cache.max_len, cfg.n_kv_heads, cfg.head_dim)
+        keys = jax.random.split(jax.random.key(seed), 2 * cfg.n_layers)
+        fill = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(dt))
+        k = [fill(keys[2 * i]) for i in range(cfg.n_layers)]
+        v = [fill(keys[2 * i + 1]) for i in range(cfg.n_layers)]
+        lengths = np.full((cache.batch,), context, np.int32)
+        return cls(k, v, jnp.asarray(lengths), host_lengths=lengths)
+
+    def rewound(self, lengths) -> "KVCache":
+        """The same buffers with every row's length set back to ``lengths`` (an int or one per
+        row): later steps overwrite what the rows held past it. This cache is donated to the
+        new one. A measurement rewinds to time the same steps again; speculative decoding
+        rewinds past the guesses it rejected."""
+        host = np.broadcast_to(np.asarray(lengths, np.int32), (self.batch,)).copy()
+        if host.min() < 0 or host.max() > self.max_len:
+            raise ValueError(f"lengths {host.tolist()} must be in 0..max_len={self.max_len}")
+        k, v = self.donate("rewound")
+        return KVCache(k, v, jnp.asarray(host), host_lengths=host)
+
     # -- guarded access: a donated cache's buffers are gone
-    def _check_alive(self, what: str) -> None:
+    def check_alive(self, what: str) -> None:
+        """Raise the one-line error that using a donated cache deserves (``what``: the use)."""
         if self._consumed_by is not None:
             raise ValueError(
                 f"cache was donated to {self._consumed_by}() and its buffers now belong to the "
@@ -65,9 +95,10 @@ class KVCache:
                 "`logits, cache = decode_step(model, tokens, cache)`)"
             )
 
-    def _donate(self, by: str):
-        """Hand the arrays to a jitted call that overwrites them; this object is then dead."""
-        self._check_alive(f"{by}()")
+    def donate(self, by: str):
+        """Hand the arrays to a jitted call that overwrites them (``by``: its name, for the
+        error a later use gets); this object is then dead. Returns (k list, v list)."""
+        self.check_alive(f"{by}()")
         self._consumed_by = by
         return list(self._k), list(self._v)
 
@@ -78,18 +109,18 @@ class KVCache:
 
     @property
     def k(self) -> tuple:
-        self._check_alive("reading cache.k")
+        self.check_alive("reading cache.k")
         return self._k
 
     @property
     def v(self) -> tuple:
-        self._check_alive("reading cache.v")
+        self.check_alive("reading cache.v")
         return self._v
 
     @property
     def lengths(self) -> jax.Array:
         """Tokens stored per row, int32 [B]."""
-        self._check_alive("reading cache.lengths")
+        self.check_alive("reading cache.lengths")
         return self._lengths
 
     @property

@@ -8,11 +8,11 @@ from typing import Iterable, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from inference_lab.analytic import roofline
+from inference_lab.analytic import costs, roofline
 from inference_lab.plots.style import (
     PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, LINESTYLES, OKABE_ITO, LabFigure,
-    _describe, _figure, _style_log, _plain_ticks, _length_ticks, _si, _si_ticks, _flops_unit,
-    _is_decode, _records, _check_spec, _palette, _tint, plain_text)
+    describe, new_figure, log_axes, plain_ticks, length_ticks, si_label, si_ticks, flops_unit,
+    is_decode, as_records, peak_of, palette, tint, plain_text)
 
 
 def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
@@ -28,17 +28,17 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
     shows predicted points for prefills of ``prefill_lengths`` (batch 1) and decode steps of
     ``decode_batches`` at ``context``: where each phase sits before anything is measured.
     """
-    peak = _check_spec(spec, dtype)
-    records = _records(records)
+    peak = peak_of(spec, dtype)
+    records = as_records(records)
     bw = spec.bandwidth
     ridge = peak / bw
-    scale, unit = _flops_unit(peak)
-    fig, (ax,) = _figure(width=9.0)
+    scale, unit = flops_unit(peak)
+    fig, (ax,) = new_figure(width=9.0)
 
     # points: (intensity, achieved FLOP/s or None, phase, label)
     points = []
     for r in records:
-        if _is_decode(r):
+        if is_decode(r):
             f, b, t = r.flops_per_step, r.bytes_per_step, r.step_seconds
             points.append((f / b, f / t, "decode", f"B={r.batch}"))
         else:
@@ -46,10 +46,10 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
             points.append((f / b, f / t, "prefill", f"T={r.prompt_len}"))
     if cfg is not None and not records:
         for T in prefill_lengths:
-            c = roofline.prefill_cost(cfg, 1, T)
+            c = costs.prefill_cost(cfg, 1, T)
             points.append((c.intensity, None, "prefill", f"T={T}"))
         for B in decode_batches:
-            c = roofline.decode_cost(cfg, B, context)
+            c = costs.decode_cost(cfg, B, context)
             points.append((c.intensity, None, "decode", f"B={B}"))
 
     xs = [p[0] for p in points] + [ridge]
@@ -58,7 +58,7 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
     x = np.logspace(math.log10(lo), math.log10(hi), 400)
     roof = np.minimum(peak, x * bw)
     ax.plot(x, roof / scale, color=ROOF_COLOR, lw=2.4, zorder=2,
-            label=plain_text(f"roofline: {spec.name}, {dtype}") + f"\n{_si(peak)}FLOP/s, {_si(bw)}B/s")
+            label=plain_text(f"roofline: {spec.name}, {dtype}") + f"\n{si_label(peak)}FLOP/s, {si_label(bw)}B/s")
     ax.fill_between(x, roof / scale, (lo * bw) / scale / 10, color="#f2f2f2", zorder=0)
     ax.axvline(ridge, color=ROOF_COLOR, ls=":", lw=1.2)
     ax.text(lo * 1.3, peak / scale * 1.12, f"peak {peak / scale:,.0f} {unit}", fontsize=9, color=ROOF_COLOR)
@@ -82,7 +82,7 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
                     xytext=(6, 4) if achieved is not None else (7, -12),
                     textcoords="offset points", fontsize=8, color=color)
 
-    _style_log(ax)
+    log_axes(ax)
     ax.set_xlim(lo, hi)
     ymin = min([(lo * bw)] + [p[1] for p in points if p[1]]) / scale / 2
     ax.set_ylim(ymin, peak / scale * 2.5)
@@ -93,8 +93,8 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
             ha="right", va="bottom")
     ax.text(ridge * 2.2, ymin * 1.3, "compute-bound \u2192", fontsize=9, color="#777777",
             ha="left", va="bottom")
-    _si_ticks(ax, "x")
-    _plain_ticks(ax, "y")
+    si_ticks(ax, "x")
+    plain_ticks(ax, "y")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel(f"attainable performance ({unit})")
     ax.set_title(title or plain_text(f"Roofline of {spec.name}: where prefill and decode sit"))
@@ -106,7 +106,7 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
             kind = "measured" if any(p[1] is not None for p in mine) else "predicted"
             lo_i, hi_i = min(p[0] for p in mine), max(p[0] for p in mine)
             where.append(f"{len(mine)} {kind} {phase} points ({shape}) at {lo_i:,.3g} to {hi_i:,.3g} FLOP/byte")
-    return _describe(fig, f"Log-log roofline of {spec.name} ({dtype}): attainable {unit} against arithmetic "
+    return describe(fig, f"Log-log roofline of {spec.name} ({dtype}): attainable {unit} against arithmetic "
                           f"intensity, rising to a peak of {peak / scale:,.3g} {unit} at the ridge, "
                           f"{ridge:,.0f} FLOP/byte; " + ("; ".join(where) or "no points") + ".")
 
@@ -116,8 +116,8 @@ def ridge_comparison(specs: Sequence, dtypes: Sequence[str]) -> Figure:
     if len(specs) != len(dtypes):
         raise ValueError("ridge_comparison needs one dtype per spec")
     ridges = [s.ridge_point(d) for s, d in zip(specs, dtypes)]
-    fig, (ax,) = _figure(width=7.5, height=0.7 + 0.6 * len(specs))
-    colors = _palette(len(specs))
+    fig, (ax,) = new_figure(width=7.5, height=0.7 + 0.6 * len(specs))
+    colors = palette(len(specs))
     for i, (spec, dt, r) in enumerate(zip(specs, dtypes, ridges)):
         ax.barh(i, r, color=colors[i], height=0.6)
         ax.text(r, i, f"  {r:,.0f} FLOP/byte ({dt})", va="center", fontsize=9)
@@ -128,19 +128,19 @@ def ridge_comparison(specs: Sequence, dtypes: Sequence[str]) -> Figure:
     ax.grid(True, axis="x", **GRID)
     ax.set_xlabel("ridge point (FLOP per byte; below it: memory-bound)")
     ax.set_title("How much math a chip does per byte it fetches")
-    return _describe(fig, "Ridge points, log scale (FLOP per byte; below it a kernel is memory-bound): "
+    return describe(fig, "Ridge points, log scale (FLOP per byte; below it a kernel is memory-bound): "
                           + ", ".join(f"{s.name} {r:,.0f} ({d})" for s, d, r in zip(specs, dtypes, ridges)) + ".")
 
 
 def intensity_vs_context(cfg, *, batches: Sequence[int] = (1, 64),
                          contexts: Sequence[int] = (256, 1024, 4096, 16384, 65536)) -> Figure:
     """Decode arithmetic intensity against context, with and without the KV-cache term."""
-    fig, (ax,) = _figure()
-    colors = _palette(len(batches))
+    fig, (ax,) = new_figure()
+    colors = palette(len(batches))
     lines = []
     for i, (color, b) in enumerate(zip(colors, batches)):
-        full = [roofline.decode_cost(cfg, b, c).intensity for c in contexts]
-        bare = roofline.forward_cost_no_attention(cfg, b).intensity
+        full = [costs.decode_cost(cfg, b, c).intensity for c in contexts]
+        bare = costs.forward_cost_no_attention(cfg, b).intensity
         lines.append((b, full[0], full[-1], bare))
         ax.plot(contexts, full, "-", marker=MARKERS[i % len(MARKERS)], color=color, ms=6, mec="white",
                 label=f"batch {b}: weights + KV + attention")
@@ -151,14 +151,14 @@ def intensity_vs_context(cfg, *, batches: Sequence[int] = (1, 64),
     # weights-only lines already use the plain dash styles.
     ax.plot(contexts, [attn] * len(contexts), "-", marker="x", color=ROOF_COLOR, lw=1.2, ms=6,
             label=f"attention alone: 2\u00b7Hq/(Hkv\u00b7bytes) = {attn:.3g} FLOP/byte")
-    _style_log(ax)
-    _length_ticks(ax, list(contexts))
-    _plain_ticks(ax, "y")
+    log_axes(ax)
+    length_ticks(ax, list(contexts))
+    plain_ticks(ax, "y")
     ax.set_xlabel("context (tokens in the KV cache)")
     ax.set_ylabel("decode intensity (FLOP/byte)")
     ax.set_title(f"{cfg.name}: long context pulls decode intensity toward attention's own")
     ax.legend(fontsize=8, frameon=False)
-    return _describe(fig, f"Decode arithmetic intensity of {cfg.name} against context, {contexts[0]:,} to "
+    return describe(fig, f"Decode arithmetic intensity of {cfg.name} against context, {contexts[0]:,} to "
                           f"{contexts[-1]:,} tokens, log-log: " + "; ".join(
                               f"batch {b} goes from {a:,.3g} to {z:,.3g} FLOP/byte (weights only: {w:,.3g})"
                               for b, a, z, w in lines) + f"; attention alone: {attn:.3g} FLOP/byte.")
@@ -171,7 +171,7 @@ def time_split_bars(compute_s: float, memory_s: float, *, overhead_s: float | No
     for name, v in (("compute_s", compute_s), ("memory_s", memory_s)):
         if not v > 0:
             raise ValueError(f"{name}={v!r} must be a positive number of seconds")
-    fig, (ax,) = _figure(width=7.5, height=2.6 if overhead_s is None else 3.1)
+    fig, (ax,) = new_figure(width=7.5, height=2.6 if overhead_s is None else 3.1)
     bars = [("compute: FLOPs / peak FLOP/s (the stoves)", compute_s, PREFILL_COLOR),
             ("memory: bytes / bandwidth (the van)", memory_s, DECODE_COLOR)]
     if overhead_s is not None:
@@ -189,7 +189,7 @@ def time_split_bars(compute_s: float, memory_s: float, *, overhead_s: float | No
     ax.set_title(title or "Which ceiling sets the step time?", fontsize=10)
     longest_name = max(bars, key=lambda b: b[1])[0].split(":")[0]
     extra = f", overhead {overhead_s / scale:,.3g} {unit}" if overhead_s is not None else ""
-    return _describe(fig, f"{len(bars)} bars, the predicted time of one decode step: compute {compute_s / scale:,.3g} "
+    return describe(fig, f"{len(bars)} bars, the predicted time of one decode step: compute {compute_s / scale:,.3g} "
                           f"{unit}, memory {memory_s / scale:,.3g} {unit}{extra}; the {longest_name} time is the "
                           "longest and sets the step time.")
 
@@ -200,7 +200,7 @@ def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Fig
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     dtype = dtype or cfg.dtype
-    cost = roofline.decode_cost(cfg, batch, context)
+    cost = costs.decode_cost(cfg, batch, context)
     compute_s, memory_s = roofline.predict_terms(cost, spec, dtype)
     fig = LabFigure(figsize=(10, 3.8), dpi=110)
     ax = fig.add_axes((0, 0, 1, 1))
@@ -215,11 +215,11 @@ def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Fig
 
     weights = cost.parts.get("weights", 0) + cost.parts.get("embedding_rows", 0)
     kvb = cost.parts.get("kv_read", 0)
-    box(0.2, 0.6, 2.9, 2.9, _tint(OKABE_ITO["orange"]), "PANTRY = memory",
+    box(0.2, 0.6, 2.9, 2.9, tint(OKABE_ITO["orange"]), "PANTRY = memory",
         f"HBM on a GPU, DRAM on a CPU\n{spec.memory_bytes / 1e9:,.0f} GB here\n\nweights {weights / 1e6:,.0f} MB\n"
         f"KV cache {kvb / 1e6:,.1f} MB" if spec.memory_bytes else
         f"HBM on a GPU, DRAM on a CPU\n\nweights {weights / 1e6:,.0f} MB\nKV cache {kvb / 1e6:,.1f} MB")
-    box(6.9, 0.6, 2.9, 2.9, _tint(PREFILL_COLOR), "STOVES = compute",
+    box(6.9, 0.6, 2.9, 2.9, tint(PREFILL_COLOR), "STOVES = compute",
         f"tensor cores / vector units\n{spec.peak_flops(dtype) / 1e9:,.0f} GFLOP/s ({dtype})\n\n"
         f"one decode step's cooking:\n{cost.flops / 1e6:,.0f} MFLOP = {compute_s * 1e3:,.3g} ms")
     ax.add_patch(FancyArrowPatch((3.3, 2.05), (6.7, 2.05), arrowstyle="-|>", mutation_scale=30, lw=3,
@@ -230,7 +230,7 @@ def kitchen(cfg, spec, *, dtype=None, batch: int = 1, context: int = 512) -> Fig
     verdict = (f"Decode, batch {batch}: the van takes {memory_s / compute_s:,.0f}x longer than the cooking."
                if memory_s > compute_s else f"Decode, batch {batch}: the stoves are the bottleneck.")
     ax.text(5.0, 0.25, verdict, ha="center", fontsize=10, style="italic")
-    return _describe(fig, f"Diagram of decode at batch {batch} as a kitchen: the pantry (memory) holds "
+    return describe(fig, f"Diagram of decode at batch {batch} as a kitchen: the pantry (memory) holds "
                           f"{weights / 1e6:,.0f} MB of weights and {kvb / 1e6:,.1f} MB of KV cache; the van "
                           f"(bandwidth, {spec.bandwidth / 1e9:,.1f} GB/s) hauls {cost.bytes / 1e6:,.0f} MB per "
                           f"step, {memory_s * 1e3:,.3g} ms; the stoves (compute, "

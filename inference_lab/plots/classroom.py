@@ -5,8 +5,8 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from inference_lab.plots.style import (
-    DEVICE_MARKERS, _describe, _figure, _style_log, _length_ticks, _base2_batches, _si_ticks, _is_decode,
-    _is_prefill, _median_by, _records, _palette, plain_text)
+    DEVICE_MARKERS, describe, new_figure, log_axes, length_ticks, batch_ticks, si_ticks, is_decode,
+    is_prefill, median_by, as_records, palette, plain_text)
 from inference_lab.measure.records import machine_key, machine_label
 
 
@@ -25,9 +25,9 @@ def classroom_plot(records, *, title: str | None = None) -> Figure:
     The gap between the panels is each machine's prefill/decode asymmetry.
     """
     if isinstance(records, dict):
-        groups = {str(k): _records(v) for k, v in records.items()}
+        groups = {str(k): as_records(v) for k, v in records.items()}
     else:
-        flat = _records(records)
+        flat = as_records(records)
         by_key, labels = {}, {}
         for r in flat:
             by_key.setdefault(machine_key(r), []).append(r)
@@ -37,25 +37,25 @@ def classroom_plot(records, *, title: str | None = None) -> Figure:
     if not recs:
         raise ValueError("classroom_plot needs records: measure.load_records(folder) of the class's probe files")
     names = list(groups)
-    fig, (left, right) = _figure(2, width=11.0, height=4.6)
-    cmap = _palette(len(names))
+    fig, (left, right) = new_figure(2, width=11.0, height=4.6)
+    cmap = palette(len(names))
     for i, name in enumerate(names):
         color, marker = cmap[i], DEVICE_MARKERS[i % len(DEVICE_MARKERS)]
         ls = ("-", "--", ":", "-.")[i % 4]
         mine = groups[name]
-        pre = [r for r in mine if _is_prefill(r)]
-        dec = [r for r in mine if _is_decode(r)]
+        pre = [r for r in mine if is_prefill(r)]
+        dec = [r for r in mine if is_decode(r)]
         if pre:
-            T, tps = _median_by((int(r.prompt_len), r.prefill_tokens_per_s) for r in pre)
+            T, tps = median_by((int(r.prompt_len), r.prefill_tokens_per_s) for r in pre)
             left.plot(T, tps, ls, color=color, marker=marker, ms=7, mec="white", label=plain_text(name))
         if dec:
-            b, tps = _median_by((int(r.batch), r.decode_tokens_per_s) for r in dec)
+            b, tps = median_by((int(r.batch), r.decode_tokens_per_s) for r in dec)
             right.plot(b, tps, ls, color=color, marker=marker, ms=7, mec="white", label=plain_text(name))
     for ax in (left, right):
-        _style_log(ax)
-        _si_ticks(ax, "y")
-    _length_ticks(left, [int(r.prompt_len) for r in recs if _is_prefill(r)])
-    _base2_batches(right, [int(r.batch) for r in recs if _is_decode(r)] or [1])
+        log_axes(ax)
+        si_ticks(ax, "y")
+    length_ticks(left, [int(r.prompt_len) for r in recs if is_prefill(r)])
+    batch_ticks(right, [int(r.batch) for r in recs if is_decode(r)] or [1])
     left.set_xlabel("prompt length (tokens)")
     left.set_ylabel("prefill throughput (tokens/s)")
     left.set_title("Prefill (reading)")
@@ -68,6 +68,6 @@ def classroom_plot(records, *, title: str | None = None) -> Figure:
     kind = "runs" if isinstance(records, dict) else "machines"
     fig.legend(handles, legend_labels, loc="outside right upper", fontsize=8, frameon=False, title=kind[:-1])
     fig.suptitle(plain_text(title) if title else f"The class's {kind} ({len(names)})")
-    return _describe(fig, f"Two log-log panels with one line and marker per {kind[:-1]} ({len(names)}: "
+    return describe(fig, f"Two log-log panels with one line and marker per {kind[:-1]} ({len(names)}: "
                           f"{', '.join(names)}): prefill tokens/s against prompt length, and decode "
                           "tokens/s against batch size.")

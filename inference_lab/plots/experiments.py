@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 
 from inference_lab.analytic import roofline
 from inference_lab.plots.style import (
-    DECODE_COLOR, DEVICE_MARKERS, GRID, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR, _base2_batches, _describe, _figure,
-    _palette, _plain_ticks, _si_ticks, _style_log, plain_text)
+    DECODE_COLOR, DEVICE_MARKERS, GRID, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR, batch_ticks, describe, new_figure,
+    palette, plain_ticks, si_ticks, log_axes, plain_text)
 
 COMPUTE_STYLE = dict(color=PREFILL_COLOR, ls="--", marker="s", ms=5, lw=1.4)
 BYTES_STYLE = dict(color=OKABE_ITO["green"], ls=":", marker="^", ms=6, lw=1.8)
@@ -45,7 +45,7 @@ def flops_or_bytes(batch_records: Iterable, context_records: Iterable = (), *, t
     panels = [(batch_records, "batch", "batch size (FLOPs x batch, weight bytes x ~1)")]
     if context_records:
         panels.append((context_records, "context", "context at batch 1 (KV bytes grow, matmul FLOPs fixed)"))
-    fig, axes = _figure(len(panels), width=5.6 * len(panels), height=4.2)
+    fig, axes = new_figure(len(panels), width=5.6 * len(panels), height=4.2)
     for ax, (recs, key, xlabel) in zip(axes, panels):
         x, t, f, b = _ratios(recs, key)
         ax.plot(x, f, label="if compute-bound: time x FLOPs", **COMPUTE_STYLE)
@@ -54,9 +54,9 @@ def flops_or_bytes(batch_records: Iterable, context_records: Iterable = (), *, t
         for xi, ti in zip(x, t):
             ax.annotate(f"x{ti:.2f}", (xi, ti), xytext=(4, 6), textcoords="offset points", fontsize=8)
         if key == "batch":
-            _style_log(ax, x=True, y=True)
-            _base2_batches(ax, x)
-            _plain_ticks(ax, "y")
+            log_axes(ax, x=True, y=True)
+            batch_ticks(ax, x)
+            plain_ticks(ax, "y")
         else:  # a short range: linear axes read better
             ax.grid(True, **GRID)
             ax.set_xticks(x)
@@ -73,7 +73,7 @@ def flops_or_bytes(batch_records: Iterable, context_records: Iterable = (), *, t
     for recs, key, _ in panels:
         x, t, f, b = _ratios(recs, key)
         said.append(f"{key} {x[0]} to {x[-1]}: FLOPs x{f[-1]:.3g}, bytes x{b[-1]:.3g}, measured step time x{t[-1]:.3g}")
-    return _describe(fig, f"{len(panels)} panel(s) of decode step time relative to the first point, beside time "
+    return describe(fig, f"{len(panels)} panel(s) of decode step time relative to the first point, beside time "
                           f"following the FLOPs and time following the bytes. " + "; ".join(said) + ".")
 
 
@@ -88,7 +88,7 @@ def kernel_vs_model(records: Iterable, kernels: Iterable, *, cfg=None, spec=None
         series.setdefault(k.describe(), []).append(k)
     if not recs or not series or recs[0].batch != 1 or any(ks[0].m != 1 for ks in series.values()):
         raise ValueError("kernel_vs_model needs decode records and kernel points that start at batch 1 / m = 1")
-    fig, (ax,) = _figure()
+    fig, (ax,) = new_figure()
     xb = [r.batch for r in recs]
     ax.plot(xb, [r.step_seconds / recs[0].step_seconds for r in recs],
             label=f"model decode step ({recs[0].preset}, context {recs[0].context})", **MEASURED_STYLE)
@@ -104,11 +104,11 @@ def kernel_vs_model(records: Iterable, kernels: Iterable, *, cfg=None, spec=None
                 color=ROOF_COLOR, lw=2, label=f"roofline on {spec.name}'s ceilings")
     ax.axhline(knee_factor, color="#999999", ls=":", lw=1)
     ax.text(xb[0], knee_factor * 1.03, f"knee: {knee_factor:g}x batch 1", fontsize=8, color="#777777")
-    _style_log(ax)
-    _base2_batches(ax, xb + [p.m for p in ks])
+    log_axes(ax)
+    batch_ticks(ax, xb + [p.m for p in ks])
     top = max(max(line.get_ydata()) for line in ax.get_lines())
     ax.set_yticks([v for v in (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 32, 64) if v <= top * 1.05])
-    _plain_ticks(ax, "y")
+    plain_ticks(ax, "y")
     ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")
     ax.set_xlabel("batch size (model) = rows m (kernel)")
     ax.set_ylabel("time relative to batch 1 / m = 1 (x)")
@@ -116,7 +116,7 @@ def kernel_vs_model(records: Iterable, kernels: Iterable, *, cfg=None, spec=None
     ax.legend(fontsize=8, frameon=False, loc="upper left")
     said = [f"model decode step x{recs[-1].step_seconds / recs[0].step_seconds:.3g} at batch {recs[-1].batch}"]
     said += [f"{name} x{ks[-1].seconds / ks[0].seconds:.3g} at m = {ks[-1].m}" for name, ks in series.items()]
-    return _describe(fig, "Log-log lines of time relative to batch 1 (m = 1) against batch size: "
+    return describe(fig, "Log-log lines of time relative to batch 1 (m = 1) against batch size: "
                           + "; ".join(said) + f"; a dotted line marks the knee at {knee_factor:g}x.")
 
 
@@ -138,7 +138,7 @@ def three_regimes(ops: Iterable, spec, dtype="float32", *, title: str | None = N
         raise ValueError("three_regimes needs measured ops")
     peak, bw = spec.peak_flops(dtype), spec.bandwidth
     over = roofline.overhead_seconds(spec)
-    fig, (ax,) = _figure(width=8.0, height=5.0)
+    fig, (ax,) = new_figure(width=8.0, height=5.0)
     roof = np.array([max(o.flops / peak, o.bytes / bw) for o in ops])
     lo, hi = min(roof.min(), over or roof.min()) / 3, max(roof.max(), max(o.seconds for o in ops)) * 3
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
@@ -162,7 +162,7 @@ def three_regimes(ops: Iterable, spec, dtype="float32", *, title: str | None = N
         seen.add(key)
         if getattr(o, "label", None):
             ax.annotate(o.label, (r, o.seconds), xytext=(5, -10), textcoords="offset points", fontsize=7)
-    _style_log(ax)
+    log_axes(ax)
     ax.set_xlim(lo, hi)
     floor = min([o.seconds for o in ops] + ([over] if over else []))
     ax.set_ylim(floor / 3, hi)
@@ -176,7 +176,7 @@ def three_regimes(ops: Iterable, spec, dtype="float32", *, title: str | None = N
         compute, memory = o.flops / peak, o.bytes / bw
         regime = "overhead" if over >= max(compute, memory) else ("compute" if compute >= memory else "memory")
         counts[regime] = counts.get(regime, 0) + 1
-    return _describe(fig, f"Log-log scatter of {len(ops)} measured ops, measured time against roofline time on "
+    return describe(fig, f"Log-log scatter of {len(ops)} measured ops, measured time against roofline time on "
                           f"{spec.name}'s ceilings" + (f", with an overhead floor of {over * 1e6:,.1f} µs" if over else "")
                           + ": " + ", ".join(f"{n} {k}-bound" for k, n in counts.items()) + ".")
 
@@ -188,7 +188,7 @@ def users_vs_total(records: Iterable, *, highlight: int | None = None, title: st
     if not recs:
         raise ValueError("users_vs_total needs decode records")
     b = [r.batch for r in recs]
-    fig, (ax,) = _figure()
+    fig, (ax,) = new_figure()
     ax.plot(b, [r.decode_tokens_per_s for r in recs], label="total: every sequence of the batch",
             color=DECODE_COLOR, marker="o", ls="-", lw=1.8, ms=7, mec="white")
     ax.plot(b, [r.decode_tokens_per_s / r.batch for r in recs], label="per user: 1 / step time",
@@ -197,15 +197,15 @@ def users_vs_total(records: Iterable, *, highlight: int | None = None, title: st
         r = recs[b.index(highlight)]
         for y in (r.decode_tokens_per_s, r.decode_tokens_per_s / r.batch):
             ax.scatter([highlight], [y], s=200, facecolors="none", edgecolors="black", lw=1.8, zorder=6)
-    _style_log(ax)
-    _base2_batches(ax, b)
-    _si_ticks(ax, "y")
+    log_axes(ax)
+    batch_ticks(ax, b)
+    si_ticks(ax, "y")
     ax.set_xlabel("batch size (sequences decoded together)")
     ax.set_ylabel("decode throughput (tokens/s)")
     ax.set_title(plain_text(title) if title else "Throughput for the server, speed for each user", fontsize=10)
     ax.legend(fontsize=8, frameon=False, loc="center left")
     first, last = recs[0], recs[-1]
-    return _describe(fig, f"Log-log lines of decode tokens/s against batch {b[0]} to {b[-1]}: the total goes from "
+    return describe(fig, f"Log-log lines of decode tokens/s against batch {b[0]} to {b[-1]}: the total goes from "
                           f"{first.decode_tokens_per_s:,.0f} to {last.decode_tokens_per_s:,.0f}, one user's from "
                           f"{first.decode_tokens_per_s / first.batch:,.0f} to {last.decode_tokens_per_s / last.batch:,.0f}.")
 
@@ -217,11 +217,11 @@ def ratio_vs_ridge(points: Sequence[dict], *, title: str | None = None) -> Figur
     ``measured`` and optionally ``quoted=True`` (a figure quoted, not a probe file)."""
     if not points:
         raise ValueError("ratio_vs_ridge needs at least one machine")
-    fig, (ax,) = _figure(width=7.0, height=4.8)
+    fig, (ax,) = new_figure(width=7.0, height=4.8)
     xs = [p["ideal"] for p in points] + [p["measured"] for p in points]
     lo, hi = min(xs) / 3, max(xs) * 3
     ax.plot([lo, hi], [lo, hi], color=ROOF_COLOR, lw=1.5, ls="--", label="measured = what the ceilings allow")
-    colors = _palette(len(points))
+    colors = palette(len(points))
     for i, p in enumerate(points):
         marker = "*" if p.get("quoted") else DEVICE_MARKERS[i % len(DEVICE_MARKERS)]
         hollow = (i // len(DEVICE_MARKERS)) % 2 == 1  # past eleven machines the markers repeat, hollow
@@ -230,16 +230,16 @@ def ratio_vs_ridge(points: Sequence[dict], *, title: str | None = None) -> Figur
                    linewidths=1.5 if hollow else 0.6, zorder=5, label=plain_text(p["label"]))
         ax.annotate(f"{p['measured']:,.0f}x of {p['ideal']:,.0f}x", (p["ideal"], p["measured"]), xytext=(6, -12),
                     textcoords="offset points", fontsize=8)
-    _style_log(ax)
+    log_axes(ax)
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
-    _plain_ticks(ax, "x")
-    _plain_ticks(ax, "y")
+    plain_ticks(ax, "x")
+    plain_ticks(ax, "y")
     ax.grid(True, **GRID)
     ax.set_xlabel("prefill/decode ratio the ceilings allow (ridge x bytes per weight / 2)")
     ax.set_ylabel("measured prefill/decode ratio (batch 1)")
     ax.set_title(plain_text(title) if title else "The gap each machine shows vs the gap its ceilings allow", fontsize=10)
     ax.legend(fontsize=8, frameon=False, loc="upper left")
-    return _describe(fig, "Log-log scatter of measured prefill/decode ratio against the ratio the ceilings allow, "
+    return describe(fig, "Log-log scatter of measured prefill/decode ratio against the ratio the ceilings allow, "
                           "with the diagonal where they are equal: " + "; ".join(
                               f"{p['label']} {p['measured']:,.3g}x of {p['ideal']:,.3g}x" for p in points) + ".")

@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 
 from inference_lab.analytic import economics
 from inference_lab.plots.style import (
-    DECODE_COLOR, DEVICE_MARKERS, GRID, MARKERS, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, _describe, _figure,
-    _style_log, _base2_batches, _si_ticks, _shades, _tint)
+    DECODE_COLOR, DEVICE_MARKERS, GRID, MARKERS, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, describe, new_figure,
+    log_axes, batch_ticks, si_ticks, shades, tint)
 
 _LINESTYLES = ("-", "--", ":", "-.")
 
@@ -29,25 +29,25 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     """Predicted output/input price ratio against decode batch, one line per context length
     and prefill MFU assumed (line style), with the 3-5x band providers charge shaded."""
     mfus = [prefill_mfu] if isinstance(prefill_mfu, (int, float)) else list(prefill_mfu)
-    fig, (ax,) = _figure()
-    ax.axhspan(*band, color=_tint(OKABE_ITO["orange"]), zorder=0,
+    fig, (ax,) = new_figure()
+    ax.axhspan(*band, color=tint(OKABE_ITO["orange"]), zorder=0,
                label=f"what providers charge ({band[0]:g}-{band[1]:g}x)")
     ends = []
     for j, mfu in enumerate(mfus):
-        for i, (color, ctx) in enumerate(zip(_shades(DECODE_COLOR, len(contexts)), contexts)):
+        for i, (color, ctx) in enumerate(zip(shades(DECODE_COLOR, len(contexts)), contexts)):
             ratios = economics.price_ratio_vs_batch(cfg, spec, batches, context=ctx, dtype=dtype, prefill_mfu=mfu)
             ends.append(f"context {ctx:,} at {mfu:.0%} MFU: {ratios[0]:,.3g}x at batch {batches[0]} to "
                         f"{ratios[-1]:,.3g}x at {batches[-1]}")
             ax.plot(batches, ratios, marker=MARKERS[(i + j * len(contexts)) % len(MARKERS)], ls=_LINESTYLES[j % 4],
                     color=color, ms=5, mec="white", label=f"context {ctx:,} tokens, prefill at {mfu:.0%} MFU")
-    _style_log(ax, x=False)
-    _base2_batches(ax, batches)
-    _si_ticks(ax, "y")
+    log_axes(ax, x=False)
+    batch_ticks(ax, batches)
+    si_ticks(ax, "y")
     ax.set_xlabel("decode batch size (sequences sharing each step)")
     ax.set_ylabel("output / input price (x, per token)")
     ax.set_title(title or f"Why output costs more: {cfg.name} on {spec.name} (roofline)")
     ax.legend(fontsize=8, frameon=False)
-    return _describe(fig, f"Predicted output/input price ratio of {cfg.name} on {spec.name} against decode batch, "
+    return describe(fig, f"Predicted output/input price ratio of {cfg.name} on {spec.name} against decode batch, "
                           f"one line per context: {'; '.join(ends)}; shaded band: the {band[0]:g}-{band[1]:g}x "
                           "providers charge.")
 
@@ -74,18 +74,18 @@ def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = N
                  series: str = "mode") -> Figure:
     """TTFT, TPOT and ITL (median and p99) against load, one series per ``series`` value.
 
-    ``rows``: :meth:`SimResult.summary` rows carrying ``x`` (``economics.load_sweep`` adds
+    ``rows``: :meth:`SimResult.summary` rows carrying ``x`` (``simulator.load_sweep`` adds
     ``rate``), or a real run's :meth:`vllm_bench.BenchRun.summary` (drawn where it has a
     finite ``x``). Each row needs ``ttft_p50_ms``, ``ttft_p99_ms``, ``tpot_p50_ms``; TPOT and
     ITL p99 are drawn where present.
     """
     if not rows:
-        raise ValueError("serving_plot needs rows from economics.load_sweep(...)")
+        raise ValueError("serving_plot needs rows from simulator.load_sweep(...)")
     if any(x not in r for r in rows):
         raise ValueError(f"serving_plot(x={x!r}): every row needs a {x!r} entry")
     xlabel = {"rate": "arrival rate (requests/s)", "prompt_len": "mean prompt length (tokens)",
               "chunk_tokens": "chunk budget (tokens per iteration)"}.get(x, x)
-    fig, axes = _figure(3, width=13.5, height=4.4)
+    fig, axes = new_figure(3, width=13.5, height=4.4)
     panels = (("ttft", "time to first token (ms)", "Time to first token"),
               ("tpot", "time per output token (ms)", "TPOT: each request's mean gap"),
               ("itl", "inter-token latency (ms)", "ITL: every gap"))
@@ -107,16 +107,16 @@ def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = N
     log_x = x not in ("rate", "prompt_len")
     xs_all = sorted({r[x] for r in rows if r[x] is not None and math.isfinite(r[x])})
     for ax, (_, ylabel, t) in zip(axes, panels):
-        _style_log(ax, x=False)
+        log_axes(ax, x=False)
         if log_x:
-            _base2_batches(ax, xs_all)  # log base 2, ticks at the values swept, plain numbers
-        _si_ticks(ax, "y")
+            batch_ticks(ax, xs_all)  # log base 2, ticks at the values swept, plain numbers
+        si_ticks(ax, "y")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(t)
     axes[0].legend(fontsize=7, frameon=False)
     fig.suptitle(title or "Under load: what each serving mode does to TTFT, TPOT and ITL")
-    return _describe(fig, f"Three panels against {xlabel}: time to first token, time per output token and "
+    return describe(fig, f"Three panels against {xlabel}: time to first token, time per output token and "
                           f"inter-token latency, median (thin line, hollow markers) and p99 (thick, filled), one "
                           f"colour, marker and line style per {series} ({', '.join(map(str, names))}).")
 
@@ -130,7 +130,7 @@ def latency_distributions(results: dict) -> Figure:
     ``vllm_bench.BenchRun``s saved with ``--save-detailed``."""
     if not results:
         raise ValueError("latency_distributions needs {name: SimResult}")
-    fig, axes = _figure(3, width=13.5, height=4.0)
+    fig, axes = new_figure(3, width=13.5, height=4.0)
     for i, (name, res) in enumerate(results.items()):
         tr = _trace_of(res)
         if not hasattr(tr, "ttft"):
@@ -144,7 +144,7 @@ def latency_distributions(results: dict) -> Figure:
     for ax, what, t in zip(axes, ("time to first token (ms)", "time per output token (ms)", "inter-token gap (ms)"),
                            ("Waiting for the first token", "TPOT: each request's mean gap", "ITL: every gap")):
         ax.set_xscale("log")
-        _si_ticks(ax, "x")
+        si_ticks(ax, "x")
         ax.grid(True, **GRID)
         ax.set_xlabel(what)
         ax.set_ylabel("fraction of requests" if "gap" not in what else "fraction of gaps")
@@ -152,7 +152,7 @@ def latency_distributions(results: dict) -> Figure:
     axes[0].legend(fontsize=8, frameon=False, loc="lower right")
     medians = [f"{name}: median TTFT {np.nanmedian(_trace_of(res).ttft) * 1e3:,.3g} ms, TPOT "
                f"{np.nanmedian(_trace_of(res).tpot) * 1e3:,.3g} ms" for name, res in results.items()]
-    return _describe(fig, "Cumulative distributions (log time axes, one line style and end marker per run) of time "
+    return describe(fig, "Cumulative distributions (log time axes, one line style and end marker per run) of time "
                           "to first token, time per output token and inter-token gaps; " + "; ".join(medians) + ".")
 
 
@@ -163,7 +163,7 @@ def goodput_plot(rows: Sequence[dict], *, x: str = "rate", series: str = "config
     rows = [r for r in rows if r.get("goodput_rps") is not None]
     if not rows:
         raise ValueError("goodput_plot needs summary rows computed with an slo=SLO(...)")
-    fig, (ax,) = _figure(width=8.0, height=4.8)
+    fig, (ax,) = new_figure(width=8.0, height=4.8)
     xs_all = sorted({r[x] for r in rows})
     ax.plot(xs_all, xs_all, color="#999999", lw=1, ls=":", label="every request meets the SLO")
     names = _series(rows, series)
@@ -179,7 +179,7 @@ def goodput_plot(rows: Sequence[dict], *, x: str = "rate", series: str = "config
     ax.set_title(title or ("Goodput" + (f" at {slo}" if slo else "")))
     ax.legend(fontsize=7, frameon=False, loc="upper left", ncol=2)
     peaks = [f"{name} peaks at {max(r['goodput_rps'] for r in rows if r[series] == name):,.3g}" for name in names]
-    return _describe(fig, f"Goodput (requests/s meeting the SLO) against offered load, one line, marker and style "
+    return describe(fig, f"Goodput (requests/s meeting the SLO) against offered load, one line, marker and style "
                           f"per {series}: {'; '.join(peaks)} requests/s; a dotted diagonal where every request "
                           "meets the SLO.")
 
@@ -190,7 +190,7 @@ def pool_balance_plot(splits: Sequence[str], prefill_rps: Sequence[float], decod
     The system runs at the smaller of the two; the best split is where they meet."""
     if not (len(splits) == len(prefill_rps) == len(decode_rps)) or not splits:
         raise ValueError("pool_balance_plot needs one prefill and one decode capacity per split")
-    fig, (ax,) = _figure(width=8.0, height=4.4)
+    fig, (ax,) = new_figure(width=8.0, height=4.4)
     pos = np.arange(len(splits))
     ax.bar(pos - 0.2, prefill_rps, 0.4, color=PREFILL_COLOR, label="prefill pool can take")
     ax.bar(pos + 0.2, decode_rps, 0.4, color=DECODE_COLOR, hatch="//", edgecolor="white", label="decode pool can take")
@@ -205,6 +205,6 @@ def pool_balance_plot(splits: Sequence[str], prefill_rps: Sequence[float], decod
     ax.set_ylabel("sustainable load (requests/s)")
     ax.set_title(title or "Sizing the pools: each must keep up")
     ax.legend(fontsize=8, frameon=False)
-    return _describe(fig, f"Paired bars per xPyD split ({', '.join(splits)}): requests/s the prefill pool (solid) "
+    return describe(fig, f"Paired bars per xPyD split ({', '.join(splits)}): requests/s the prefill pool (solid) "
                           f"and the decode pool (hatched) can sustain; the system takes the smaller, best at "
                           f"{splits[best]}.")

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from inference_lab.plots.style import DECODE_COLOR, GRID, HATCH, PREFILL_COLOR, _describe, _figure
+from inference_lab.plots.style import DECODE_COLOR, GRID, HATCH, PREFILL_COLOR, describe, new_figure
 
 
 def token_timeline(seconds: Sequence[float], *, title: str | None = None) -> Figure:
@@ -17,7 +17,7 @@ def token_timeline(seconds: Sequence[float], *, title: str | None = None) -> Fig
     if t.ndim != 1 or len(t) < 2 or not np.all(np.isfinite(t)):
         raise ValueError("token_timeline needs the times (s) of at least two tokens")
     gaps = np.diff(t)
-    fig, (left, right) = _figure(2, width=11.0, height=3.4)
+    fig, (left, right) = new_figure(2, width=11.0, height=3.4)
     left.axvspan(0, t[0], color=PREFILL_COLOR, alpha=0.25, hatch=HATCH, label=f"prefill: TTFT {t[0]:,.0f} ms")
     left.plot(t, np.zeros_like(t), "|", color=DECODE_COLOR, ms=18, mew=1.5, label="a token appears")
     left.set_yticks([])
@@ -35,7 +35,7 @@ def token_timeline(seconds: Sequence[float], *, title: str | None = None) -> Fig
     right.legend(fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
-    return _describe(fig, f"Timeline of one streamed answer of {len(t)} tokens: the first appeared after "
+    return describe(fig, f"Timeline of one streamed answer of {len(t)} tokens: the first appeared after "
                           f"{t[0]:,.0f} ms (TTFT, shaded), the rest {np.median(gaps):,.1f} ms apart at the median "
                           f"(max {gaps.max():,.1f} ms), plotted token by token on the right.")
 
@@ -48,7 +48,7 @@ def cache_vs_recompute(lengths: Sequence[int], uncached_s: Sequence[float], cach
     un, ca = np.asarray(uncached_s, float) * 1e3, np.asarray(cached_s, float) * 1e3
     if not (len(n) == len(un) == len(ca) >= 2):
         raise ValueError("cache_vs_recompute needs one uncached and one cached step time per length, at least two")
-    fig, (ax,) = _figure(width=7.5, height=4.2)
+    fig, (ax,) = new_figure(width=7.5, height=4.2)
     ax.plot(n, un, "o-", color=PREFILL_COLOR, ms=4, lw=1, label="no cache: the whole text again each step")
     ax.plot(n, ca, "^--", color=DECODE_COLOR, ms=4, lw=1, label="KV cache: one new token per step")
     ax.set_ylim(bottom=0)
@@ -57,6 +57,6 @@ def cache_vs_recompute(lengths: Sequence[int], uncached_s: Sequence[float], cach
     ax.set_ylabel("time of one step (ms)")
     ax.set_title(title or "Same answer, two ways: what the KV cache saves")
     ax.legend(fontsize=8, frameon=False, loc="upper left")
-    return _describe(fig, f"Step time against text length from {int(n[0])} to {int(n[-1])} tokens: without a cache "
+    return describe(fig, f"Step time against text length from {int(n[0])} to {int(n[-1])} tokens: without a cache "
                           f"it grows from {un[0]:,.2f} to {un[-1]:,.2f} ms (circles, solid); with the KV cache it "
                           f"stays near {np.median(ca):,.2f} ms (triangles, dashed).")

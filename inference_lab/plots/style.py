@@ -22,7 +22,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from inference_lab.analytic import roofline
+from inference_lab.base import checks
 
 # Okabe and Ito's colour-blind-safe palette ("Color Universal Design", 2008): eight colours that
 # stay distinct under the common colour-vision deficiencies. Paired series also differ by marker
@@ -74,13 +74,13 @@ def alt_text(fig) -> str:
     return " ".join(str(text).split())
 
 
-def _describe(fig, text: str):
+def describe(fig, text: str):
     """Set ``fig.alt_text`` to ``text`` on one line; returns the figure."""
     fig.alt_text = " ".join(text.split())
     return fig
 
 
-def _shades(color, n: int) -> list:
+def shades(color, n: int) -> list:
     """``n`` shades of one colour, darker to lighter (a family of series of one meaning)."""
     rgb = np.array(to_rgb(color))
     out = []
@@ -90,12 +90,12 @@ def _shades(color, n: int) -> list:
     return out
 
 
-def _tint(color, weight: float = 0.25) -> tuple:
+def tint(color, weight: float = 0.25) -> tuple:
     """A light tint of a palette colour (``weight`` of the colour over white), for filled areas."""
     return tuple(1 - weight * (1 - c) for c in to_rgb(color))
 
 
-def _figure(ncols: int = 1, width: float = 7.0, height: float = 4.6):
+def new_figure(ncols: int = 1, width: float = 7.0, height: float = 4.6):
     fig = LabFigure(figsize=(width, height), layout="constrained", dpi=110)
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     for ax in axes:
@@ -104,7 +104,7 @@ def _figure(ncols: int = 1, width: float = 7.0, height: float = 4.6):
     return fig, axes
 
 
-def _style_log(ax, x=True, y=True):
+def log_axes(ax, x=True, y=True):
     if x:
         ax.set_xscale("log")
     if y:
@@ -113,7 +113,7 @@ def _style_log(ax, x=True, y=True):
     ax.grid(True, **GRID_MINOR)
 
 
-def _plain_ticks(ax, axis="x"):
+def plain_ticks(ax, axis="x"):
     """Log axis ticks written as plain numbers (1, 8, 64 rather than 10^0 ...)."""
     fmt = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
     target = ax.xaxis if axis == "x" else ax.yaxis
@@ -121,23 +121,23 @@ def _plain_ticks(ax, axis="x"):
     target.set_minor_formatter(NullFormatter())
 
 
-def _length_ticks(ax, lengths):
+def length_ticks(ax, lengths):
     """Ticks at the measured prompt lengths when there are few of them, plain numbers."""
     lengths = sorted(set(lengths))
     if 1 < len(lengths) <= 10:
         ax.set_xticks(lengths)
-    _plain_ticks(ax, "x")
+    plain_ticks(ax, "x")
 
 
-def _base2_batches(ax, batches):
+def batch_ticks(ax, batches):
     ax.set_xscale("log", base=2)
     ticks = sorted(set(int(b) for b in batches))
     if len(ticks) <= 12:
         ax.set_xticks(ticks)
-    _plain_ticks(ax, "x")
+    plain_ticks(ax, "x")
 
 
-def _si(v: float) -> str:
+def si_label(v: float) -> str:
     """1.2e12 -> '1.2 T' (value and SI prefix, for labels and ticks)."""
     for scale, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(v) >= scale:
@@ -145,13 +145,13 @@ def _si(v: float) -> str:
     return f"{v:,.3g} "
 
 
-def _si_ticks(ax, axis="y"):
+def si_ticks(ax, axis="y"):
     """Log-axis ticks as 500, 2k, 40k, 1.5M. Minor ticks get labels only on short axes."""
     target = ax.yaxis if axis == "y" else ax.xaxis
     lim = ax.get_ylim if axis == "y" else ax.get_xlim
 
     def major(v, _):
-        return _si(v).replace(" ", "")
+        return si_label(v).replace(" ", "")
 
     def minor(v, _):
         lo, hi = lim()
@@ -164,19 +164,19 @@ def _si_ticks(ax, axis="y"):
     target.set_minor_formatter(FuncFormatter(minor))
 
 
-def _flops_unit(peak: float):
+def flops_unit(peak: float):
     for scale, name in ((1e15, "PFLOP/s"), (1e12, "TFLOP/s"), (1e9, "GFLOP/s")):
         if peak >= 3 * scale:
             return scale, name
     return 1e6, "MFLOP/s"
 
 
-def _is_decode(rec) -> bool:
+def is_decode(rec) -> bool:
     return getattr(rec, "step_seconds", None) is not None or getattr(rec, "phase", None) == "decode"
 
 
-def _is_prefill(rec) -> bool:
-    return not _is_decode(rec) and getattr(rec, "prompt_len", None) is not None \
+def is_prefill(rec) -> bool:
+    return not is_decode(rec) and getattr(rec, "prompt_len", None) is not None \
         and getattr(rec, "seconds", None) is not None
 
 
@@ -188,7 +188,7 @@ def plain_text(text) -> str:
     return text.replace("$", r"\$")
 
 
-def _median_by(pairs):
+def median_by(pairs):
     groups = defaultdict(list)
     for k, v in pairs:
         if v is not None:
@@ -197,10 +197,10 @@ def _median_by(pairs):
     return np.array(keys, dtype=float), np.array([np.median(groups[k]) for k in keys])
 
 
-def _records(records) -> list:
+def as_records(records) -> list:
     records = list(records or [])
     for r in records:
-        if not (_is_decode(r) or _is_prefill(r)):
+        if not (is_decode(r) or is_prefill(r)):
             raise ValueError(
                 f"record {r!r} is neither a PrefillRecord (prompt_len, seconds) nor a "
                 "DecodeRecord (batch, step_seconds): pass measure.load_records(...) output"
@@ -208,7 +208,7 @@ def _records(records) -> list:
     return records
 
 
-def _prediction_args(recs, cfg, spec, name: str, kind: str):
+def prediction_args(recs, cfg, spec, name: str, kind: str):
     """A figure needs ``kind`` records, or ``cfg`` and ``spec`` (both) to draw a prediction."""
     if not recs and cfg is None:
         raise ValueError(f"{name} needs {kind} records or cfg= and spec= for a prediction")
@@ -216,11 +216,11 @@ def _prediction_args(recs, cfg, spec, name: str, kind: str):
         raise ValueError("pass cfg= and spec= together (the prediction needs both)")
 
 
-def _check_spec(spec, dtype):
-    roofline._check_spec(spec)
+def peak_of(spec, dtype):
+    checks.hardware_spec(spec)
     return spec.peak_flops(dtype)  # raises a clear ValueError for an unknown dtype
 
 
-def _palette(n):
+def palette(n):
     order = ["blue", "vermillion", "green", "orange", "sky_blue", "purple", "black", "yellow"]
     return [OKABE_ITO[order[i % len(order)]] for i in range(n)]

@@ -117,6 +117,14 @@ def _decode_loop_jit(params, tokens, lengths, k_caches, v_caches, key, temperatu
 _sample_jit = jax.jit(_sample, static_argnames=("top_k",))
 
 
+def sample(logits, key, temperature: float = 0.0, top_k: int | None = None):
+    """float32 logits [B, V] -> int32 tokens [B]: greedy (argmax) at ``temperature`` 0, else
+    softmax sampling at that temperature over the ``top_k`` largest logits (all when None), with
+    ``key``. Arguments as :func:`check_sampling` returns them. The same program ``generate`` and
+    ``streaming.stream`` draw with, so they draw the same tokens."""
+    return _sample_jit(logits, key, _temperature(temperature), top_k=top_k)
+
+
 # ----------------------------------------------------------------------------- checks
 def _as_tokens(tokens, name: str, ndim: int, cfg) -> np.ndarray:
     return check_tokens(tokens, name, ndim, cfg)
@@ -124,7 +132,7 @@ def _as_tokens(tokens, name: str, ndim: int, cfg) -> np.ndarray:
 
 def _check_room(model, cache, steps: int, what: str) -> None:
     """``steps`` more tokens must fit in the cache and within the model's ``max_seq_len``."""
-    held = int(cache._host_lengths.max())
+    held = int(cache.host_lengths.max())
     if held + steps > cache.max_len:
         raise ValueError(f"decoding past max_len: {what} from {held} tokens exceed max_len={cache.max_len}; "
                          "create the cache with a larger max_len")
@@ -136,7 +144,7 @@ def _check_room(model, cache, steps: int, what: str) -> None:
 def _check_cache(model, cache, what: str) -> None:
     if not isinstance(cache, KVCache):
         raise ValueError(f"cache must be a KVCache (KVCache.create(cfg, batch, max_len)), got {type(cache).__name__}")
-    cache._check_alive(what)
+    cache.check_alive(what)
     cfg = model.cfg
     want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, np.dtype(cfg.dtype))
     have = (cache.n_layers, cache.n_kv_heads, cache.head_dim, np.dtype(cache.dtype))
@@ -162,9 +170,10 @@ def prefill(model, tokens, cache: KVCache, lengths=None):
     if t > cache.max_len:
         raise ValueError(f"prompt length {t} is longer than the cache (max_len={cache.max_len}); "
                          "create a larger cache with KVCache.create(cfg, batch, max_len)")
-    if cache._host_lengths.any():
+    held = cache.host_lengths
+    if held.any():
         raise ValueError(f"prefill needs an empty cache but this one already holds "
-                         f"{cache._host_lengths.tolist()} tokens per row; use a fresh "
+                         f"{held.tolist()} tokens per row; use a fresh "
                          "KVCache.create(...) or continue with decode_step")
     if lengths is None:
         lengths = np.full((b,), t, np.int32)
@@ -175,7 +184,7 @@ def prefill(model, tokens, cache: KVCache, lengths=None):
         if lengths.min() < 1 or lengths.max() > t:
             raise ValueError(f"lengths {lengths.tolist()} must be in 1..{t} (the prompt width)")
         lengths = lengths.astype(np.int32)
-    ks, vs = parallel.place_cache(model.mesh, *cache._donate("prefill"))
+    ks, vs = parallel.place_cache(model.mesh, *cache.donate("prefill"))
     logits, ks, vs = _prefill_jit(model.params(), jnp.asarray(tokens), jnp.asarray(lengths), ks, vs,
                                   cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
     return logits, KVCache(ks, vs, jnp.asarray(lengths), host_lengths=lengths)
@@ -193,9 +202,9 @@ def decode_step(model, next_tokens, cache: KVCache):
         raise ValueError(f"next_tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows; "
                          "give one token per row")
     _check_room(model, cache, 1, "1 step")
-    host = cache._host_lengths + 1
-    lengths = cache._lengths
-    ks, vs = parallel.place_cache(model.mesh, *cache._donate("decode_step"))
+    host = cache.host_lengths + 1
+    lengths = cache.lengths
+    ks, vs = parallel.place_cache(model.mesh, *cache.donate("decode_step"))
     logits, ks, vs, lengths = _decode_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
                                           cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
     return logits, KVCache(ks, vs, lengths, host_lengths=host)
@@ -214,18 +223,19 @@ def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float
         raise ValueError(f"tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows")
     if not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a positive integer")
-    top_k = _check_sampling(temperature, top_k, model.cfg.vocab_size)
+    top_k = check_sampling(temperature, top_k, model.cfg.vocab_size)
     _check_room(model, cache, int(steps), f"{steps} steps")
-    host = cache._host_lengths + steps
-    lengths = cache._lengths
-    ks, vs = parallel.place_cache(model.mesh, *cache._donate("decode_loop"))
+    host = cache.host_lengths + steps
+    lengths = cache.lengths
+    ks, vs = parallel.place_cache(model.mesh, *cache.donate("decode_loop"))
     out, ks, vs, lengths = _decode_loop_jit(
         model.params(), jnp.asarray(tokens), lengths, ks, vs, jax.random.key(seed), _temperature(temperature),
         steps=int(steps), top_k=top_k, cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
     return out, KVCache(ks, vs, lengths, host_lengths=host)
 
 
-def _check_sampling(temperature, top_k, vocab):
+def check_sampling(temperature, top_k, vocab):
+    """``top_k`` as an int or None, after checking both sampling arguments (one-line errors)."""
     if (isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating))
             or temperature < 0 or not np.isfinite(temperature)):
         raise ValueError(f"temperature={temperature!r} must be a number >= 0 (0 means greedy)")
@@ -267,7 +277,7 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
         raise ValueError(f"prompts holds ids such as {bad[0]} outside the vocabulary 0..{model.cfg.vocab_size - 1}")
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
-    top_k = _check_sampling(temperature, top_k, model.cfg.vocab_size)
+    top_k = check_sampling(temperature, top_k, model.cfg.vocab_size)
     longest = max(len(r) for r in rows)
     if longest + max_new_tokens > model.cfg.max_seq_len:
         raise ValueError(f"the longest prompt ({longest} tokens) + max_new_tokens={max_new_tokens} is past the "
@@ -281,7 +291,7 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
     cache = KVCache.create(model.cfg, batch=len(rows), max_len=width + int(max_new_tokens))
     logits, cache = prefill(model, tokens, cache, lengths)
     key = jax.random.key(seed)
-    first = _sample_jit(logits, jax.random.fold_in(key, 0), _temperature(temperature), top_k=top_k)
+    first = sample(logits, jax.random.fold_in(key, 0), temperature, top_k)
     if max_new_tokens > 1:
         rest, cache = decode_loop(model, first, cache, int(max_new_tokens) - 1,
                                   temperature=temperature, top_k=top_k, seed=seed)
@@ -293,3 +303,18 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
         out = [tokenizer.decode(r) for r in out]
         return out[0] if single else out
     return out
+
+
+def lower_decode(model, cache: KVCache, *, steps: int | None = None):
+    """The jitted :func:`decode_step` (``steps=None``) or :func:`decode_loop` of ``steps`` steps,
+    lowered for these shapes (``jax.stages.Lowered``: ``.compile().as_text()`` is the program XLA
+    runs; :mod:`inference_lab.runtime.hlo` reads it). Nothing runs; the cache is only used for its
+    shapes (it is not donated)."""
+    _check_cache(model, cache, "lower_decode()")
+    mesh = model.mesh
+    ks, vs = parallel.place_cache(mesh, cache.k, cache.v)   # shapes and shardings as a real call
+    args = (model.params(), jnp.zeros((cache.batch,), jnp.int32), cache.lengths, ks, vs)
+    if steps is None:
+        return _decode_jit.lower(*args, cfg=model.cfg, mode=model.kernels, mesh=mesh)
+    return _decode_loop_jit.lower(*args, jax.random.key(0), None, steps=int(steps), top_k=None,
+                                  cfg=model.cfg, mode=model.kernels, mesh=mesh)

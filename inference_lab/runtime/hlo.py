@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import re
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from inference_lab.runtime import engine
-from inference_lab.model import parallel
 from inference_lab.model.kv_cache import KVCache
+from inference_lab.runtime import engine
 
 # One HLO instruction: "%name = <type> opcode(operands), attributes". The type is an array
 # ("f32[2,64,4,32]{3,2,1,0}") or a tuple of them ("(f32[2,512]{1,0}, s32[2]{0})").
@@ -166,17 +163,7 @@ def count_all_reduces(hlo_text: str) -> int:
 
 
 def compiled_decode_text(model, cache: KVCache, *, steps: int | None = None) -> str:
-    """The compiled HLO text of :func:`decode_step` (``steps=None``) or of the jitted
-    :func:`decode_loop` of ``steps`` steps, for these shapes. Nothing runs; the cache is
-    only used for its shapes (it is not donated)."""
-    engine._check_cache(model, cache, "compiled_decode_text()")
-    b = cache.batch
-    mesh = model.mesh
-    ks, vs = parallel.place_cache(mesh, cache._k, cache._v)   # shapes/shardings as a real call
-    args = (model.params(), jnp.zeros((b,), jnp.int32), cache._lengths, ks, vs)
-    if steps is None:
-        lowered = engine._decode_jit.lower(*args, cfg=model.cfg, mode=model.kernels, mesh=mesh)
-    else:
-        lowered = engine._decode_loop_jit.lower(*args, jax.random.key(0), None, steps=int(steps),
-                                                top_k=None, cfg=model.cfg, mode=model.kernels, mesh=mesh)
-    return lowered.compile().as_text()
+    """The compiled HLO text of :func:`~inference_lab.runtime.engine.decode_step`
+    (``steps=None``) or of the jitted ``decode_loop`` of ``steps`` steps, for these shapes.
+    Nothing runs; the cache is only used for its shapes (it is not donated)."""
+    return engine.lower_decode(model, cache, steps=steps).compile().as_text()

@@ -25,6 +25,7 @@ import numpy as np
 from inference_lab.runtime import engine
 from inference_lab.base import tokenizer
 from inference_lab.model.kv_cache import KVCache
+from pallas_kernels.timing import timed_call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,15 +57,14 @@ def stream(model, prompt: str, max_new_tokens: int = 64, *, temperature: float =
     does, and why each step here waits for the device: the timings are honest per token).
     """
     ids = _check_prompt(model, prompt, max_new_tokens)
-    top_k = engine._check_sampling(temperature, top_k, model.cfg.vocab_size)
+    top_k = engine.check_sampling(temperature, top_k, model.cfg.vocab_size)
     key = jax.random.key(seed)
-    temp = engine._temperature(temperature)
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     cache = KVCache.create(model.cfg, 1, len(ids) + max_new_tokens)
     t0 = time.perf_counter()
     logits, cache = engine.prefill(model, np.asarray([ids], np.int32), cache)
     # The same keys as generate(): fold_in(key, 0) for the token prefill makes, i for step i.
-    token = engine._sample_jit(logits, jax.random.fold_in(key, 0), temp, top_k=top_k)
+    token = engine.sample(logits, jax.random.fold_in(key, 0), temperature, top_k)
     for i in range(max_new_tokens):
         tid = int(token[0])  # waits for the device: the token exists now
         last = i + 1 == max_new_tokens
@@ -75,7 +75,7 @@ def stream(model, prompt: str, max_new_tokens: int = 64, *, temperature: float =
         if last:
             return
         logits, cache = engine.decode_step(model, token, cache)
-        token = engine._sample_jit(logits, jax.random.fold_in(key, i + 1), temp, top_k=top_k)
+        token = engine.sample(logits, jax.random.fold_in(key, i + 1), temperature, top_k)
 
 
 @dataclasses.dataclass
@@ -116,10 +116,8 @@ def generate_without_cache(model, prompt: str, max_new_tokens: int = 64, *, buck
         width = -(-n // bucket) * bucket
         padded = np.full((1, width), tokenizer.PAD, np.int32)
         padded[0, :n] = seq
-        t0 = time.perf_counter()
-        logits = model(padded)                                  # [1, width, V]: every position, again
-        tid = int(_greedy_at(logits, n - 1))
-        times.append(time.perf_counter() - t0)
+        seconds, tid = timed_call(lambda: int(_greedy_at(model(padded), n - 1)))   # every position, again
+        times.append(seconds)
         lengths.append(n)
         out.append(tid)
         seq.append(tid)

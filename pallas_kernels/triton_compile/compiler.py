@@ -18,7 +18,7 @@ class TritonUnavailable(ImportError):
     """The ``triton`` package (the compiler; no GPU needed) is not installed."""
 
 
-def _require_triton():
+def require_triton():
     try:
         import triton
     except ImportError as e:
@@ -35,7 +35,7 @@ def triton_problem() -> str | None:
     (``TRITON_PIN``'s major.minor), otherwise why not: absent, or another version (the GPU image
     carries torch's Triton, whose parser and ptxas may not take this jaxlib's Triton IR)."""
     try:
-        version = _require_triton().__version__
+        version = require_triton().__version__
     except TritonUnavailable as e:
         return str(e)
     if version.split(".")[:2] != TRITON_PIN.split(".")[:2]:
@@ -62,7 +62,7 @@ def versions() -> dict:
     import jaxlib
 
     try:
-        triton_version = _require_triton().__version__
+        triton_version = require_triton().__version__
     except TritonUnavailable:
         triton_version = None
     return {
@@ -227,7 +227,7 @@ def compile_kernel(kernel: Kernel, target: str | Target = "sm_90") -> Compiled:
     without the ``triton`` package. Results are cached by Triton (``~/.triton/cache`` or
     ``TRITON_CACHE_DIR``); ptxas runs again each call (fast).
     """
-    triton = _require_triton()
+    triton = require_triton()
     from triton.backends.compiler import GPUTarget
 
     t = get_target(target)

@@ -9,7 +9,7 @@ import sys
 from typing import Callable, Iterable, Sequence
 
 from pallas_kernels.triton_compile.capture import TARGETS, Kernel, Target, capture_kernels, get_target, unique
-from pallas_kernels.triton_compile.compiler import (Compiled, CompileError, TritonUnavailable, _require_triton,
+from pallas_kernels.triton_compile.compiler import (Compiled, CompileError, TritonUnavailable, require_triton,
                                                     compile_kernel, triton_problem, version_warning, versions)
 
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None, cases: Callable[[], list] = benchmark_ca
     targets = args.target or ["sm_90"]
     targets = list(TARGETS) if "all" in targets else list(dict.fromkeys(targets))
     try:
-        _require_triton()
+        require_triton()
     except TritonUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

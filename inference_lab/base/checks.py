@@ -1,0 +1,86 @@
+"""The argument checks every public entry point of the lab runs, in one place.
+
+Each raises a one-line ``ValueError`` that names the argument and says what would be accepted,
+before any work starts. They are deliberately strict: a bool is not a count (``True`` would
+pass as 1), a float is not a count (a batch of 2.5 is a bug), NaN and infinity are not numbers.
+
+The tensor-parallel rule lives here too, once: the roofline that predicts a split and the
+mechanism that performs it (``inference_lab.model.parallel``) accept the same degrees.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def count(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``: ints and NumPy integers pass; bools, floats and
+    strings do not."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+    value = value.__index__()
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be an integer >= {minimum}")
+    return value
+
+
+def positive(name: str, value) -> float:
+    """``value`` as a finite float > 0 (not a bool, not NaN, not infinity)."""
+    if not is_positive(value):
+        raise ValueError(f"{name}={value!r} must be a positive finite number")
+    return float(value)
+
+
+def is_positive(value) -> bool:
+    """True for a finite real number > 0 that is not a bool."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+            and value > 0)
+
+
+def model_config(cfg) -> None:
+    """``cfg`` must be a ModelConfig (or have its fields): the analytic layer reads only these."""
+    for field in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "d_model", "vocab_size", "d_ff",
+                  "matmul_params", "dtype_bytes"):
+        if not hasattr(cfg, field):
+            raise ValueError(f"cfg={cfg!r} is not a ModelConfig (it lacks {field!r}); "
+                             "pass inference_lab.base.config.ModelConfig.preset(name)")
+
+
+def hardware_spec(spec) -> None:
+    """``spec`` must be a HardwareSpec (or have ``peak_flops`` and ``bandwidth``)."""
+    if not (hasattr(spec, "peak_flops") and hasattr(spec, "bandwidth")):
+        raise ValueError(f"spec={spec!r} is not a HardwareSpec; pass hardware.PRESETS[name] or "
+                         "hardware.measure_ceilings()")
+
+
+# ----------------------------------------------------------------------------- tensor parallelism
+# What the Megatron split cuts (inference_lab.model.parallel.PARTITION): each device needs whole KV
+# heads (with their query heads), an equal slice of the vocabulary (embedding rows, head columns)
+# and of the MLP's hidden size.
+_TP_SPLITS = ("n_kv_heads", "n_heads", "vocab_size", "d_ff")
+
+
+def tp_degrees(cfg) -> list:
+    """Every tensor-parallel degree that splits ``cfg`` into whole heads and equal slices."""
+    model_config(cfg)
+    n = min(getattr(cfg, f) for f in _TP_SPLITS)
+    return [t for t in range(1, n + 1) if not any(getattr(cfg, f) % t for f in _TP_SPLITS)]
+
+
+def tensor_parallel(cfg, tp, n_devices: int | None = None) -> int:
+    """``tp`` as an int, or a one-line ValueError saying why it cannot split ``cfg``: it must
+    divide ``n_kv_heads`` (each device holds whole KV heads; fewer KV heads than devices is an
+    error, not a silent replication), ``n_heads``, ``vocab_size`` and ``d_ff``, and not exceed
+    ``n_devices`` when given. The roofline and the mechanism both ask this function."""
+    model_config(cfg)
+    tp = count("tp", tp)
+    bad = [f"{f}={getattr(cfg, f)}" for f in _TP_SPLITS if getattr(cfg, f) % tp]
+    if bad:
+        raise ValueError(f"tp={tp} does not divide {', '.join(bad)} of preset {getattr(cfg, 'name', '?')!r} "
+                         f"(each device needs whole KV heads and equal slices); choose tp in {tp_degrees(cfg)}")
+    if n_devices is not None and tp > n_devices:
+        raise ValueError(f"tp={tp} needs {tp} devices but jax sees {n_devices}; on a CPU simulate them by "
+                         f"setting XLA_FLAGS=--xla_force_host_platform_device_count={tp} before jax is imported "
+                         "(or jax.config.update('jax_num_cpu_devices', N) before any jax operation)")
+    return tp
