@@ -116,35 +116,17 @@ def check_config(config, cls, name: str = "config"):
     return config
 
 
-def check_config_type(config, triton_config, mosaic_config):
-    """``config`` must be None or a config of one of the two tiers."""
-    if config is not None and not isinstance(config, (triton_config, mosaic_config)):
-        raise ValueError(f"config must be a {triton_config.__name__} or a {mosaic_config.__name__} (or None); "
-                         f"got {type(config).__name__}")
-    return config
-
-
-def pick_tier(mode: str, config, triton_config, mosaic_config, unsupported) -> str:
-    """``"mosaic"`` or ``"triton"``: which kernels a call in (resolved, non-reference) ``mode``
-    runs, with ``config`` (None, a Triton-tier or a Mosaic-tier config) checked against it.
-    ``unsupported()`` returns why the Mosaic tier cannot take this call, or None."""
-    from pallas_kernels import mode as mode_mod
-
-    check_config_type(config, triton_config, mosaic_config)
-    if isinstance(config, mosaic_config):
-        if mode in ("triton", "interpret") or (mode == "pallas" and mode_mod.compiled_tier() != "mosaic"):
-            raise ValueError(f"config is a {mosaic_config.__name__} but mode={mode!r} runs the Triton tier here; "
-                             f"pass a {triton_config.__name__}, or use mode='mosaic' on a Hopper-class GPU "
-                             "(or 'mosaic_interpret')")
-        why = unsupported()
-        if why:
-            raise ValueError(f"config is a {mosaic_config.__name__} but {why}")
-        mode_mod.note_tier("mosaic")
-        return "mosaic"
-    if isinstance(config, triton_config):
-        if mode in ("mosaic", "mosaic_interpret"):
-            raise ValueError(f"config is a {triton_config.__name__} but mode={mode!r} runs the Mosaic GPU tier; "
-                             f"pass a {mosaic_config.__name__} or None")
-        mode_mod.note_tier("triton")
-        return "triton"
-    return "mosaic" if mode_mod.use_mosaic(mode, unsupported()) else "triton"
+def check_triton_config(config, blocks) -> None:
+    """The rules every Triton-tier config follows (its ``__post_init__`` calls this): each field
+    in ``blocks`` a power of two >= 16 (Triton loads power-of-two blocks; its dots need >= 16),
+    ``num_warps`` 1, 2, 4, 8 or 16, ``num_stages`` a positive integer."""
+    cls = type(config).__name__
+    for field in blocks:
+        v = getattr(config, field)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1):
+            raise ValueError(f"{cls}.{field}={v!r} must be a power of two >= 16 "
+                             "(Triton loads power-of-two blocks; its dots need >= 16)")
+    if config.num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{cls}.num_warps={config.num_warps!r} must be 1, 2, 4, 8 or 16")
+    if isinstance(config.num_stages, bool) or not isinstance(config.num_stages, int) or config.num_stages < 1:
+        raise ValueError(f"{cls}.num_stages={config.num_stages!r} must be a positive integer")

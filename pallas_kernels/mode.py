@@ -26,7 +26,9 @@ kernels under the interpreter).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import importlib
 import os
 
 MODES = ("auto", "pallas", "triton", "mosaic", "interpret", "mosaic_interpret", "reference")
@@ -182,12 +184,6 @@ def record_tiers():
         _TIER_LOGS.remove(seen)
 
 
-def note_tier(tier_name: str) -> None:
-    """Called by the kernels as they pick a tier (at trace time)."""
-    for seen in _TIER_LOGS:
-        seen.add(tier_name)
-
-
 def tier(mode: str) -> str:
     """Which kernels a mode prefers here: ``"mosaic"``, ``"triton"`` or ``"reference"`` (for
     ``"pallas"``, the tier this device prefers; a call whose shape or dtype the Mosaic tier cannot
@@ -200,23 +196,71 @@ def tier(mode: str) -> str:
     return {"mosaic": "mosaic", "mosaic_interpret": "mosaic", "reference": "reference"}.get(mode, "triton")
 
 
-def use_mosaic(mode: str, unsupported_because: str | None) -> bool:
-    """For a resolved ``mode``: should this call run the Mosaic GPU tier?
+@dataclasses.dataclass(frozen=True)
+class Tier:
+    """Which kernels one call runs: ``name`` is ``"reference"``, ``"triton"`` or ``"mosaic"``;
+    ``interpret`` says whether under an interpreter; ``module`` is the Mosaic GPU kernel's module
+    when ``name == "mosaic"`` (imported only then)."""
 
-    ``"mosaic"``/``"mosaic_interpret"`` always do (a shape the tier cannot take is a
-    ``ValueError`` with the reason); ``"pallas"`` does on Hopper-class GPUs when the shape fits
-    (else the Triton tier runs); every other mode never does.
+    name: str
+    interpret: bool = False
+    module: object = None
+
+
+def choose_tier(mode: str, config, *, triton_config, mosaic: tuple, mosaic_problem) -> Tier:
+    """The one place a kernel call's tier is decided (every public kernel function asks it).
+
+    ``mode`` as the caller gave it; ``config``: None, a ``triton_config``, or the Mosaic tier's
+    config (which picks that tier); ``mosaic``: ``(module name under pallas_kernels.mosaic, its
+    config class's name)``; ``mosaic_problem(module, allow_copies)``: why the Mosaic tier cannot take
+    this call (a one-line reason) or None; with ``allow_copies=False`` also a call it would run only
+    by copying a weight or a cache to pad it to whole TMA tiles. The Mosaic module is imported, and ``mosaic_problem`` asked, only
+    where the Mosaic tier is a candidate: modes ``"mosaic"``/``"mosaic_interpret"``, ``"pallas"``
+    on a Hopper GPU, or a Mosaic config. ``"mosaic"``/``"mosaic_interpret"`` refuse a call the tier
+    cannot take; ``"pallas"`` falls back to the Triton tier. Records the tier (:func:`record_tiers`).
     """
-    if mode in ("mosaic", "mosaic_interpret"):
-        if unsupported_because:
+    mode = resolve_mode(mode)
+    interpret = mode in ("interpret", "mosaic_interpret")
+    candidate = mode in ("mosaic", "mosaic_interpret") or (mode == "pallas" and compiled_tier() == "mosaic")
+    module_name, config_name = mosaic
+    if config is not None and not isinstance(config, triton_config):
+        module = importlib.import_module(f"pallas_kernels.mosaic.{module_name}")
+        if not isinstance(config, getattr(module, config_name)):
+            raise ValueError(f"config must be a {triton_config.__name__} or a {config_name} (or None); "
+                             f"got {type(config).__name__}")
+        if mode != "reference":
+            if not candidate:
+                raise ValueError(f"config is a {config_name} but mode={mode!r} runs the Triton tier here; pass a "
+                                 f"{triton_config.__name__}, or use mode='mosaic' on a Hopper-class GPU "
+                                 "(or 'mosaic_interpret')")
+            why = mosaic_problem(module, True)
+            if why:
+                raise ValueError(f"config is a {config_name} but {why}")
+            return _noted(Tier("mosaic", interpret, module))
+    if mode == "reference":
+        return _noted(Tier("reference"))
+    if isinstance(config, triton_config):
+        if mode in ("mosaic", "mosaic_interpret"):
+            raise ValueError(f"config is a {triton_config.__name__} but mode={mode!r} runs the Mosaic GPU tier; "
+                             f"pass a {config_name} or None")
+        return _noted(Tier("triton", interpret))
+    if candidate:
+        module = importlib.import_module(f"pallas_kernels.mosaic.{module_name}")
+        # "pallas" prefers the Triton tier over a Mosaic run that must copy a weight or a cache
+        why = mosaic_problem(module, mode != "pallas")
+        if why is None:
+            return _noted(Tier("mosaic", interpret, module))
+        if mode in ("mosaic", "mosaic_interpret"):
             other = ("mode='interpret' (the Triton-style kernels, interpreted)" if mode == "mosaic_interpret"
                      else "mode='pallas' (falls back to the Triton tier) or mode='triton'")
-            raise ValueError(f"mode={mode!r} cannot run this call: {unsupported_because}; use {other}")
-        note_tier("mosaic")
-        return True
-    chosen = mode == "pallas" and unsupported_because is None and compiled_tier() == "mosaic"
-    note_tier("mosaic" if chosen else "triton")
-    return chosen
+            raise ValueError(f"mode={mode!r} cannot run this call: {why}; use {other}")
+    return _noted(Tier("triton", interpret))
+
+
+def _noted(tier: Tier) -> Tier:
+    for seen in _TIER_LOGS:
+        seen.add(tier.name)
+    return tier
 
 
 def describe() -> str:

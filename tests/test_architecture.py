@@ -295,13 +295,14 @@ def test_file_and_analytic_modules_import_without_jax(module):
     assert "jax" not in _imported_after(f"import {module}")
 
 
-MOSAIC_GPU = ("pallas_kernels.mosaic", "jax.experimental.pallas.mosaic_gpu", "jax.experimental.mosaic.gpu")
+# Our Hopper tier and the Pallas API it is written in (jax's own Pallas loads parts of the Mosaic GPU
+# compiler for any call, an interpreted one included: that is jax's doing, and not counted).
+MOSAIC_GPU = ("pallas_kernels.mosaic", "jax.experimental.pallas.mosaic_gpu")
 
 
 def test_pallas_kernels_loads_the_mosaic_gpu_tier_only_when_a_mosaic_kernel_is_used():
     assert "jax" not in _imported_after("import pallas_kernels, pallas_kernels.files")
-    # jax's Pallas itself loads jaxlib's dialect bindings; the Mosaic GPU compiler and our Hopper
-    # tier (and their import time) wait until a call runs that tier.
+    # The Hopper tier (and its import time) waits until a call runs it.
     mods = _imported_after("import pallas_kernels as pk, jax.numpy as jnp; x = jnp.ones((4, 64)); "
                            "pk.matmul(x, x.T, mode='interpret'); pk.decode_attention, pk.flash_attention")
     assert "jax" in mods and not [m for m in mods if m.startswith(MOSAIC_GPU)], sorted(

@@ -138,6 +138,12 @@ MATMUL_CASES = [
     # Prefill-shaped: 3 x 2 tiles of 64 x 128 with ragged M and N; one wgmma kept in flight.
     (130, 256, 192, BF16, None, mm.MosaicMatmulConfig(tile_m=64, tile_n=64, tile_k=64, stages=2,
                                                       epi_n=32, delay_release=1, num_sms=4)),
+    # Edges that are not tile multiples: K = 100 (the activation padded to 128 columns, the weight's
+    # rows past K zero-filled... K % 8 = 4, so the weight is padded too) and N = 70 (the weight's
+    # columns padded to 128, the output sliced); then K = 72 (a multiple of 8: only the activation is
+    # padded, TMA zero-fills the weight's missing rows) with N = 136.
+    (5, 100, 70, BF16, None, dataclasses.replace(SMALL_DECODE, consumers=1, num_sms=2)),
+    (3, 72, 136, F16, None, dataclasses.replace(SMALL_DECODE, consumers=1, num_sms=2)),
 ]
 
 
@@ -154,13 +160,16 @@ def test_matmul_matches_float64(mode, m, k, n, dtype, out_dtype, config):
     assert_close(out, f64(reference.matmul(a, b, out_dtype=out_dtype)), what + " vs reference")
 
 
-def test_matmul_rejects_what_only_this_tier_rejects():
+def test_matmul_rejects_what_only_this_tier_rejects_and_pads_the_rest():
     a = jnp.ones((4, 64), jnp.float32)
     with pytest.raises(ValueError, match="float32"):
         mm.matmul(a, a.T)
-    a = jnp.ones((4, 100), BF16)
-    with pytest.raises(ValueError, match=r"K \(a.shape\[1\]\) = 100 is not a multiple of 64"):
-        mm.matmul(a, jnp.ones((100, 128), BF16))
+    # an awkward weight is taken (padded in a copy) but not preferred where Triton masks it for free
+    pad = mm.padding(4, 100, 70, mm.DECODE_CONFIG, BF16, BF16)
+    assert (pad["m"], pad["k"], pad["n"], pad["weight"]) == (8, 128, 128, True)
+    assert not mm.padding(1, 2048, 3072, mm.DECODE_CONFIG, BF16, BF16)["weight"]   # a real projection
+    a, b = jnp.ones((4, 100), BF16), jnp.ones((100, 70), BF16)
+    assert mm.unsupported(a, b) is None and "copy the weight" in mm.unsupported(a, b, allow_copies=False)
 
 
 def test_matmul_plan_grid_for_h200_and_a100():
@@ -252,6 +261,7 @@ DECODE_CASES = [
     # (B, Hq, Hkv, D, S_max, lengths, dtype, splits): lengths 1 and S_max in one batch
     (3, 4, 1, 64, 200, [1, 200, 77], BF16, 2),   # GQA 4; chunks of 128: rows 0, 2 skip split 1
     (2, 8, 1, 128, 136, [136, 1], F16, None),    # GQA 8, D = 128; S_max = 136 is ragged in 64s
+    (2, 4, 2, 64, 101, [101, 37], BF16, None),   # S_max = 101, not a multiple of 8: the caches padded
 ]   # (GQA 1 takes the same path as any group below 8 rows; flash attention tests it)
 
 
@@ -279,10 +289,9 @@ def test_decode_attention_plan_and_rejections():
         assert p.grid == (p.splits, 8, 1) and (p.splits - 1) * p.chunk < 32768 <= p.splits * p.chunk
     assert da.plan(64, 4096, 32, 8, 128, num_sms=132).grid == (1, 8, 64)   # enough CTAs already
     assert da.plan(1, 300, 32, 8, 64, num_sms=132).splits == 2             # chunks >= 256 keys
-    q = jnp.ones((1, 4, 64), BF16)
-    with pytest.raises(ValueError, match="S_max=100 slots, not a multiple of 8"):
-        kc = jnp.ones((1, 100, 1, 64), BF16)
-        da.decode_attention(q, kc, kc, jnp.ones((1,), jnp.int32))
+    q, kc = jnp.ones((1, 4, 64), BF16), jnp.ones((1, 100, 1, 64), BF16)
+    assert da.unsupported(q, kc) is None                                   # taken (the caches padded)...
+    assert "copy the caches" in da.unsupported(q, kc, allow_copies=False)  # ...but not preferred in "pallas"
 
 
 # ------------------------------------------------------------------ lowering for sm_90 on a CPU
@@ -300,7 +309,7 @@ def _lower_for_h200(fn, *args):
 S = jax.ShapeDtypeStruct
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 2048, 3072), (37, 4096, 14336), (4096, 4096, 4096)])
+@pytest.mark.parametrize("m,k,n", [(1, 2048, 3072), (37, 4096, 14336), (4096, 4096, 4096), (5, 100, 70)])
 def test_matmul_lowers_for_sm90(m, k, n):
     text = _lower_for_h200(lambda a, b: mm.matmul(a, b), S((m, k), BF16), S((k, n), BF16))
     assert "mosaic_gpu" in text
@@ -315,10 +324,10 @@ def test_flash_attention_lowers_for_sm90(d, causal, p_in_registers):
     assert "mosaic_gpu" in text
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_decode_attention_lowers_for_sm90(d):
+@pytest.mark.parametrize("d,s_max", [(64, 4096), (128, 4096), (64, 4093)])
+def test_decode_attention_lowers_for_sm90(d, s_max):
     text = _lower_for_h200(lambda q, k, v, n: da.decode_attention(q, k, v, n),
-                           S((4, 32, d), BF16), S((4, 4096, 8, d), BF16), S((4, 4096, 8, d), BF16),
+                           S((4, 32, d), BF16), S((4, s_max, 8, d), BF16), S((4, s_max, 8, d), BF16),
                            S((4,), jnp.int32))
     assert "mosaic_gpu" in text
 
@@ -361,4 +370,14 @@ def test_mode_and_config_errors_name_the_tier():
     if not pk.mode.mosaic_supported():
         with pytest.raises(ValueError, match="mode='mosaic' cannot run here"):
             pk.mode.resolve_mode("mosaic")
+    # mode "pallas" on a Hopper GPU: an awkward weight runs on the Triton tier (no copy), a regular one on Mosaic
+    with pk.mode.assume_gpu("NVIDIA H200", (9, 0)):
+        seen = pk.mode.choose_tier("pallas", None, triton_config=pk.MatmulConfig, mosaic=("matmul", "MosaicMatmulConfig"),
+                                   mosaic_problem=lambda m, copies: m.unsupported(
+                                       jnp.ones((4, 100), BF16), jnp.ones((100, 70), BF16), allow_copies=copies))
+        assert seen.name == "triton"
+        seen = pk.mode.choose_tier("pallas", None, triton_config=pk.MatmulConfig, mosaic=("matmul", "MosaicMatmulConfig"),
+                                   mosaic_problem=lambda m, copies: m.unsupported(
+                                       jnp.ones((4, 128), BF16), jnp.ones((128, 64), BF16), allow_copies=copies))
+        assert seen.name == "mosaic" and not seen.interpret
     assert pk.mode.tier("mosaic_interpret") == "mosaic" and pk.mode.tier("interpret") == "triton"

@@ -17,6 +17,7 @@ import pytest
 
 from inference_lab.model import parallel
 from inference_lab.lessons import tensor_parallel
+from inference_lab.base.checks import tensor_parallel as check_tp
 from inference_lab.base.config import ModelConfig
 
 SCRIPTS = Path(__file__).parent / "parallel_scripts"
@@ -66,17 +67,30 @@ def test_collectives_in_the_compiled_decode_step_match_the_layout(checks):
         assert c[tp] == {"all_reduces": 2 * layers + 1, "all_gathers": 1}, tp
 
 
+def test_the_roofline_and_the_mechanism_accept_the_same_degrees():
+    # One rule: the roofline refuses what parallel.shard would (the Shakespeare model's vocabulary of
+    # 259 does not split in two), and accepts what it does.
+    from inference_lab.analytic import costs
+
+    bard = ModelConfig.preset("shakespeare")
+    with pytest.raises(ValueError, match="vocab_size=259"):
+        costs.weight_bytes(bard, tp=2)
+    with pytest.raises(ValueError, match="vocab_size=259"):
+        check_tp(bard, 2)
+    assert costs.weight_bytes(TINY, tp=4) < costs.weight_bytes(TINY) and check_tp(TINY, 4) == 4
+
+
 def test_degree_and_mesh_errors():
     with pytest.raises(ValueError, match=r"tp=3 does not divide .*n_kv_heads=4.*choose tp in \[1, 2, 4\]"):
-        parallel.check_degree(TINY, 3)
+        check_tp(TINY, 3)
     with pytest.raises(ValueError, match="n_kv_heads=2"):    # fewer KV heads than devices
-        parallel.check_degree(TINY.replace(n_kv_heads=2), 4)
+        check_tp(TINY.replace(n_kv_heads=2), 4)
     with pytest.raises(ValueError, match="vocab_size=514"):
-        parallel.check_degree(TINY.replace(vocab_size=514), 4)
-    with pytest.raises(ValueError, match="positive integer"):
-        parallel.check_degree(TINY, 0)
+        check_tp(TINY.replace(vocab_size=514), 4)
+    with pytest.raises(ValueError, match="integer >= 1"):
+        check_tp(TINY, 0)
     with pytest.raises(ValueError, match="needs 8 devices but jax sees 2"):
-        parallel.check_degree(TINY.replace(n_heads=8, n_kv_heads=8), 8, n_devices=2)
+        check_tp(TINY.replace(n_heads=8, n_kv_heads=8), 8, n_devices=2)
     import jax
 
     n = len(jax.devices())

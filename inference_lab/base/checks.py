@@ -80,7 +80,12 @@ def tensor_parallel(cfg, tp, n_devices: int | None = None) -> int:
         raise ValueError(f"tp={tp} does not divide {', '.join(bad)} of preset {getattr(cfg, 'name', '?')!r} "
                          f"(each device needs whole KV heads and equal slices); choose tp in {tp_degrees(cfg)}")
     if n_devices is not None and tp > n_devices:
-        raise ValueError(f"tp={tp} needs {tp} devices but jax sees {n_devices}; on a CPU simulate them by "
-                         f"setting XLA_FLAGS=--xla_force_host_platform_device_count={tp} before jax is imported "
-                         "(or jax.config.update('jax_num_cpu_devices', N) before any jax operation)")
+        raise ValueError(too_few_devices(tp, n_devices))
     return tp
+
+
+def too_few_devices(tp: int, n: int, backend: str = "jax") -> str:
+    """The message for a tensor-parallel degree larger than the devices there are."""
+    return (f"tp={tp} needs {tp} devices but {backend} sees {n}; on a CPU simulate them by setting "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={tp} before jax is imported (or "
+            "jax.config.update('jax_num_cpu_devices', N) before any jax operation)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from inference_lab import plots
 from inference_lab.measure import matmuls, timing
 from inference_lab.analytic import costs, roofline
+from inference_lab.base import checks
 from inference_lab.lessons.machine import DECODE_COLUMNS, DECODE_STEPS, Sweep
 
 
@@ -118,8 +119,8 @@ def tensor_parallel_table(cfg, spec, *, batch: int, context: int, degrees=(1, 2,
     lines = [f"{cfg.name} on {spec.name}, decode batch {batch}, context {context}",
              f"{'TP':>4}{'weights/device':>16}{'step compute+memory':>21}{'all-reduce':>12}{'step':>10}{'tok/s':>10}"]
     for tp in degrees:
-        if cfg.n_kv_heads % tp or cfg.n_heads % tp:
-            lines.append(f"{tp:>4}  (heads do not divide by {tp})")
+        if tp not in checks.tp_degrees(cfg):
+            lines.append(f"{tp:>4}  (does not split {cfg.name} into whole heads and equal slices)")
             continue
         t = roofline.predict_time(costs.decode_cost(cfg, batch, context, tp=tp), spec, cfg.dtype)
         comm = roofline.allreduce_time(cfg, spec, batch, tp=tp) if tp > 1 else 0.0

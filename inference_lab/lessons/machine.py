@@ -160,16 +160,15 @@ def show_function(fn, *, start: str | None = None, stop: str | None = None):
 
 def kernel_parts(kernel_fn) -> list:
     """The functions that make a Pallas kernel, for reading: the kernel body (one program of
-    the grid: its loads, its math, its stores), the launcher that picks the blocks and the
-    grid, and the online-softmax update the attention kernels share. Not the validation, the
-    plans or the docstrings: those live in the file for whoever wants them."""
+    the grid: its loads, its math, its stores), its launcher (``launch``: the plan's blocks and
+    grid, the ``pallas_call``) and the online-softmax update the attention kernels share. Not the
+    validation, the plans or the docstrings: those live in the file for whoever wants them."""
     module = sys.modules[kernel_fn.__module__]
     bodies = [f for name, f in vars(module).items()
-              if name.startswith("_") and name.endswith("_kernel") and inspect.isfunction(f)
-              and f.__module__ == module.__name__]
-    if not bodies:
-        raise ValueError(f"{module.__name__} has no _*_kernel function to show")
-    parts = bodies + [module._run]
+              if name.endswith("_kernel") and inspect.isfunction(f) and f.__module__ == module.__name__]
+    if not bodies or not hasattr(module, "launch"):
+        raise ValueError(f"{module.__name__} has no *_kernel function and launch() to show")
+    parts = bodies + [module.launch]
     if "online_softmax.update" in inspect.getsource(bodies[0]):
         from pallas_kernels.triton import online_softmax
 

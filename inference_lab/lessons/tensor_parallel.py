@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from inference_lab.base import hardware
+from inference_lab.base import checks, hardware
 from inference_lab.runtime import hlo
 from inference_lab.measure import timing
 from inference_lab.model import parallel
@@ -79,7 +79,7 @@ def tp_lesson(cfg_name: str = "tiny", degrees=(1, 2, 4), *, spec="H100_SXM", bat
         if spec not in hardware.PRESETS:
             raise ValueError(f"spec={spec!r} is unknown; use one of {sorted(hardware.PRESETS)} or a HardwareSpec")
         spec = hardware.PRESETS[spec]
-    degrees = [parallel.check_degree(cfg, t) for t in degrees]
+    degrees = [checks.tensor_parallel(cfg, t) for t in degrees]
     if not degrees:
         raise ValueError("degrees is empty; give at least one tp, e.g. (1, 2, 4)")
     for name, value in (("batch", batch), ("context", context), ("steps", steps), ("repeats", repeats)):

@@ -111,11 +111,11 @@ def machine(name: str | None = None) -> dict:
 
 
 def _check_tp(cfg, tp: int) -> None:
-    """--tp must split the preset into whole heads and equal slices (parallel.check_degree)."""
-    from inference_lab.model import parallel
+    """--tp must split the preset into whole heads and equal slices (checks.tensor_parallel)."""
+    from inference_lab.base import checks
 
     try:
-        parallel.check_degree(cfg, tp)
+        checks.tensor_parallel(cfg, tp)
     except ValueError as err:
         raise ValueError(f"--tp {tp}: {err}") from None
 

@@ -40,6 +40,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from inference_lab.base import checks
+
 AXIS = "tp"
 CACHE_SPEC = P(None, None, AXIS, None)   # K/V caches [B, S, Hkv, Dh]: split by KV heads
 
@@ -72,40 +74,6 @@ def psum_tp(x):
 
 
 # ----------------------------------------------------------------------------- checks, mesh
-def valid_degrees(cfg) -> list[int]:
-    """Every tp that splits ``cfg`` into whole heads, KV heads, vocabulary and d_ff slices."""
-    n = min(cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.d_ff)
-    return [t for t in range(1, n + 1)
-            if not (cfg.n_heads % t or cfg.n_kv_heads % t or cfg.vocab_size % t or cfg.d_ff % t)]
-
-
-def check_degree(cfg, tp, n_devices: int | None = None) -> int:
-    """Return ``tp`` as an int, or raise a one-line ValueError saying why it cannot split ``cfg``.
-
-    tp must divide ``n_kv_heads`` (each device holds whole KV heads; fewer KV heads than
-    devices is an error, not a silent replication), ``n_heads``, ``vocab_size`` (embedding
-    and head) and ``d_ff``, and not exceed ``n_devices`` when given.
-    """
-    if not isinstance(tp, (int, np.integer)) or isinstance(tp, bool) or tp < 1:
-        raise ValueError(f"tp={tp!r} must be a positive integer (the number of devices)")
-    tp = int(tp)
-    sizes = {"n_kv_heads": cfg.n_kv_heads, "n_heads": cfg.n_heads, "vocab_size": cfg.vocab_size,
-             "d_ff": cfg.d_ff}
-    bad = [f"{k}={v}" for k, v in sizes.items() if v % tp]
-    if bad:
-        raise ValueError(f"tp={tp} does not divide {', '.join(bad)} of preset {cfg.name!r} (each device "
-                         f"needs whole KV heads and equal slices); choose tp in {valid_degrees(cfg)}")
-    if n_devices is not None and tp > n_devices:
-        raise ValueError(too_few_devices(tp, n_devices))
-    return tp
-
-
-def too_few_devices(tp: int, n: int) -> str:
-    return (f"tp={tp} needs {tp} devices but jax sees {n} ({jax.default_backend()}); on a CPU "
-            f"simulate them by setting XLA_FLAGS=--xla_force_host_platform_device_count={tp} before "
-            "jax is imported (or jax.config.update('jax_num_cpu_devices', N) before any jax operation)")
-
-
 def make_mesh(tp: int, devices=None) -> Mesh:
     """A 1-D mesh of the first ``tp`` devices (of every process) with the axis ``"tp"``.
 
@@ -115,8 +83,9 @@ def make_mesh(tp: int, devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     if not isinstance(tp, (int, np.integer)) or isinstance(tp, bool) or tp < 1:
         raise ValueError(f"tp={tp!r} must be a positive integer (the number of devices)")
+    checks.count("tp", tp)
     if tp > len(devices):
-        raise ValueError(too_few_devices(int(tp), len(devices)))
+        raise ValueError(checks.too_few_devices(int(tp), len(devices), jax.default_backend()))
     return jax.make_mesh((int(tp),), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
                          devices=devices[: int(tp)])
 
@@ -184,7 +153,7 @@ def shard(model, mesh: Mesh):
     """
     if not (hasattr(model, "params") and hasattr(model, "cfg") and hasattr(model, "kernels")):
         raise ValueError(f"model must be an inference_lab Transformer, got {type(model).__name__}")
-    check_degree(model.cfg, check_mesh(mesh).shape[AXIS])
+    checks.tensor_parallel(model.cfg, check_mesh(mesh).shape[AXIS])
     return type(model)(model.cfg, kernels=model.kernels, params=model.params(), mesh=mesh)
 
 

@@ -59,6 +59,7 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from inference_lab.model import parallel, weights
+from inference_lab.base import checks
 from inference_lab.base.config import ModelConfig
 from inference_lab.model.weights import LAYER_PARAMS
 
@@ -343,7 +344,7 @@ class Transformer(nnx.Module):
         self.kernels = pk.mode.resolve_mode(kernels)
         self.mesh = None if mesh is None else parallel.check_mesh(mesh)
         if mesh is not None:
-            parallel.check_degree(cfg, mesh.shape[parallel.AXIS])
+            checks.tensor_parallel(cfg, mesh.shape[parallel.AXIS])
         if params is not None:
             weights.check_params(cfg, params)  # before any array is placed on a device
             self._adopt(params if mesh is None else parallel.place_params(params, mesh))

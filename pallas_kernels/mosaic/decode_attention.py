@@ -64,61 +64,8 @@ ROWS = 64            # wgmma M: the query tile holds the G heads of a group, zer
 MIN_CHUNK = 256      # never split the cache into chunks shorter than this many keys
 
 
-@dataclasses.dataclass(frozen=True)
-class MosaicDecodeConfig:
-    block_k: int = 64          # keys per pipeline step (a multiple of 64)
-    stages: int = 4            # K/V slots in the TMA ring
-    splits: int | None = None  # None: plan() chooses
-    num_sms: int | None = None
-
-    def __post_init__(self):
-        if self.block_k % 64:
-            raise ValueError(f"block_k={self.block_k} must be a multiple of 64")
-        if self.stages < 1:
-            raise ValueError(f"stages={self.stages} must be >= 1")
-
-
-DEFAULT_CONFIGS = {  # by head dim; SMEM: Q + stages x (K + V) + P + the f32 output tile
-    64: MosaicDecodeConfig(block_k=128, stages=4),   # 8 + 4*32 + 16 + 16 = 168 KiB
-    128: MosaicDecodeConfig(block_k=64, stages=4),   # 16 + 4*32 + 8 + 32 = 184 KiB
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodePlan:
-    config: MosaicDecodeConfig   # splits and num_sms resolved
-    chunk: int                   # cache positions per split, a multiple of block_k
-    grid: tuple[int, int, int]   # (splits, Hkv, B)
-
-    @property
-    def splits(self) -> int:
-        return self.grid[0]
-
-    @property
-    def num_ctas(self) -> int:
-        return math.prod(self.grid)
-
-
-def plan(b: int, s_max: int, hq: int, hkv: int, d: int, dtype=jnp.bfloat16, *,
-         num_sms: int | None = None, config: MosaicDecodeConfig | None = None) -> DecodePlan:
-    """Grid and chunking for B rows of an ``S_max``-slot cache with Hkv KV heads."""
-    del hq, dtype
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head dim D={d}: the Mosaic GPU decode attention supports {HEAD_DIMS}; "
-                         "use pallas_kernels.decode_attention for other head dims")
-    config = config or DEFAULT_CONFIGS[d]
-    num_sms = num_sms or config.num_sms or C.device_num_sms()
-    if config.splits is not None:
-        splits = config.splits
-    else:  # enough CTAs for every SM, never chunks shorter than MIN_CHUNK keys
-        splits = max(1, min(C.cdiv(num_sms, b * hkv), C.cdiv(s_max, MIN_CHUNK)))
-    chunk = C.round_up(C.cdiv(s_max, splits), config.block_k)
-    splits = C.cdiv(s_max, chunk)                    # no split that starts past S_max
-    config = dataclasses.replace(config, splits=splits, num_sms=num_sms)
-    return DecodePlan(config=config, chunk=chunk, grid=(splits, hkv, b))
-
-
-def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, q_smem, p_smem, o_smem,
+# ----------------------------------------------------------------------------- the kernel
+def decode_attention_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, q_smem, p_smem, o_smem,
                    ml_smem, q_bar, *, chunk, block_k, stages, scale_log2):
     # lengths_ref: [B] int32 (GMEM); q_ref: [B, Hkv, Gp, D]; k_ref, v_ref: [B, S_max, Hkv, D];
     # acc_ref: [B, Hkv, splits, Gp, D] f32; ml_ref: [B, Hkv, splits, 2, ROWS] f32 (m, l).
@@ -201,35 +148,23 @@ def _decode_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, q_smem, p_
     pipeline(k_ref.at[b, kv, h, :], v_ref.at[b, kv, h, :])
 
 
-def unsupported(q, k_cache) -> str | None:
-    """Why this tier cannot take these operands (a one-line reason), or None when it can."""
-    if jnp.dtype(q.dtype) not in C.MMA_DTYPES:
-        return f"q has dtype {q.dtype}; the Mosaic GPU decode attention takes bfloat16 or float16"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head dim {q.shape[-1]}: the Mosaic GPU decode attention supports {HEAD_DIMS}"
-    if k_cache.shape[1] % 8:
-        return f"S_max={k_cache.shape[1]} is not a multiple of 8 (TMA copies whole 8-row tiles)"
-    if q.shape[1] // k_cache.shape[2] > ROWS:
-        return f"{q.shape[1] // k_cache.shape[2]} query heads per KV head; the Mosaic GPU tile holds {ROWS}"
-    return None
-
-
+# ----------------------------------------------------------------------------- entry points
 def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None,
                      config: MosaicDecodeConfig | None = None, interpret=False):
     """One decode step: q ``[B,Hq,D]`` over caches ``[B,S_max,Hkv,D]`` -> ``[B,Hq,D]`` on Hopper.
 
     Assumes validated arguments (lengths in 1..S_max, matching dtypes, ``Hq % Hkv == 0``);
     raises ``ValueError`` only for what this tier alone rejects (f32, head dims other than 64
-    and 128, ``S_max`` not a multiple of 8). ``interpret=True`` (or a
-    ``plgpu.InterpretGPUParams``) runs under GPU interpret mode.
+    and 128). A cache length that is not a multiple of 8 is padded in a copy of both caches.
+    ``interpret=True`` (or a ``plgpu.InterpretGPUParams``) runs under GPU interpret mode.
     """
     C.check_mma_dtype(q, "q", "decode_attention")
     b, hq, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
-    if s_max % 8:
-        raise ValueError(f"k_cache has S_max={s_max} slots, not a multiple of 8: allocate the cache "
-                         "with a multiple of 8 (TMA copies whole 8-row tiles), or use "
-                         "pallas_kernels.decode_attention")
+    if s_max % 8:   # TMA copies whole 8-row tiles: pad the caches (a copy); the lengths mask the padding
+        s8 = C.round_up(s_max, 8)
+        k_cache, v_cache = (jnp.pad(x, ((0, 0), (0, s8 - s_max), (0, 0), (0, 0))) for x in (k_cache, v_cache))
+        s_max = s8
     groups = hq // hkv
     if groups > ROWS:
         raise ValueError(f"q has {groups} query heads per KV head; the Mosaic GPU decode attention "
@@ -241,7 +176,7 @@ def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None,
     if gp != groups:
         q4 = jnp.pad(q4, ((0, 0), (0, 0), (0, gp - groups), (0, 0)))
     sm_scale = d ** -0.5 if sm_scale is None else float(sm_scale)
-    kernel = functools.partial(_decode_kernel, chunk=p.chunk, block_k=cfg.block_k, stages=cfg.stages,
+    kernel = functools.partial(decode_attention_kernel, chunk=p.chunk, block_k=cfg.block_k, stages=cfg.stages,
                                scale_log2=sm_scale * LOG2E)
     acc, ml = plgpu.kernel(
         kernel,
@@ -267,3 +202,88 @@ def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None,
     num = jnp.sum(w[..., None] * acc, axis=2)                            # [B, Hkv, G, D]
     den = jnp.sum(w * l, axis=2)                                         # [B, Hkv, G]
     return (num / den[..., None]).reshape(b, hq, d).astype(q.dtype)
+
+
+def decode_step(q, k_cache, v_cache, lengths, k_new=None, v_new=None, *, sm_scale=None,
+                config: MosaicDecodeConfig | None = None, interpret=False):
+    """The public decode attention's contract on this tier: with ``k_new``/``v_new`` (this step's
+    keys and values, ``[B, Hkv, D]``), write them at ``lengths - 1`` first and return ``(out,
+    k_cache, v_cache)``. The kernel does not write them itself yet: an XLA scatter does, in place
+    inside a jitted step whose caches are donated (the Triton kernel writes them in the kernel)."""
+    if k_new is not None:
+        rows, pos = jnp.arange(q.shape[0]), lengths - 1
+        k_cache = k_cache.at[rows, pos].set(k_new, mode="promise_in_bounds")
+        v_cache = v_cache.at[rows, pos].set(v_new, mode="promise_in_bounds")
+    out = decode_attention(q, k_cache, v_cache, lengths, sm_scale=sm_scale, config=config, interpret=interpret)
+    return (out, k_cache, v_cache) if k_new is not None else out
+
+
+def unsupported(q, k_cache, *, allow_copies: bool = True) -> str | None:
+    """Why this tier cannot (or, with ``allow_copies=False``, should not) take these operands: a
+    one-line reason, or None. A cache whose length is not a multiple of 8 costs a padded copy of
+    both caches on every call: where another tier runs without one (mode "pallas"), it should."""
+    if jnp.dtype(q.dtype) not in C.MMA_DTYPES:
+        return f"q has dtype {q.dtype}; the Mosaic GPU decode attention takes bfloat16 or float16"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]}: the Mosaic GPU decode attention supports {HEAD_DIMS}"
+    if k_cache.shape[1] % 8 and not allow_copies:
+        return (f"S_max={k_cache.shape[1]} is not a multiple of 8: the Mosaic GPU decode attention would copy "
+                "the caches to pad them to whole 8-row TMA tiles")
+    if q.shape[1] // k_cache.shape[2] > ROWS:
+        return f"{q.shape[1] // k_cache.shape[2]} query heads per KV head; the Mosaic GPU tile holds {ROWS}"
+    return None
+
+
+# ----------------------------------------------------------------------------- config and plan
+@dataclasses.dataclass(frozen=True)
+class MosaicDecodeConfig:
+    block_k: int = 64          # keys per pipeline step (a multiple of 64)
+    stages: int = 4            # K/V slots in the TMA ring
+    splits: int | None = None  # None: plan() chooses
+    num_sms: int | None = None
+
+    def __post_init__(self):
+        if self.block_k % 64:
+            raise ValueError(f"block_k={self.block_k} must be a multiple of 64")
+        if self.stages < 1:
+            raise ValueError(f"stages={self.stages} must be >= 1")
+
+
+DEFAULT_CONFIGS = {  # by head dim; SMEM: Q + stages x (K + V) + P + the f32 output tile
+    64: MosaicDecodeConfig(block_k=128, stages=4),   # 8 + 4*32 + 16 + 16 = 168 KiB
+    128: MosaicDecodeConfig(block_k=64, stages=4),   # 16 + 4*32 + 8 + 32 = 184 KiB
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    config: MosaicDecodeConfig   # splits and num_sms resolved
+    chunk: int                   # cache positions per split, a multiple of block_k
+    grid: tuple[int, int, int]   # (splits, Hkv, B)
+
+    @property
+    def splits(self) -> int:
+        return self.grid[0]
+
+    @property
+    def num_ctas(self) -> int:
+        return math.prod(self.grid)
+
+
+def plan(b: int, s_max: int, hq: int, hkv: int, d: int, dtype=jnp.bfloat16, *,
+         num_sms: int | None = None, config: MosaicDecodeConfig | None = None) -> DecodePlan:
+    """Grid and chunking for B rows of an ``S_max``-slot cache with Hkv KV heads."""
+    del hq, dtype
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head dim D={d}: the Mosaic GPU decode attention supports {HEAD_DIMS}; "
+                         "use pallas_kernels.decode_attention for other head dims")
+    config = config or DEFAULT_CONFIGS[d]
+    num_sms = num_sms or config.num_sms or C.device_num_sms()
+    if config.splits is not None:
+        splits = config.splits
+    else:  # enough CTAs for every SM, never chunks shorter than MIN_CHUNK keys
+        splits = max(1, min(C.cdiv(num_sms, b * hkv), C.cdiv(s_max, MIN_CHUNK)))
+    chunk = C.round_up(C.cdiv(s_max, splits), config.block_k)
+    splits = C.cdiv(s_max, chunk)                    # no split that starts past S_max
+    config = dataclasses.replace(config, splits=splits, num_sms=num_sms)
+    return DecodePlan(config=config, chunk=chunk, grid=(splits, hkv, b))

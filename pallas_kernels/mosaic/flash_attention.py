@@ -80,62 +80,8 @@ LOG2E = math.log2(math.e)
 HEAD_DIMS = (64, 128)
 
 
-@dataclasses.dataclass(frozen=True)
-class MosaicFlashConfig:
-    """``block_q`` rows per consumer warpgroup (a CTA holds two), ``block_kv`` keys per step."""
-
-    block_q: int = 64       # wgmma M: a multiple of 64
-    block_kv: int = 128
-    stages: int = 2         # K/V slots in the TMA ring
-    pingpong: bool = True   # stagger the two consumer warpgroups (FA3's inter-warpgroup overlap)
-    # FA3 feeds P to the second wgmma from registers. GPU interpret mode's wgmma only takes
-    # shared-memory operands, so the tested default stages P through shared memory (one
-    # [block_q, block_kv] tile per consumer); True is the register path, which compiles
-    # (see the CUDA lowering test) but no CPU run can check.
-    p_in_registers: bool = False
-
-    def __post_init__(self):
-        if self.block_q % 64 or self.block_kv % 64:
-            raise ValueError(f"block_q={self.block_q} and block_kv={self.block_kv} must be multiples of 64")
-        if self.stages < 1:
-            raise ValueError(f"stages={self.stages} must be >= 1")
-
-
-DEFAULT_CONFIGS = {  # by head dim; SMEM: 2 Q tiles + stages x (K + V) blocks
-    64: MosaicFlashConfig(block_q=64, block_kv=128, stages=3),    # 16 + 3*32 = 112 KiB
-    128: MosaicFlashConfig(block_q=64, block_kv=128, stages=2),   # 32 + 2*64 = 160 KiB
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class FlashPlan:
-    config: MosaicFlashConfig
-    grid: tuple[int, int, int]   # (query tiles, Hq, B)
-    num_sms: int
-
-    @property
-    def num_ctas(self) -> int:
-        return math.prod(self.grid)
-
-    @property
-    def waves(self) -> float:
-        """CTAs per SM (a CTA uses ~110-160 KiB of shared memory: one resident per SM)."""
-        return self.num_ctas / self.num_sms
-
-
-def plan(b: int, t: int, s: int, hq: int, hkv: int, d: int, dtype=jnp.bfloat16, *,
-         num_sms: int | None = None, config: MosaicFlashConfig | None = None) -> FlashPlan:
-    """The grid for q ``[b, t, hq, d]`` over k/v ``[b, s, hkv, d]``."""
-    del s, hkv, dtype  # the grid does not depend on them; the key loop length is traced
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head dim D={d}: the Mosaic GPU flash attention supports {HEAD_DIMS}; "
-                         "use pallas_kernels.flash_attention for other head dims")
-    config = config or DEFAULT_CONFIGS[d]
-    return FlashPlan(config=config, grid=(C.cdiv(t, 2 * config.block_q), hq, b),
-                     num_sms=num_sms or C.device_num_sms())
-
-
-def _flash_kernel(q_ref, k_ref, v_ref, o_ref, q_smem, p_smem, q_bar, sched_bar, *, t, s, groups,
+# ----------------------------------------------------------------------------- the kernel
+def flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, q_smem, p_smem, q_bar, sched_bar, *, t, s, groups,
                   causal, scale_log2, cfg: MosaicFlashConfig):
     # q_ref, o_ref: [B, T8, Hq, D]; k_ref, v_ref: [B, S8, Hkv, D] (T8, S8: T, S rounded up to 8).
     # q_smem: [2, block_q, D] (one Q / output tile per consumer); p_smem: [2, block_q, block_kv]
@@ -273,15 +219,7 @@ def _flash_kernel(q_ref, k_ref, v_ref, o_ref, q_smem, p_smem, q_bar, sched_bar, 
     pipeline(k_ref.at[b, :, kvh, :], v_ref.at[b, :, kvh, :])
 
 
-def unsupported(q, k, v) -> str | None:
-    """Why this tier cannot take these operands (a one-line reason), or None when it can."""
-    if jnp.dtype(q.dtype) not in C.MMA_DTYPES:
-        return f"q has dtype {q.dtype}; the Mosaic GPU flash attention takes bfloat16 or float16"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head dim {q.shape[-1]}: the Mosaic GPU flash attention supports {HEAD_DIMS}"
-    return None
-
-
+# ----------------------------------------------------------------------------- entry points
 def flash_attention(q, k, v, *, causal=True, sm_scale=None,
                     config: MosaicFlashConfig | None = None, interpret=False):
     """Attention of q ``[B,T,Hq,D]`` over k, v ``[B,S,Hkv,D]`` on Hopper (bf16/f16, D 64 or 128).
@@ -304,7 +242,7 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None,
         k = jnp.pad(k, ((0, 0), (0, s8 - s), (0, 0), (0, 0)))
         v = jnp.pad(v, ((0, 0), (0, s8 - s), (0, 0), (0, 0)))
     q_tf = C.swizzled(d, q.dtype)
-    kernel = functools.partial(_flash_kernel, t=t, s=s, groups=hq // hkv, causal=bool(causal),
+    kernel = functools.partial(flash_attention_kernel, t=t, s=s, groups=hq // hkv, causal=bool(causal),
                                scale_log2=sm_scale * LOG2E, cfg=cfg)
     call = plgpu.kernel(
         kernel,
@@ -324,3 +262,70 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None,
     )
     out = call(q, k, v)
     return out[:, :t] if t8 != t else out
+
+
+def unsupported(q, k, v, *, allow_copies: bool = True) -> str | None:
+    """Why this tier cannot take these operands (a one-line reason), or None when it can. (Ragged
+    T and S cost copies of q, k, v of a few rows, padded to whole 8-row tiles: cheap next to the
+    attention, so ``allow_copies`` changes nothing.)"""
+    if jnp.dtype(q.dtype) not in C.MMA_DTYPES:
+        return f"q has dtype {q.dtype}; the Mosaic GPU flash attention takes bfloat16 or float16"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]}: the Mosaic GPU flash attention supports {HEAD_DIMS}"
+    return None
+
+
+# ----------------------------------------------------------------------------- config and plan
+@dataclasses.dataclass(frozen=True)
+class MosaicFlashConfig:
+    """``block_q`` rows per consumer warpgroup (a CTA holds two), ``block_kv`` keys per step."""
+
+    block_q: int = 64       # wgmma M: a multiple of 64
+    block_kv: int = 128
+    stages: int = 2         # K/V slots in the TMA ring
+    pingpong: bool = True   # stagger the two consumer warpgroups (FA3's inter-warpgroup overlap)
+    # FA3 feeds P to the second wgmma from registers. GPU interpret mode's wgmma only takes
+    # shared-memory operands, so the tested default stages P through shared memory (one
+    # [block_q, block_kv] tile per consumer); True is the register path, which compiles
+    # (see the CUDA lowering test) but no CPU run can check.
+    p_in_registers: bool = False
+
+    def __post_init__(self):
+        if self.block_q % 64 or self.block_kv % 64:
+            raise ValueError(f"block_q={self.block_q} and block_kv={self.block_kv} must be multiples of 64")
+        if self.stages < 1:
+            raise ValueError(f"stages={self.stages} must be >= 1")
+
+
+DEFAULT_CONFIGS = {  # by head dim; SMEM: 2 Q tiles + stages x (K + V) blocks
+    64: MosaicFlashConfig(block_q=64, block_kv=128, stages=3),    # 16 + 3*32 = 112 KiB
+    128: MosaicFlashConfig(block_q=64, block_kv=128, stages=2),   # 32 + 2*64 = 160 KiB
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashPlan:
+    config: MosaicFlashConfig
+    grid: tuple[int, int, int]   # (query tiles, Hq, B)
+    num_sms: int
+
+    @property
+    def num_ctas(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def waves(self) -> float:
+        """CTAs per SM (a CTA uses ~110-160 KiB of shared memory: one resident per SM)."""
+        return self.num_ctas / self.num_sms
+
+
+def plan(b: int, t: int, s: int, hq: int, hkv: int, d: int, dtype=jnp.bfloat16, *,
+         num_sms: int | None = None, config: MosaicFlashConfig | None = None) -> FlashPlan:
+    """The grid for q ``[b, t, hq, d]`` over k/v ``[b, s, hkv, d]``."""
+    del s, hkv, dtype  # the grid does not depend on them; the key loop length is traced
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head dim D={d}: the Mosaic GPU flash attention supports {HEAD_DIMS}; "
+                         "use pallas_kernels.flash_attention for other head dims")
+    config = config or DEFAULT_CONFIGS[d]
+    return FlashPlan(config=config, grid=(C.cdiv(t, 2 * config.block_q), hq, b),
+                     num_sms=num_sms or C.device_num_sms())

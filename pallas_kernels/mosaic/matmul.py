@@ -50,12 +50,15 @@ Handled by **TMA's out-of-bounds handling**, not by masks: a TMA load whose box 
 end of a dimension fills the missing elements with zeros (``OOBFillMode.ZEROS``), and a TMA
 store drops the elements outside the array. A zero in ``a`` *or* ``b`` adds nothing to a dot
 product, so the last K split may run past K; rows and columns past M or N are computed from
-zeros and never stored; none of it reads HBM. Two constraints come from Mosaic GPU's swizzled
-TMA copies, which view the global array as whole ``8 x swizzle-width`` tiles:
-- K and N must be multiples of the swizzle width (64 for 2-byte types with 128-byte swizzle):
-  true of every model projection; otherwise a ``ValueError`` points at the Triton tier.
-- M is padded to a multiple of 8 rows when it is not (a copy of the activation ``a``, at most
-  7 rows, never of the weight), and the output's extra rows are sliced off.
+zeros and never stored; none of it reads HBM. Mosaic GPU's swizzled
+TMA copies view each global array as whole ``8 x swizzle-width`` tiles (:func:`padding`), so:
+- M is padded to a multiple of 8 rows and K to the swizzle width (64 for 2-byte types with
+  128-byte swizzle) in a copy of the activation ``a`` (a few KB at decode); the output's extra
+  rows are sliced off;
+- the weight ``b`` is never copied when K is a multiple of 8 and N of the swizzle width (true of
+  every model projection): its rows past K are zero-filled by TMA. An awkward weight (K not a
+  multiple of 8, N not of the swizzle width) is padded in a copy, on every call; in mode
+  "pallas" such a call runs on the Triton tier instead, which masks its edges for free.
 
 Not here: 2-CTA clusters with TMA multicast of the shared operand, an L2-aware tile order
 (units run in row-major order), stream-K (units are whole K splits), split-K reduction inside
@@ -76,6 +79,177 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.mosaic import common as C
 
+
+# ----------------------------------------------------------------------------- the kernel
+def matmul_kernel(a_gmem, b_gmem, out_gmem, *, p: MatmulPlan):
+    # a_gmem: [M, K]; b_gmem: [K, N]; out_gmem: [M, N] (out dtype) or [k_splits, M, N] f32.
+    c = p.config
+    tm, tn, tk = c.tile_m, c.tile_n, c.tile_k
+    cta_n = c.cta_n
+    out_dtype = out_gmem.dtype
+    a_tf = C.swizzled(tk, a_gmem.dtype)
+    b_tf = C.swizzled(tn, b_gmem.dtype)      # each consumer slices whole swizzle tiles
+    epi_n = epi_cols(c, out_dtype)
+    out_tf = C.swizzled(epi_n, out_dtype)
+
+    def make_pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(p.steps_per_split,),
+            memory_registers=40,
+            in_specs=[
+                plgpu.BlockSpec((tm, tk), lambda kk: (0, kk), transforms=a_tf,
+                                memory_space=plgpu.SMEM, delay_release=c.delay_release),
+                plgpu.BlockSpec((tk, cta_n), lambda kk: (kk, 0), transforms=b_tf,
+                                memory_space=plgpu.SMEM, delay_release=c.delay_release),
+            ],
+            wg_axis="wg",
+            num_compute_wgs=c.consumers,
+            max_concurrent_steps=c.stages,
+            compute_context=compute_context,
+        )
+
+    ignore = lambda *_, **__: None  # allocations do not depend on the bodies
+
+    @functools.partial(
+        pl.run_scoped,
+        ring=make_pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem),
+        out_smem=plgpu.SMEM((c.consumers, 2, c.epi_m, epi_n), out_dtype, transforms=out_tf),
+        collective_axes="wg",
+    )
+    def _scope(ring, out_smem):
+        wg = lax.axis_index("wg")                  # 0 .. consumers-1: consumers; last: producer
+
+        @plgpu.nd_loop((p.m_tiles, p.n_tiles, p.k_splits), collective_axes="sm")
+        def _unit(info):
+            mi, ni, si = info.index
+            rows = pl.ds(mi * tm, tm)
+            cols = pl.ds(ni * cta_n, cta_n)
+            ks = pl.ds(si * (p.steps_per_split * tk), p.steps_per_split * tk)
+            out = out_gmem.at[si] if p.k_splits > 1 else out_gmem   # [M, N]
+
+            def mma(_, a_smem, b_smem, acc):
+                # a_smem: [tm, tk]; b_smem: [tk, 2*tn]; acc: [tm, tn] f32 (this warpgroup's half).
+                plgpu.wgmma(acc, a_smem, b_smem.at[:, pl.ds(wg * tn, tn)])
+                plgpu.wgmma_wait(c.delay_release)
+                return acc
+
+            def consumer(run_pipeline):
+                @functools.partial(pl.run_scoped, acc=plgpu.ACC((tm, tn), jnp.float32))
+                def _(acc):
+                    run_pipeline(acc)
+                    res = acc[...].astype(out_dtype)      # [tm, tn], waits for the last wgmma
+                    mine = out.at[rows, cols].at[:, pl.ds(wg * tn, tn)]
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # previous unit's stores
+                    n_epi = tn // epi_n
+                    for e in range(tm // c.epi_m * n_epi):
+                        em, en = divmod(e, n_epi)
+                        er = slice(em * c.epi_m, (em + 1) * c.epi_m)
+                        ec = slice(en * epi_n, (en + 1) * epi_n)
+                        plgpu.wait_smem_to_gmem(1, wait_read_only=True)   # this slot is free
+                        out_smem[wg, e % 2] = res[er, ec]
+                        plgpu.commit_smem()
+                        # TMA store: the parts of the sub-tile past M or N are dropped.
+                        plgpu.copy_smem_to_gmem(out_smem.at[wg, e % 2], mine.at[er, ec])
+
+            make_pipeline(mma, consumer)(a_gmem.at[rows, ks], b_gmem.at[ks, cols],
+                                         allocations=ring)
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+# ----------------------------------------------------------------------------- entry points
+def matmul(a, b, *, out_dtype=None, config: MosaicMatmulConfig | None = None,
+           interpret=False):
+    """``a [M, K] @ b [K, N]`` on Hopper tensor cores (bf16/f16 in, f32 accumulation), any M, K, N.
+
+    Assumes shapes were validated by the caller; raises ``ValueError`` only for f32 inputs.
+    Edges that are not tile multiples are zero-filled (:func:`padding`): TMA's own zero fill where
+    it can, a copy of the activation for ragged rows or K, of the weight only for a K not a
+    multiple of 8 or an N not a multiple of the swizzle width. ``interpret=True`` (or a
+    ``plgpu.InterpretGPUParams``) runs under GPU interpret mode on any machine. See the module
+    docstring for the decomposition.
+    """
+    C.check_mma_dtype(a, "a", "matmul")
+    C.check_mma_dtype(b, "b", "matmul")
+    m, k = a.shape
+    n = b.shape[1]
+    out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
+    pad = padding(m, k, n, plan(m, k, n, a.dtype, config=config).config, a.dtype, out_dtype)
+    if (pad["m"], pad["k"]) != (m, k):    # the activation: a few zero rows, zero columns up to whole tiles
+        a = jnp.pad(a, ((0, pad["m"] - m), (0, pad["k"] - k)))
+    if pad["weight"]:                     # an awkward weight: K rows to a multiple of 8, N to whole tiles
+        b = jnp.pad(b, ((0, C.round_up(k, 8) - k), (0, pad["n"] - n)))
+    p = plan(pad["m"], pad["k"], pad["n"], a.dtype, config=config)   # rows of b past K: zero-filled by TMA
+    split = p.k_splits > 1
+    out_type = jax.ShapeDtypeStruct((p.k_splits, pad["m"], pad["n"]) if split else (pad["m"], pad["n"]),
+                                    jnp.float32 if split else out_dtype)
+    call = plgpu.kernel(
+        functools.partial(matmul_kernel, p=p),
+        out_type=out_type,
+        grid=p.grid,
+        grid_names=("sm",),
+        num_threads=p.config.consumers + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=C.interpret_params(interpret),
+    )
+    out = call(a, b)
+    if split:
+        out = jnp.sum(out, axis=0).astype(out_dtype)
+    return out[:m, :n] if (pad["m"], pad["n"]) != (m, n) else out
+
+
+def tma_multiples(config: MosaicMatmulConfig, dtype, out_dtype) -> tuple[int, int]:
+    """(k_multiple, n_multiple): what K and N must be multiples of for the swizzled TMA copies.
+
+    Mosaic GPU views a global array that TMA copies into a tiled, swizzled shared-memory buffer
+    as whole ``8 x swizzle-width`` tiles, so the array's last dimension must be a multiple of
+    the swizzle width (64 elements for 2-byte types and 128-byte swizzle)."""
+    k_mult = len_of_swizzle_row(config.tile_k, dtype)
+    n_mult = math.lcm(len_of_swizzle_row(config.tile_n, dtype),
+                      len_of_swizzle_row(epi_cols(config, out_dtype), out_dtype),
+                      len_of_swizzle_row(epi_cols(config, jnp.float32), jnp.float32))
+    return k_mult, n_mult
+
+
+def len_of_swizzle_row(minor_elems: int, dtype) -> int:
+    itemsize = jnp.dtype(dtype).itemsize
+    return plgpu.find_swizzle(minor_elems * itemsize * 8) // itemsize
+
+
+def padding(m: int, k: int, n: int, config: MosaicMatmulConfig, dtype, out_dtype) -> dict:
+    """What the operands must be padded to for this tier's TMA copies, which view every array as
+    whole ``8 x swizzle-width`` tiles (:func:`tma_multiples`): ``{"m", "k", "n"}`` padded sizes
+    and ``"weight"``: whether the weight ``b`` itself needs a copy (its rows K not a multiple of 8,
+    or its columns N not a multiple of the swizzle width: no model projection is such a shape).
+    Rows of ``a`` and columns of ``a`` (K) are padded in a copy of the activation; rows of ``b``
+    past K are zero-filled by TMA itself when K is a multiple of 8 (a copy reads nothing there)."""
+    k_mult, n_mult = tma_multiples(config, dtype, out_dtype)
+    sizes = {"m": C.round_up(m, 8), "k": C.round_up(k, k_mult), "n": C.round_up(n, n_mult)}
+    return dict(sizes, weight=(k % 8 != 0) or sizes["n"] != n)
+
+
+def unsupported(a, b, out_dtype=None, config: MosaicMatmulConfig | None = None, *,
+                allow_copies: bool = True) -> str | None:
+    """Why this tier cannot (or, with ``allow_copies=False``, should not) take ``a @ b``: a one-line
+    reason, or None. It takes any shape, but a K or N that is not a multiple of the TMA tiles
+    costs a copy of the weight on every call (:func:`padding`): where another tier can run the
+    call without one (mode "pallas"), it should."""
+    for x, name in ((a, "a"), (b, "b")):
+        if jnp.dtype(x.dtype) not in C.MMA_DTYPES:
+            return f"{name} has dtype {x.dtype}; the Mosaic GPU matmul takes bfloat16 or float16"
+    m, k = a.shape
+    n = b.shape[1]
+    out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
+    if not allow_copies and padding(m, k, n, plan(m, k, n, a.dtype, config=config).config, a.dtype,
+                                    out_dtype)["weight"]:
+        return (f"K={k}, N={n}: the Mosaic GPU matmul would copy the weight to pad it to whole TMA tiles "
+                "(K a multiple of 8, N of the swizzle width)")
+    return None
+
+
+# ----------------------------------------------------------------------------- config and plan
 DECODE_M = 64  # M up to this is "decode-shaped": one wgmma tile row holds the whole batch
 
 
@@ -240,159 +414,3 @@ def plan(m: int, k: int, n: int, dtype=jnp.bfloat16, *, num_sms: int | None = No
     return MatmulPlan(config=cfg, m=m, n=n, k=k, num_sms=num_sms, m_tiles=m_tiles,
                       n_tiles=n_tiles, k_splits=splits, steps_per_split=steps,
                       grid=(min(num_sms, units),))
-
-
-def _matmul_kernel(a_gmem, b_gmem, out_gmem, *, p: MatmulPlan):
-    # a_gmem: [M, K]; b_gmem: [K, N]; out_gmem: [M, N] (out dtype) or [k_splits, M, N] f32.
-    c = p.config
-    tm, tn, tk = c.tile_m, c.tile_n, c.tile_k
-    cta_n = c.cta_n
-    out_dtype = out_gmem.dtype
-    a_tf = C.swizzled(tk, a_gmem.dtype)
-    b_tf = C.swizzled(tn, b_gmem.dtype)      # each consumer slices whole swizzle tiles
-    epi_n = epi_cols(c, out_dtype)
-    out_tf = C.swizzled(epi_n, out_dtype)
-
-    def make_pipeline(body, compute_context):
-        return plgpu.emit_pipeline_warp_specialized(
-            body,
-            grid=(p.steps_per_split,),
-            memory_registers=40,
-            in_specs=[
-                plgpu.BlockSpec((tm, tk), lambda kk: (0, kk), transforms=a_tf,
-                                memory_space=plgpu.SMEM, delay_release=c.delay_release),
-                plgpu.BlockSpec((tk, cta_n), lambda kk: (kk, 0), transforms=b_tf,
-                                memory_space=plgpu.SMEM, delay_release=c.delay_release),
-            ],
-            wg_axis="wg",
-            num_compute_wgs=c.consumers,
-            max_concurrent_steps=c.stages,
-            compute_context=compute_context,
-        )
-
-    ignore = lambda *_, **__: None  # allocations do not depend on the bodies
-
-    @functools.partial(
-        pl.run_scoped,
-        ring=make_pipeline(ignore, ignore).get_allocations(a_gmem, b_gmem),
-        out_smem=plgpu.SMEM((c.consumers, 2, c.epi_m, epi_n), out_dtype, transforms=out_tf),
-        collective_axes="wg",
-    )
-    def _scope(ring, out_smem):
-        wg = lax.axis_index("wg")                  # 0 .. consumers-1: consumers; last: producer
-
-        @plgpu.nd_loop((p.m_tiles, p.n_tiles, p.k_splits), collective_axes="sm")
-        def _unit(info):
-            mi, ni, si = info.index
-            rows = pl.ds(mi * tm, tm)
-            cols = pl.ds(ni * cta_n, cta_n)
-            ks = pl.ds(si * (p.steps_per_split * tk), p.steps_per_split * tk)
-            out = out_gmem.at[si] if p.k_splits > 1 else out_gmem   # [M, N]
-
-            def mma(_, a_smem, b_smem, acc):
-                # a_smem: [tm, tk]; b_smem: [tk, 2*tn]; acc: [tm, tn] f32 (this warpgroup's half).
-                plgpu.wgmma(acc, a_smem, b_smem.at[:, pl.ds(wg * tn, tn)])
-                plgpu.wgmma_wait(c.delay_release)
-                return acc
-
-            def consumer(run_pipeline):
-                @functools.partial(pl.run_scoped, acc=plgpu.ACC((tm, tn), jnp.float32))
-                def _(acc):
-                    run_pipeline(acc)
-                    res = acc[...].astype(out_dtype)      # [tm, tn], waits for the last wgmma
-                    mine = out.at[rows, cols].at[:, pl.ds(wg * tn, tn)]
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # previous unit's stores
-                    n_epi = tn // epi_n
-                    for e in range(tm // c.epi_m * n_epi):
-                        em, en = divmod(e, n_epi)
-                        er = slice(em * c.epi_m, (em + 1) * c.epi_m)
-                        ec = slice(en * epi_n, (en + 1) * epi_n)
-                        plgpu.wait_smem_to_gmem(1, wait_read_only=True)   # this slot is free
-                        out_smem[wg, e % 2] = res[er, ec]
-                        plgpu.commit_smem()
-                        # TMA store: the parts of the sub-tile past M or N are dropped.
-                        plgpu.copy_smem_to_gmem(out_smem.at[wg, e % 2], mine.at[er, ec])
-
-            make_pipeline(mma, consumer)(a_gmem.at[rows, ks], b_gmem.at[ks, cols],
-                                         allocations=ring)
-
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
-def tma_multiples(config: MosaicMatmulConfig, dtype, out_dtype) -> tuple[int, int]:
-    """(k_multiple, n_multiple): what K and N must be multiples of for the swizzled TMA copies.
-
-    Mosaic GPU views a global array that TMA copies into a tiled, swizzled shared-memory buffer
-    as whole ``8 x swizzle-width`` tiles, so the array's last dimension must be a multiple of
-    the swizzle width (64 elements for 2-byte types and 128-byte swizzle)."""
-    k_mult = len_of_swizzle_row(config.tile_k, dtype)
-    n_mult = math.lcm(len_of_swizzle_row(config.tile_n, dtype),
-                      len_of_swizzle_row(epi_cols(config, out_dtype), out_dtype),
-                      len_of_swizzle_row(epi_cols(config, jnp.float32), jnp.float32))
-    return k_mult, n_mult
-
-
-def len_of_swizzle_row(minor_elems: int, dtype) -> int:
-    itemsize = jnp.dtype(dtype).itemsize
-    return plgpu.find_swizzle(minor_elems * itemsize * 8) // itemsize
-
-
-def unsupported(a, b, out_dtype=None, config: MosaicMatmulConfig | None = None) -> str | None:
-    """Why this tier cannot take ``a @ b`` (a one-line reason), or None when it can."""
-    for x, name in ((a, "a"), (b, "b")):
-        if jnp.dtype(x.dtype) not in C.MMA_DTYPES:
-            return f"{name} has dtype {x.dtype}; the Mosaic GPU matmul takes bfloat16 or float16"
-    m, k = a.shape
-    n = b.shape[1]
-    out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
-    k_mult, n_mult = tma_multiples(plan(m, k, n, a.dtype, config=config).config, a.dtype, out_dtype)
-    if k % k_mult or n % n_mult:
-        return (f"K={k} and N={n} must be multiples of {k_mult} and {n_mult} for the Mosaic GPU "
-                "matmul's swizzled TMA copies")
-    return None
-
-
-def matmul(a, b, *, out_dtype=None, config: MosaicMatmulConfig | None = None,
-           interpret=False):
-    """``a [M, K] @ b [K, N]`` on Hopper tensor cores (bf16/f16 in, f32 accumulation).
-
-    Assumes shapes were validated by the caller; raises ``ValueError`` only for what this tier
-    alone rejects (f32 inputs; K or N not a multiple of the swizzle width, 64 for the default
-    tiles). Any M works. ``interpret=True`` (or a ``plgpu.InterpretGPUParams``) runs under GPU
-    interpret mode on any machine. See the module docstring for the decomposition.
-    """
-    C.check_mma_dtype(a, "a", "matmul")
-    C.check_mma_dtype(b, "b", "matmul")
-    m, k = a.shape
-    n = b.shape[1]
-    out_dtype = jnp.dtype(a.dtype if out_dtype is None else out_dtype)
-    p = plan(m, k, n, a.dtype, config=config)
-    k_mult, n_mult = tma_multiples(p.config, a.dtype, out_dtype)
-    for name, size, mult in (("K (a.shape[1])", k, k_mult), ("N (b.shape[1])", n, n_mult)):
-        if size % mult:
-            raise ValueError(
-                f"{name} = {size} is not a multiple of {mult}: the Mosaic GPU matmul's swizzled "
-                "TMA copies need whole 128-byte rows; use pallas_kernels.matmul (Triton tier) "
-                "for this shape")
-    # Rows: TMA tiles them by 8, so the activation gets at most 7 zero rows (a copy of `a`,
-    # never of the weight) and the output as many extra rows, sliced off below.
-    m8 = C.round_up(m, 8)
-    if m8 != m:
-        a = jnp.pad(a, ((0, m8 - m), (0, 0)))
-    split = p.k_splits > 1
-    out_type = jax.ShapeDtypeStruct((p.k_splits, m8, n) if split else (m8, n),
-                                    jnp.float32 if split else out_dtype)
-    call = plgpu.kernel(
-        functools.partial(_matmul_kernel, p=p),
-        out_type=out_type,
-        grid=p.grid,
-        grid_names=("sm",),
-        num_threads=p.config.consumers + 1,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=C.interpret_params(interpret),
-    )
-    out = call(a, b)
-    if split:
-        out = jnp.sum(out, axis=0).astype(out_dtype)
-    return out[:m] if m8 != m else out

@@ -54,86 +54,18 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels import device, reference
-from pallas_kernels import checks
-from pallas_kernels.triton import common
-from pallas_kernels.triton import online_softmax
+from pallas_kernels import checks, device, reference
+from pallas_kernels.mode import choose_tier
+from pallas_kernels.triton import common, online_softmax
 from pallas_kernels.triton.common import cdiv, pow2_block
-from pallas_kernels.mode import note_tier, resolve_mode
-from pallas_kernels.mosaic import decode_attention as mosaic_decode
 
 LOG2E = math.log2(math.e)
 PROGRAMS_PER_SM = 8      # decode attention is bandwidth-bound: keep many loads in flight per SM
 MIN_SPLIT_KEYS = 128     # never split the cache into chunks shorter than this
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeAttentionConfig:
-    """Keys per block (a power of two >= 16), how many splits of the cache length, warps, stages."""
-
-    block_k: int
-    num_splits: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def __post_init__(self):
-        if not isinstance(self.block_k, int) or self.block_k < 16 or self.block_k & (self.block_k - 1):
-            raise ValueError(f"DecodeAttentionConfig.block_k={self.block_k!r} must be a power of two >= 16")
-        if not isinstance(self.num_splits, int) or self.num_splits < 1:
-            raise ValueError(f"DecodeAttentionConfig.num_splits={self.num_splits!r} must be a positive integer")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"DecodeAttentionConfig.num_warps={self.num_warps!r} must be 1, 2, 4, 8 or 16")
-        if not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"DecodeAttentionConfig.num_stages={self.num_stages!r} must be a positive integer")
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeAttentionPlan:
-    """What the kernel launches for one shape: config, keys per split, grid (splits, Hkv, B)."""
-
-    config: DecodeAttentionConfig
-    chunk: int        # cache positions per split, a multiple of block_k
-    grid: tuple
-
-    @property
-    def num_splits(self) -> int:
-        return self.grid[0]
-
-    @property
-    def programs(self) -> int:
-        return self.grid[0] * self.grid[1] * self.grid[2]
-
-
-# Blocks by head dim: (block_k, num_warps, num_stages). Tune here.
-_TILES = {
-    16: (128, 4, 3),
-    32: (128, 4, 3),
-    64: (128, 4, 3),
-    128: (64, 4, 3),
-    256: (32, 4, 2),
-}
-
-
-def plan(batch: int, s_max: int, hkv: int, d: int, *, num_sms: int | None = None,
-         config: DecodeAttentionConfig | None = None) -> DecodeAttentionPlan:
-    """The config and grid :func:`decode_attention` uses for ``batch`` rows of an ``s_max``
-    cache with ``hkv`` KV heads of dim ``d``. The cache length is split until there are about
-    ``PROGRAMS_PER_SM`` programs per SM (``num_sms``: None reads the device, or assumes an
-    H200), never into chunks shorter than ``MIN_SPLIT_KEYS``; ``config`` overrides the choice."""
-    if config is None:
-        if d not in _TILES:
-            raise ValueError(f"d={d!r}: the kernels support head dims {tuple(_TILES)}")
-        bk, warps, stages = _TILES[d]
-        bk = pow2_block(s_max, bk)
-        splits = cdiv(PROGRAMS_PER_SM * device.num_sms(num_sms), batch * hkv)
-        splits = max(1, min(splits, cdiv(s_max, MIN_SPLIT_KEYS)))
-        config = DecodeAttentionConfig(bk, splits, warps, stages)
-    checks.check_config(config, DecodeAttentionConfig)
-    chunk = cdiv(cdiv(s_max, config.num_splits), config.block_k) * config.block_k   # a multiple of block_k
-    return DecodeAttentionPlan(config, chunk, (cdiv(s_max, chunk), hkv, batch))   # no split starts past S_max
-
-
-def _decode_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused, single):
+# ----------------------------------------------------------------------------- the kernel
+def decode_attention_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused, single):
     # The refs, in order (inputs, then outputs):
     #   lengths_ref [B] int32, q_ref [B, Hq, D], k_ref, v_ref [B, S_max, Hkv, D],
     #   fused only: knew_ref, vnew_ref [B, Hkv, D] (this step's K/V),
@@ -208,36 +140,11 @@ def _decode_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused,
         plgpu.store(l_ref.at[b, split, heads], l_i, mask=row_ok)
 
 
-def _check(q, k_cache, v_cache, lengths, sm_scale, k_new=None, v_new=None):
-    q, k_cache, v_cache, sm_scale = checks.attention_operands(
-        q, k_cache, v_cache, q_rank=3, q_layout="[B, Hq, D]", k_name="k_cache", v_name="v_cache",
-        kv_layout="[B, S_max, Hkv, D]", sm_scale=sm_scale)
-    b, s_max = q.shape[0], k_cache.shape[1]
-    lengths = checks.as_array(lengths, "lengths")
-    if lengths.shape != (b,):
-        raise ValueError(f"lengths has shape {tuple(lengths.shape)}; it must be [B] = ({b},), one length per row")
-    if not jnp.issubdtype(lengths.dtype, jnp.integer):
-        raise ValueError(f"lengths has dtype {lengths.dtype}; use int32 (lengths.astype(jnp.int32))")
-    if checks.is_concrete(lengths):
-        lo, hi = int(jnp.min(lengths)), int(jnp.max(lengths))
-        if lo < 1 or hi > s_max:
-            raise ValueError(f"lengths must lie in 1..S_max={s_max}; got values from {lo} to {hi} "
-                             "(every row needs at least one cached key and at most the cache size)")
-    if (k_new is None) != (v_new is None):
-        raise ValueError("pass k_new and v_new together (this step's keys and values), or neither")
-    if k_new is not None:
-        want = (b, k_cache.shape[2], k_cache.shape[3])
-        k_new, v_new = checks.as_array(k_new, "k_new"), checks.as_array(v_new, "v_new")
-        for x, name in ((k_new, "k_new"), (v_new, "v_new")):
-            if x.shape != want:
-                raise ValueError(f"{name} has shape {tuple(x.shape)}; it must be [B, Hkv, D] = {want}")
-            checks.check_same_dtype(k_cache, x, "k_cache", name)
-    return q, k_cache, v_cache, lengths.astype(jnp.int32), sm_scale, k_new, v_new
-
-
-def _run(q, k_cache, v_cache, lengths, k_new, v_new, *, sm_scale, interpret: bool,
-         config: DecodeAttentionConfig | None):
-    """The kernel, then (with several splits) the combine of their partial results."""
+# ----------------------------------------------------------------------------- launcher and entry points
+def launch(q, k_cache, v_cache, lengths, k_new=None, v_new=None, *, sm_scale, interpret: bool,
+           config: DecodeAttentionConfig | None = None):
+    """Run :func:`decode_attention_kernel` on checked operands over the plan's grid (splits, Hkv,
+    B), then (with several splits) combine their partial results."""
     b, hq, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     p = plan(b, s_max, hkv, d, config=config)
@@ -245,7 +152,7 @@ def _run(q, k_cache, v_cache, lengths, k_new, v_new, *, sm_scale, interpret: boo
     splits = p.num_splits
     fused, single = k_new is not None, splits == 1
     groups = hq // hkv
-    kernel = functools.partial(_decode_kernel, groups=groups, group_rows=pow2_block(groups, 1 << 30),
+    kernel = functools.partial(decode_attention_kernel, groups=groups, group_rows=pow2_block(groups, 1 << 30),
                                chunk=p.chunk, block_k=c.block_k, scale_log2=sm_scale * LOG2E,
                                fused=fused, single=single)
     if single:
@@ -277,16 +184,6 @@ def _run(q, k_cache, v_cache, lengths, k_new, v_new, *, sm_scale, interpret: boo
     return (out, outs[-2], outs[-1]) if fused else out
 
 
-def pallas_decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None,
-                            config: DecodeAttentionConfig | None = None, interpret: bool = False):
-    """The Pallas kernel itself, without the mode decision (compiled, or under the
-    interpreter): what :func:`decode_attention` runs in modes "pallas" and "interpret"."""
-    q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = _check(q, k_cache, v_cache, lengths, sm_scale,
-                                                                  k_new, v_new)
-    return _run(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, interpret=interpret,
-                config=checks.check_config(config, DecodeAttentionConfig))
-
-
 def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None,
                      mode: str = "auto", config: DecodeAttentionConfig | None = None):
     """One decode step of attention: q ``[B,Hq,D]`` over caches ``[B,S_max,Hkv,D]`` -> ``[B,Hq,D]``.
@@ -300,24 +197,116 @@ def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm
     ``mosaic.decode_attention.MosaicDecodeConfig`` (Hopper tier) instead of the one the tier's
     ``plan`` picks.
     """
-    q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = _check(q, k_cache, v_cache, lengths, sm_scale,
-                                                                  k_new, v_new)
-    checks.check_config_type(config, DecodeAttentionConfig, mosaic_decode.MosaicDecodeConfig)
-    mode = resolve_mode(mode)
-    if mode == "reference":
-        note_tier("reference")
-        return reference.decode_attention(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new,
-                                          sm_scale=sm_scale)
-    tier = checks.pick_tier(mode, config, DecodeAttentionConfig, mosaic_decode.MosaicDecodeConfig,
-                             lambda: mosaic_decode.unsupported(q, k_cache))
-    if tier == "mosaic":
-        # The Hopper kernel does not write the new K/V itself yet: an XLA scatter does, first.
-        if k_new is not None:
-            rows, pos = jnp.arange(q.shape[0]), lengths - 1
-            k_cache = k_cache.at[rows, pos].set(k_new, mode="promise_in_bounds")
-            v_cache = v_cache.at[rows, pos].set(v_new, mode="promise_in_bounds")
-        out = mosaic_decode.decode_attention(q, k_cache, v_cache, lengths, sm_scale=sm_scale, config=config,
-                                             interpret=(mode == "mosaic_interpret"))
-        return (out, k_cache, v_cache) if k_new is not None else out
-    return _run(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, interpret=(mode == "interpret"),
-                config=config)
+    q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = check(q, k_cache, v_cache, lengths, sm_scale,
+                                                                 k_new, v_new)
+    tier = choose_tier(mode, config, triton_config=DecodeAttentionConfig,
+                       mosaic=("decode_attention", "MosaicDecodeConfig"),
+                       mosaic_problem=lambda mosaic, copies: mosaic.unsupported(q, k_cache, allow_copies=copies))
+    if tier.name == "reference":
+        return reference.decode_attention(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, sm_scale=sm_scale)
+    if tier.name == "mosaic":
+        return tier.module.decode_step(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, config=config,
+                                       interpret=tier.interpret)
+    return launch(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, interpret=tier.interpret,
+                  config=config)
+
+
+def pallas_decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None,
+                            config: DecodeAttentionConfig | None = None, interpret: bool = False):
+    """The Pallas kernel itself, without the mode decision (compiled, or under the
+    interpreter): what :func:`decode_attention` runs in modes "pallas" and "interpret"."""
+    q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = check(q, k_cache, v_cache, lengths, sm_scale,
+                                                                 k_new, v_new)
+    return launch(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, interpret=interpret,
+                config=checks.check_config(config, DecodeAttentionConfig))
+
+
+def check(q, k_cache, v_cache, lengths, sm_scale, k_new=None, v_new=None):
+    """The operands as arrays after every check (one-line errors; ``lengths`` values when concrete)."""
+    q, k_cache, v_cache, sm_scale = checks.attention_operands(
+        q, k_cache, v_cache, q_rank=3, q_layout="[B, Hq, D]", k_name="k_cache", v_name="v_cache",
+        kv_layout="[B, S_max, Hkv, D]", sm_scale=sm_scale)
+    b, s_max = q.shape[0], k_cache.shape[1]
+    lengths = checks.as_array(lengths, "lengths")
+    if lengths.shape != (b,):
+        raise ValueError(f"lengths has shape {tuple(lengths.shape)}; it must be [B] = ({b},), one length per row")
+    if not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(f"lengths has dtype {lengths.dtype}; use int32 (lengths.astype(jnp.int32))")
+    if checks.is_concrete(lengths):
+        lo, hi = int(jnp.min(lengths)), int(jnp.max(lengths))
+        if lo < 1 or hi > s_max:
+            raise ValueError(f"lengths must lie in 1..S_max={s_max}; got values from {lo} to {hi} "
+                             "(every row needs at least one cached key and at most the cache size)")
+    if (k_new is None) != (v_new is None):
+        raise ValueError("pass k_new and v_new together (this step's keys and values), or neither")
+    if k_new is not None:
+        want = (b, k_cache.shape[2], k_cache.shape[3])
+        k_new, v_new = checks.as_array(k_new, "k_new"), checks.as_array(v_new, "v_new")
+        for x, name in ((k_new, "k_new"), (v_new, "v_new")):
+            if x.shape != want:
+                raise ValueError(f"{name} has shape {tuple(x.shape)}; it must be [B, Hkv, D] = {want}")
+            checks.check_same_dtype(k_cache, x, "k_cache", name)
+    return q, k_cache, v_cache, lengths.astype(jnp.int32), sm_scale, k_new, v_new
+
+
+
+# ----------------------------------------------------------------------------- config and plan
+@dataclasses.dataclass(frozen=True)
+class DecodeAttentionConfig:
+    """Keys per block (a power of two >= 16), how many splits of the cache length, warps, stages."""
+
+    block_k: int
+    num_splits: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        checks.check_triton_config(self, ("block_k",))
+        if isinstance(self.num_splits, bool) or not isinstance(self.num_splits, int) or self.num_splits < 1:
+            raise ValueError(f"DecodeAttentionConfig.num_splits={self.num_splits!r} must be a positive integer")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeAttentionPlan:
+    """What the kernel launches for one shape: config, keys per split, grid (splits, Hkv, B)."""
+
+    config: DecodeAttentionConfig
+    chunk: int        # cache positions per split, a multiple of block_k
+    grid: tuple
+
+    @property
+    def num_splits(self) -> int:
+        return self.grid[0]
+
+    @property
+    def programs(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+# Blocks by head dim: (block_k, num_warps, num_stages). Tune here.
+_TILES = {
+    16: (128, 4, 3),
+    32: (128, 4, 3),
+    64: (128, 4, 3),
+    128: (64, 4, 3),
+    256: (32, 4, 2),
+}
+
+
+def plan(batch: int, s_max: int, hkv: int, d: int, *, num_sms: int | None = None,
+         config: DecodeAttentionConfig | None = None) -> DecodeAttentionPlan:
+    """The config and grid :func:`decode_attention` uses for ``batch`` rows of an ``s_max``
+    cache with ``hkv`` KV heads of dim ``d``. The cache length is split until there are about
+    ``PROGRAMS_PER_SM`` programs per SM (``num_sms``: None reads the device, or assumes an
+    H200), never into chunks shorter than ``MIN_SPLIT_KEYS``; ``config`` overrides the choice."""
+    if config is None:
+        if d not in _TILES:
+            raise ValueError(f"d={d!r}: the kernels support head dims {tuple(_TILES)}")
+        bk, warps, stages = _TILES[d]
+        bk = pow2_block(s_max, bk)
+        splits = cdiv(PROGRAMS_PER_SM * device.num_sms(num_sms), batch * hkv)
+        splits = max(1, min(splits, cdiv(s_max, MIN_SPLIT_KEYS)))
+        config = DecodeAttentionConfig(bk, splits, warps, stages)
+    checks.check_config(config, DecodeAttentionConfig)
+    chunk = cdiv(cdiv(s_max, config.num_splits), config.block_k) * config.block_k   # a multiple of block_k
+    return DecodeAttentionPlan(config, chunk, (cdiv(s_max, chunk), hkv, batch))   # no split starts past S_max

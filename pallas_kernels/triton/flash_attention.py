@@ -40,74 +40,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels import reference
-from pallas_kernels import checks
-from pallas_kernels.triton import common
-from pallas_kernels.triton import online_softmax
+from pallas_kernels import checks, reference
+from pallas_kernels.mode import choose_tier
+from pallas_kernels.triton import common, online_softmax
 from pallas_kernels.triton.common import cdiv, pow2_block
-from pallas_kernels.mode import note_tier, resolve_mode
-from pallas_kernels.mosaic import flash_attention as mosaic_flash
 
 LOG2E = math.log2(math.e)
 
 
-@dataclasses.dataclass(frozen=True)
-class FlashAttentionConfig:
-    """Query rows and keys per block (powers of two >= 16), warps and pipeline stages."""
-
-    block_q: int
-    block_k: int
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def __post_init__(self):
-        for name in ("block_q", "block_k"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 16 or v & (v - 1):
-                raise ValueError(f"FlashAttentionConfig.{name}={v!r} must be a power of two >= 16")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"FlashAttentionConfig.num_warps={self.num_warps!r} must be 1, 2, 4, 8 or 16")
-        if not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"FlashAttentionConfig.num_stages={self.num_stages!r} must be a positive integer")
-
-
-@dataclasses.dataclass(frozen=True)
-class FlashAttentionPlan:
-    """What the kernel launches for one shape: its config and grid (query blocks, Hq, B)."""
-
-    config: FlashAttentionConfig
-    grid: tuple
-
-    @property
-    def programs(self) -> int:
-        return self.grid[0] * self.grid[1] * self.grid[2]
-
-
-# Blocks by head dim: (block_q, block_k, num_warps, num_stages). Tune here.
-_TILES = {
-    16: (128, 64, 4, 3),
-    32: (128, 64, 4, 3),
-    64: (128, 64, 4, 3),
-    128: (128, 64, 8, 3),
-    256: (64, 32, 8, 2),
-}
-
-
-def plan(batch: int, t: int, s: int, hq: int, d: int, *,
-         config: FlashAttentionConfig | None = None) -> FlashAttentionPlan:
-    """The config and grid :func:`flash_attention` uses for ``batch`` sequences of ``t``
-    queries over ``s`` keys, ``hq`` query heads of dim ``d``. Blocks shrink for short
-    sequences (never below 16); ``config`` overrides them."""
-    if config is None:
-        if d not in _TILES:
-            raise ValueError(f"d={d!r}: the kernels support head dims {tuple(_TILES)}")
-        bq, bk, warps, stages = _TILES[d]
-        config = FlashAttentionConfig(pow2_block(t, bq), pow2_block(s, bk), warps, stages)
-    checks.check_config(config, FlashAttentionConfig)
-    return FlashAttentionPlan(config, (cdiv(t, config.block_q), hq, batch))
-
-
-def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log2,
+# ----------------------------------------------------------------------------- the kernel
+def flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log2,
                   block_q, block_k):
     # q_ref: [B, T, Hq, D]; k_ref, v_ref: [B, S, Hkv, D]; o_ref: [B, T, Hq, D] (whole arrays).
     d = q_ref.shape[-1]
@@ -146,7 +88,7 @@ def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log
             if causal:
                 visible = visible & (keys[None, :] <= rows[:, None] + offset)
             sc = jnp.where(visible, sc, -jnp.inf)
-        # Online softmax (_online_softmax). The first block visited holds key 0, which every row
+        # Online softmax (online_softmax.update). The first block visited holds key 0, which every row
         # sees, so m_new is finite from then on and exp2(-inf - m_new) = 0 is safe.
         return online_softmax.update(carry, sc, v)
 
@@ -159,33 +101,18 @@ def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log
                 mask=common.block_mask(row_ok, None, (block_q, d)))
 
 
-def _check(q, k, v, sm_scale):
-    q, k, v, sm_scale = checks.attention_operands(q, k, v, q_rank=4, q_layout="[B, T, Hq, D]", k_name="k",
-                                                    v_name="v", kv_layout="[B, S, Hkv, D]", sm_scale=sm_scale)
-    if k.shape[1] < q.shape[1]:
-        raise ValueError(f"k has {k.shape[1]} keys but q has {q.shape[1]} queries; flash_attention needs S >= T")
-    return q, k, v, sm_scale
-
-
-def _run(q, k, v, *, causal, sm_scale, interpret: bool, config: FlashAttentionConfig | None):
+# ----------------------------------------------------------------------------- launcher and entry points
+def launch(q, k, v, *, causal, sm_scale, interpret: bool, config: FlashAttentionConfig | None = None):
+    """Run :func:`flash_attention_kernel` on checked operands over the plan's grid (query blocks, Hq, B)."""
     b, t, hq, d = q.shape
     s, hkv = k.shape[1], k.shape[2]
     p = plan(b, t, s, hq, d, config=config)
     c = p.config
-    kernel = functools.partial(_flash_kernel, t=t, s=s, groups=hq // hkv, causal=bool(causal),
+    kernel = functools.partial(flash_attention_kernel, t=t, s=s, groups=hq // hkv, causal=bool(causal),
                                scale_log2=sm_scale * LOG2E, block_q=c.block_q, block_k=c.block_k)
     return common.call(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), grid=p.grid, args=(q, k, v),
                         interpret=interpret, num_warps=c.num_warps, num_stages=c.num_stages,
                         name="flash_attention")
-
-
-def pallas_flash_attention(q, k, v, *, causal=True, sm_scale=None, config: FlashAttentionConfig | None = None,
-                           interpret: bool = False):
-    """The Pallas kernel itself, without the mode decision (compiled, or under the
-    interpreter): what :func:`flash_attention` runs in modes "pallas" and "interpret"."""
-    q, k, v, sm_scale = _check(q, k, v, sm_scale)
-    return _run(q, k, v, causal=causal, sm_scale=sm_scale, interpret=interpret,
-                config=checks.check_config(config, FlashAttentionConfig))
 
 
 def flash_attention(q, k, v, *, causal=True, sm_scale=None, mode: str = "auto",
@@ -198,15 +125,81 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None, mode: str = "auto",
     :class:`FlashAttentionConfig` (Triton tier) or ``mosaic.flash_attention.MosaicFlashConfig``
     (Hopper tier) instead of the one the tier's ``plan`` picks.
     """
-    q, k, v, sm_scale = _check(q, k, v, sm_scale)
-    checks.check_config_type(config, FlashAttentionConfig, mosaic_flash.MosaicFlashConfig)
-    mode = resolve_mode(mode)
-    if mode == "reference":
-        note_tier("reference")
+    q, k, v, sm_scale = check(q, k, v, sm_scale)
+    tier = choose_tier(mode, config, triton_config=FlashAttentionConfig, mosaic=("flash_attention", "MosaicFlashConfig"),
+                       mosaic_problem=lambda mosaic, copies: mosaic.unsupported(q, k, v, allow_copies=copies))
+    if tier.name == "reference":
         return reference.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
-    tier = checks.pick_tier(mode, config, FlashAttentionConfig, mosaic_flash.MosaicFlashConfig,
-                             lambda: mosaic_flash.unsupported(q, k, v))
-    if tier == "mosaic":
-        return mosaic_flash.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, config=config,
-                                            interpret=(mode == "mosaic_interpret"))
-    return _run(q, k, v, causal=causal, sm_scale=sm_scale, interpret=(mode == "interpret"), config=config)
+    if tier.name == "mosaic":
+        return tier.module.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, config=config,
+                                           interpret=tier.interpret)
+    return launch(q, k, v, causal=causal, sm_scale=sm_scale, interpret=tier.interpret, config=config)
+
+
+def pallas_flash_attention(q, k, v, *, causal=True, sm_scale=None, config: FlashAttentionConfig | None = None,
+                           interpret: bool = False):
+    """The Pallas kernel itself, without the mode decision (compiled, or under the
+    interpreter): what :func:`flash_attention` runs in modes "pallas" and "interpret"."""
+    q, k, v, sm_scale = check(q, k, v, sm_scale)
+    return launch(q, k, v, causal=causal, sm_scale=sm_scale, interpret=interpret,
+                config=checks.check_config(config, FlashAttentionConfig))
+
+
+def check(q, k, v, sm_scale):
+    """q, k, v as arrays after every check (one-line errors), and the softmax scale."""
+    q, k, v, sm_scale = checks.attention_operands(q, k, v, q_rank=4, q_layout="[B, T, Hq, D]", k_name="k",
+                                                    v_name="v", kv_layout="[B, S, Hkv, D]", sm_scale=sm_scale)
+    if k.shape[1] < q.shape[1]:
+        raise ValueError(f"k has {k.shape[1]} keys but q has {q.shape[1]} queries; flash_attention needs S >= T")
+    return q, k, v, sm_scale
+
+
+
+# ----------------------------------------------------------------------------- config and plan
+@dataclasses.dataclass(frozen=True)
+class FlashAttentionConfig:
+    """Query rows and keys per block (powers of two >= 16), warps and pipeline stages."""
+
+    block_q: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        checks.check_triton_config(self, ("block_q", "block_k"))
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashAttentionPlan:
+    """What the kernel launches for one shape: its config and grid (query blocks, Hq, B)."""
+
+    config: FlashAttentionConfig
+    grid: tuple
+
+    @property
+    def programs(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+# Blocks by head dim: (block_q, block_k, num_warps, num_stages). Tune here.
+_TILES = {
+    16: (128, 64, 4, 3),
+    32: (128, 64, 4, 3),
+    64: (128, 64, 4, 3),
+    128: (128, 64, 8, 3),
+    256: (64, 32, 8, 2),
+}
+
+
+def plan(batch: int, t: int, s: int, hq: int, d: int, *,
+         config: FlashAttentionConfig | None = None) -> FlashAttentionPlan:
+    """The config and grid :func:`flash_attention` uses for ``batch`` sequences of ``t``
+    queries over ``s`` keys, ``hq`` query heads of dim ``d``. Blocks shrink for short
+    sequences (never below 16); ``config`` overrides them."""
+    if config is None:
+        if d not in _TILES:
+            raise ValueError(f"d={d!r}: the kernels support head dims {tuple(_TILES)}")
+        bq, bk, warps, stages = _TILES[d]
+        config = FlashAttentionConfig(pow2_block(t, bq), pow2_block(s, bk), warps, stages)
+    checks.check_config(config, FlashAttentionConfig)
+    return FlashAttentionPlan(config, (cdiv(t, config.block_q), hq, batch))
