@@ -331,3 +331,18 @@ def test_memory_limit_is_the_smallest_the_process_may_use(tmp_path, monkeypatch)
     assert hardware.process_memory_limit() == 3_000_000_000               # then the cgroup
     if jax.default_backend() == "cpu":
         assert timing.device_memory_bytes() == 3_000_000_000
+
+
+def test_a_machine_id_that_cannot_be_kept_lasts_the_process_and_is_said_once(tmp_path, monkeypatch, capsys):
+    from inference_lab.base import disk_cache
+
+    monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(disk_cache, "_UNKEPT", {})
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(disk_cache, "_create_exclusive", refuse)
+    first = disk_cache.machine_id()
+    assert disk_cache.machine_id() == first == disk_cache.machine_id()   # one machine, not three
+    assert capsys.readouterr().err.count("cannot keep the machine id") == 1

@@ -73,6 +73,8 @@ def machine_id() -> str:
     with a one-line message naming the file.
     """
     path = _id_file()
+    if str(path) in _UNKEPT:
+        return _UNKEPT[str(path)]
     try:
         with path.open("rb") as fh:
             text = fh.read(64).decode("ascii", errors="replace").strip()
@@ -93,9 +95,14 @@ def machine_id() -> str:
             won = path.read_text(encoding="ascii", errors="replace").strip()
             return won if MACHINE_ID.fullmatch(won) else new
         atomic_write_text(path, new + "\n")
-    except OSError:
-        pass  # a read-only cache: the id lasts for this process only
+    except OSError as err:  # a read-only or full cache: the id lasts for this process only, said once
+        print(f"inference_lab: cannot keep the machine id in {path} ({err.strerror or err}); this process "
+              f"is {new}, the next one will make another", file=sys.stderr)
+        _UNKEPT[str(path)] = new
     return new
+
+
+_UNKEPT: dict = {}   # id file -> the id this process made when the file could not be written
 
 
 def _create_exclusive(path: Path, text: str) -> None:

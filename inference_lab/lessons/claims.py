@@ -213,7 +213,7 @@ def step_streams_like_the_kernel(decode, kernels, *, min_fraction: float = 0.25)
     rate its building block streams (an overhead- or compute-bound step would fall far short)."""
     _need(decode.batch == 1, "pass the batch-1 decode record")
     k1 = _by(kernels, "m").get(1)
-    _need(k1 is not None, "pass a kernel sweep with m = 1 (measure.matmul_sweep)")
+    _need(k1 is not None, "pass a kernel sweep with m = 1 (measure.matmuls.matmul_sweep)")
     step_bw = decode.bytes_per_step / decode.step_seconds
     frac = step_bw / k1.weight_bytes_per_s
     return Verdict(f"a batch-1 decode step streams its bytes at >= {min_fraction:.0%} of the rate of the matrix-vector kernel",

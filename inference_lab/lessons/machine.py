@@ -18,6 +18,7 @@ import sys
 import jax
 
 import pallas_kernels as pk
+from inference_lab.analytic import roofline
 from inference_lab.base import hardware
 from inference_lab.base.config import ModelConfig
 
@@ -44,6 +45,34 @@ class LessonSizes:
     regime_stream_bytes: tuple = (2**8, 2**16, 2**20, 2**24, 2**26, 2**28)  # the three regimes (04): sums
     regime_matmul_sizes: tuple = (32, 512, 2048)  # ... and square float32 matmuls (512+: at the peak)
 
+    def demands(self) -> list:
+        """``(where, batch, tokens)`` of every measurement the notebooks make at these sizes: the
+        batch and the tokens its cache must hold (prompt or context, plus the decode steps)."""
+        steps = self.decode_steps
+        return [("01: one request", 1, self.prompt_len + 16),
+                ("01: the dashboard's longest request", 1, max(self.prompt_lengths) + max(self.new_tokens)),
+                ("02: the prefill sweep", 1, max(self.prefill_lengths)),
+                ("02: a RAG request", 1, self.rag_prompt + steps),
+                ("03: the context sweep", 1, max(self.decode_contexts) + steps),
+                ("03: the batch sweep", max(self.flops_batches), self.context + steps),
+                ("04: the roofline points", max(self.roofline_batches), self.context + steps),
+                ("05: the batch sweep", max(self.batch_sizes), self.context + steps),
+                ("06: the probe", max(self.probe_batches), self.prompt_len + 8),
+                ("07: measured prices", max(self.probe_batches), self.prompt_len + DECODE_STEPS)]
+
+    def problems(self, cfg: ModelConfig, memory_bytes: float | None = None) -> list:
+        """What at these sizes the model ``cfg`` cannot run: a sequence past its ``max_seq_len``,
+        or (given ``memory_bytes``) a batch that :func:`roofline.memory_needed` says will not fit.
+        One line each; empty when every lesson fits."""
+        out = []
+        for where, batch, tokens in self.demands():
+            if tokens > cfg.max_seq_len:
+                out.append(f"{where}: {tokens} tokens pass {cfg.name}'s max_seq_len={cfg.max_seq_len}")
+            elif memory_bytes is not None and (need := roofline.memory_needed(cfg, batch, tokens)) > memory_bytes:
+                out.append(f"{where}: batch {batch} of {tokens} tokens needs {need / 1e9:.1f} GB "
+                           f"of the {memory_bytes / 1e9:.1f} GB there is")
+        return out
+
 
 CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(32, 64, 128, 256, 512), prefill_lengths=(1, 4, 16, 64, 256),
                         decode_contexts=(256, 768, 1536), context=256, batch_sizes=(1, 2, 4, 8, 16, 32),
@@ -51,7 +80,7 @@ CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(32, 64, 128, 256, 512), 
 
 
 GPU_SIZES = LessonSizes(prompt_len=512, prompt_lengths=(128, 256, 512, 1024, 2048),
-                        prefill_lengths=(1, 16, 128, 512, 2048), decode_contexts=(512, 8192, 32768), context=512,
+                        prefill_lengths=(1, 16, 128, 512, 2048), decode_contexts=(512, 2048, 8128), context=512,
                         batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), probe_batches=(1, 8, 32, 64, 128),
                         rag_prompt=4000, roofline_batches=(1, 8, 32, 64, 256), new_tokens=(8, 16, 32, 64, 128),
                         kernel_rows=(1, 2, 4, 8, 16, 32, 64, 128), kernel_size=8192, decode_steps=32,
@@ -60,6 +89,18 @@ GPU_SIZES = LessonSizes(prompt_len=512, prompt_lengths=(128, 256, 512, 1024, 204
 
 
 DECODE_STEPS = 16  # the default of the lesson functions that take ``steps``
+
+
+def cpu_sizes(last_level_cache: int | None = None) -> LessonSizes:
+    """:data:`CPU_SIZES` with the lone matmul's weight sized from this processor's reported
+    last-level cache (:func:`inference_lab.base.hardware.last_level_cache_bytes`): at least twice
+    its size, so every call streams the weight from memory as a decode step streams the model's
+    (64 MiB in float32 beside a 32 MiB L3; 1 GiB beside a 260 MiB one)."""
+    llc = hardware.last_level_cache_bytes() if last_level_cache is None else last_level_cache
+    size = CPU_SIZES.kernel_size
+    while 4 * size * size < 2 * (llc or 0):
+        size *= 2
+    return dataclasses.replace(CPU_SIZES, kernel_size=size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +128,7 @@ class Machine:
 
         return "\n".join([
             f"device:   {self.device} (jax backend '{self.backend}')",
+            f"processor: {hardware.processor_summary()}",
             f"kernels:  {self.kernels_why}",
             f"model:    preset '{self.config.name}', {self.config.num_params / 1e6:,.0f}M parameters, {self.dtype}",
             f"versions: python {platform.python_version()}, jax {jax.__version__}, flax {flax.__version__}",
@@ -95,14 +137,23 @@ class Machine:
 
 @functools.lru_cache(maxsize=None)
 def this_machine(preset: str | None = None) -> Machine:
-    """The machine the notebook runs on, with its ceilings measured (cached on disk)."""
+    """The machine the notebook runs on, with its ceilings measured (cached on disk).
+
+    The lesson preset is the device's (``base`` on a GPU, ``small`` elsewhere) or
+    ``INFERENCE_LAB_PRESET``; a preset the lessons' sizes do not fit is refused here, in one
+    line per lesson, before any notebook measures. A ``preset`` passed in is taken as it is (the
+    caller sets the sizes)."""
     backend = jax.default_backend()
-    preset = preset or os.environ.get("INFERENCE_LAB_PRESET") or ("base" if backend == "gpu" else "small")
-    cfg = ModelConfig.preset(preset)
+    chosen = preset or os.environ.get("INFERENCE_LAB_PRESET") or ("base" if backend == "gpu" else "small")
+    cfg = ModelConfig.preset(chosen)
     spec = hardware.measure_ceilings(cfg.dtype, verbose=False)
+    sizes = GPU_SIZES if backend == "gpu" else cpu_sizes()
+    problems = [] if preset else sizes.problems(cfg, spec.memory_bytes)
+    if problems:
+        raise ValueError(f"the lessons cannot run preset {chosen!r} here: " + "; ".join(problems)
+                         + "; unset INFERENCE_LAB_PRESET or choose a larger preset")
     return Machine(device=jax.devices()[0].device_kind, backend=backend, kernels=pk.mode.resolve_mode("auto"),
-                   kernels_why=pk.mode.describe(), config=cfg, spec=spec,
-                   sizes=GPU_SIZES if backend == "gpu" else CPU_SIZES)
+                   kernels_why=pk.mode.describe(), config=cfg, spec=spec, sizes=sizes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,9 +178,12 @@ def kernel_check_mode() -> str:
 
 def ceilings_line(spec, dtype) -> str:
     over = getattr(spec, "overhead_s", None)
+    copy = getattr(spec, "copy_bandwidth", None)
     return (f"{spec.name}: matmul {spec.peak_flops(dtype) / 1e9:,.1f} GFLOP/s ({dtype}), "
-            f"bandwidth {spec.bandwidth / 1e9:,.1f} GB/s, ridge {spec.ridge_point(dtype):,.1f} FLOP/byte"
-            + (f", overhead {over * 1e6:,.1f} us per call" if over else "") + "\n"
+            f"read bandwidth {spec.bandwidth / 1e9:,.1f} GB/s, ridge {spec.ridge_point(dtype):,.1f} FLOP/byte"
+            + (f", overhead {over * 1e6:,.1f} us per call" if over else "")
+            + (f" (a copy moves {copy / 1e9:,.1f} GB/s, read + write: not a ceiling of decode, which reads)"
+               if copy else "") + "\n"
             f"  method: {spec.sources.get('flops', '?')}; {spec.sources.get('bandwidth', '?')}"
             + (f"; {spec.sources.get('overhead', '?')}" if over else ""))
 

@@ -64,14 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m inference_lab probe",
         description="Measure prefill and decode tokens/s on this machine against its measured ceilings.")
+    from inference_lab.base.config import PRESETS
+    from pallas_kernels.mode import MODES
+
     p.add_argument("--preset", type=_preset, default=None,
-                   help="model preset: tiny, small, base, llama3_8b (default: base on a GPU, small elsewhere)")
+                   help=f"model preset: {', '.join(PRESETS)} (default: base on a GPU, small elsewhere)")
     p.add_argument("--prompt-len", type=_int_arg("--prompt-len", 1, 2**21, 512), default=512,
                    help="prompt length = decode context (default 512)")
     p.add_argument("--batch", type=_batches, default=[1, 8, 32], help="decode batch sizes (default 1,8,32)")
     p.add_argument("--new-tokens", type=_int_arg("--new-tokens", 1, MAX_NEW_TOKENS, 32), default=32,
                    help="decode steps timed per batch size (default 32)")
-    p.add_argument("--kernels", default="auto", help="kernel mode: auto, pallas, interpret, reference")
+    p.add_argument("--kernels", default="auto", help=f"kernel mode: {', '.join(MODES)} (pallas_kernels.mode)")
     p.add_argument("--tp", type=_int_arg("--tp", 1, 4096, 2), default=1, help="tensor-parallel devices (default 1)")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also write the results as JSON to this file, or into this folder under a name "

@@ -29,13 +29,15 @@ coordinator_address="HOST:PORT", num_processes=P, process_id=i)`` first (on CPU 
 ``jax.config.update("jax_num_cpu_devices", n)``); :func:`make_mesh` then spans the devices of
 all processes, and :func:`shard` builds each process's shards from the same seeded weights.
 
-This module is the mechanism only; it sits below the model (``model.py`` imports it). The
+This module is the mechanism only; it sits below the model (``transformer.py`` imports it, and
+reads nothing of it on a one-device model but :func:`psum_tp`, a no-op there). The
 tensor-parallel lesson that measures it lives in ``inference_lab.lessons.tensor_parallel``.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -71,6 +73,24 @@ def tp_size() -> int | None:
 def psum_tp(x):
     """Sum partial results over "tp" when that axis exists (row-split matmuls), else ``x``."""
     return jax.lax.psum(x, AXIS) if tp_size() is not None else x
+
+
+def embed_split_vocabulary(table, tokens, *, axis: int):
+    """Embedding rows for ``tokens`` from a table split by vocabulary over "tp" (``axis`` 0:
+    ``[V/tp, D]`` rows; 1: a tied head's ``[D, V/tp]`` columns) -> [..., D]: each device gathers
+    the ids it holds (zeros for the others) and one all-reduce assembles the rows."""
+    v_local = table.shape[axis]
+    ids = tokens - jax.lax.axis_index(AXIS) * v_local   # this device holds ids [offset, offset + v_local)
+    mine = (ids >= 0) & (ids < v_local)
+    x = jnp.take(table, jnp.where(mine, ids, 0), axis=axis)
+    if axis == 1:
+        x = jnp.moveaxis(x, 0, -1)                      # [D, ...] -> [..., D]
+    return jax.lax.psum(jnp.where(mine[..., None], x, 0), AXIS)
+
+
+def gather_vocabulary(logits):
+    """Logits ``[N, V/tp]`` of this device's slice of the vocabulary -> the whole ``[N, V]``."""
+    return jax.lax.all_gather(logits, AXIS, axis=1, tiled=True)
 
 
 # ----------------------------------------------------------------------------- checks, mesh

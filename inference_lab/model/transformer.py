@@ -134,28 +134,18 @@ def _embed(params, tokens, cfg):
         table, axis = params["embed"], 0          # [V, D]
     else:
         table, axis = params["head"], 1           # tied: columns of [D, V]
-    v_local = table.shape[axis]
-    ids = tokens
-    if v_local < cfg.vocab_size:
-        # Vocabulary split over "tp": this device holds ids [offset, offset + v_local).
-        offset = jax.lax.axis_index(parallel.AXIS) * v_local
-        ids = tokens - offset
-        valid = (ids >= 0) & (ids < v_local)
-        ids = jnp.where(valid, ids, 0)
-    x = jnp.take(table, ids, axis=axis)
-    if axis == 1:
-        x = jnp.moveaxis(x, 0, -1)                # [D, ...] -> [..., D]
-    if v_local < cfg.vocab_size:
-        x = jax.lax.psum(jnp.where(valid[..., None], x, 0), parallel.AXIS)
-    return x
+    if table.shape[axis] < cfg.vocab_size:       # vocabulary split over "tp": parallel assembles the rows
+        return parallel.embed_split_vocabulary(table, tokens, axis=axis)
+    x = jnp.take(table, tokens, axis=axis)
+    return jnp.moveaxis(x, 0, -1) if axis == 1 else x   # a tied table's columns: [D, ...] -> [..., D]
 
 
 def _logits(params, x, cfg, mode):
     """Final RMSNorm and output head: x [N, D] -> float32 logits [N, V]."""
     x = rms_norm(x, params["final_norm"], cfg.norm_eps)
     logits = pk.matmul(x, params["head"], out_dtype=jnp.float32, mode=mode)
-    if logits.shape[-1] < cfg.vocab_size:         # vocabulary split over "tp"
-        logits = jax.lax.all_gather(logits, parallel.AXIS, axis=1, tiled=True)
+    if logits.shape[-1] < cfg.vocab_size:         # vocabulary split over "tp": each device has a slice
+        logits = parallel.gather_vocabulary(logits)
     return logits
 
 

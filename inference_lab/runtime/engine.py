@@ -18,15 +18,18 @@ How it is compiled (each choice was measured; docs/architecture.md has the figur
 - A model split by :func:`inference_lab.model.parallel.shard` (it has a ``mesh``) runs the same
   forward functions per device inside ``jax.shard_map``, its cache split by KV heads.
 
-Every check on the inputs happens here, before anything runs on the device. (How to look at
-the compiled programs, e.g. to check that no step copies the cache: :mod:`inference_lab.runtime.hlo`.)
+Every input is checked before anything runs on the device: the token ids by
+:func:`inference_lab.model.transformer.check_tokens`, the cache, its room and the sampling
+arguments here. (How to look at the compiled programs, e.g. to check that no step copies the
+cache: :func:`lower_decode` and :mod:`inference_lab.runtime.hlo`.)
 
 One decode step, from the top: :func:`decode_step` checks its inputs, donates the cache and
-calls ``_decode_jit``, which runs ``model.decode_forward`` (per device under a mesh): the
-embedding, then for each layer ``model.block`` (RMSNorm, ``model.decode_attention``: QKV via
-``pk.matmul``, RoPE, ``pk.decode_attention`` handed the new K/V, which it writes into the
-donated cache in place and attends over, the output projection; RMSNorm, ``model.mlp``: two more ``pk.matmul``), then the head (``pk.matmul``).
-Each ``pk.*`` call goes through ``pallas_kernels.mode`` to the Pallas kernel or its reference.
+calls ``_decode_jit``, which runs ``transformer.decode_forward`` (per device under a mesh): the
+embedding, then for each layer ``transformer.block`` (RMSNorm, ``transformer.decode_attention``:
+QKV via ``pk.matmul``, RoPE, ``pk.decode_attention`` handed the new K/V, which it writes into the
+donated cache in place and attends over, the output projection; RMSNorm,
+``transformer.mlp``: two more ``pk.matmul``), then the head (``pk.matmul``). Each ``pk.*`` call
+asks :func:`pallas_kernels.mode.choose_tier` (once, at trace time) which kernels to run.
 """
 
 from __future__ import annotations
