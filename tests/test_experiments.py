@@ -185,7 +185,7 @@ def test_the_bandwidth_ceiling_is_a_read_and_the_copy_is_reported_beside_it(monk
 
 def test_ceilings_cache_keeps_read_and_copy_and_is_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(hardware, "_ceiling_sizes", lambda backend, key: (128, 2**20))
+    monkeypatch.setattr(hardware, "ceiling_sizes", lambda backend, key: (128, 2**20))
     first = hardware.measure_ceilings("float32", verbose=False)
     assert first.overhead_s > 0 and "x + 1" in first.sources["overhead"]
     assert first.copy_bandwidth > 0 and "read + write" in first.sources["copy_bandwidth"]
@@ -206,6 +206,6 @@ def test_ceilings_cache_keeps_read_and_copy_and_is_read_back(tmp_path, monkeypat
 
 def test_the_stream_is_sized_past_the_last_level_cache(monkeypatch):
     monkeypatch.setattr(hardware, "last_level_cache_bytes", lambda: 32 * 2**20)
-    assert hardware._ceiling_sizes("cpu", "fp32")[1] == 256 * 2**20
+    assert hardware.ceiling_sizes("cpu", "fp32")[1] == 256 * 2**20
     monkeypatch.setattr(hardware, "last_level_cache_bytes", lambda: 260 * 2**20)   # the Xeon host
-    assert hardware._ceiling_sizes("cpu", "fp32")[1] == 2**30 * 2 >= 4 * 260 * 2**20
+    assert hardware.ceiling_sizes("cpu", "fp32")[1] == 2**30 * 2 >= 4 * 260 * 2**20

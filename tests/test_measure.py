@@ -168,7 +168,7 @@ def test_load_folder_with_probe_json(tmp_path):
 
 def test_measure_ceilings_cached(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(hardware, "_ceiling_sizes", lambda backend, key: (256, 2**20))
+    monkeypatch.setattr(hardware, "ceiling_sizes", lambda backend, key: (256, 2**20))
     spec = hardware.measure_ceilings("float32", verbose=True)
     assert spec.flops["fp32"] > 0 and spec.bandwidth > 0 and "measured" in spec.sources["flops"]
     assert "ceilings of" in capsys.readouterr().out

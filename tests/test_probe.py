@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def quick_ceilings(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(hardware, "_ceiling_sizes", lambda backend, key: (256, 2**20))
+    monkeypatch.setattr(hardware, "ceiling_sizes", lambda backend, key: (256, 2**20))
 
 
 def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):

@@ -331,7 +331,7 @@ def process_memory_limit() -> int | None:
 _CEILINGS_PRINTED: set = set()
 
 
-def _ceiling_sizes(backend: str, key: str) -> tuple[int, int]:
+def ceiling_sizes(backend: str, key: str) -> tuple[int, int]:
     """(matmul n for n x n x n, streamed buffer bytes) per backend: big enough to reach the
     ceiling, small enough to finish in about a second (bf16 matmuls are slow on CPUs). On a CPU
     the buffer is at least four times the last-level cache the processor reports (256 MiB on a
@@ -444,7 +444,7 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     if data is None or "overhead_s" not in data:
         from pallas_kernels.ceilings import call_overhead, device_ceilings
 
-        n, nbytes = _ceiling_sizes(backend, key)
+        n, nbytes = ceiling_sizes(backend, key)
         jdt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[key]
         measured = device_ceilings(n=n, nbytes=nbytes, dtype=jdt, repeats=5 if backend == "cpu" else 10)
         stats = getattr(dev, "memory_stats", lambda: None)() or {}

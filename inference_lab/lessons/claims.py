@@ -7,7 +7,7 @@ FLOPs against time that follows the bytes, say), and ``tests/test_claims.py`` fe
 synthetic records where the claim is false and checks that it says so.
 
 Records are read by attribute (:class:`~inference_lab.measure.records.PrefillRecord`,
-:class:`~inference_lab.measure.records.DecodeRecord`, :class:`~inference_lab.measure.kernels.KernelPoint`
+:class:`~inference_lab.measure.records.DecodeRecord`, :class:`~inference_lab.measure.matmuls.KernelPoint`
 or anything with the same fields), so a claim can be checked on a classroom's files too.
 Thresholds are wide on purpose: a 2-core machine shared with other programs is noisy, and a
 claim should survive noise yet fail when the physics is different.

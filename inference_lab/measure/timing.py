@@ -245,7 +245,7 @@ def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_
                    memory_bytes: int | None = None, on_record=None, progress: bool = False,
                    desc: str = "measuring") -> SweepResult:
     """Time ``points`` (:class:`PrefillPoint`, :class:`DecodePoint`, the kernel points of
-    :mod:`inference_lab.measure.kernels`, or any object with their ``phase``, ``batch``, ``size``,
+    :mod:`inference_lab.measure.matmuls`, or any object with their ``phase``, ``batch``, ``size``,
     ``dtype`` (of the ceilings its record is against; None: none), ``label``, ``memory_needed``,
     ``prepare``, ``run``, ``release`` and ``record``; their models may differ) and return their
     records, in order.
