@@ -24,7 +24,8 @@ Schema (every key always present)::
      "prefill": {"batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu"},
      "decode": [{"batch", "context", "step_seconds", "decode_tokens_per_s",
                  "bytes_per_step", "mbu", "mfu"}, ...],
-     "streamed_decode": {"batch": 1, "context", "step_seconds", "decode_tokens_per_s"} or null,
+     "streamed_decode": {"batch": 1, "context", "step_seconds", "decode_tokens_per_s", "loop_step_seconds"}
+                        or null,
      "ratio", "tp", "weight_bytes_per_device", "all_reduces_per_step",
      "complete", "skipped": [{"batch", "reason"}, ...]}
 
@@ -61,7 +62,7 @@ TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "kernel
             "weight_bytes_per_device", "all_reduces_per_step", "complete", "skipped")
 PREFILL_KEYS = ("batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu")
 DECODE_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s", "bytes_per_step", "mbu", "mfu")
-STREAMED_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s")
+STREAMED_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s", "loop_step_seconds")
 
 
 def _versions() -> dict:
@@ -146,10 +147,12 @@ def run(args, *, path=None) -> dict:
                 raise ValueError(f"the prefill of --prompt-len {args.prompt_len} was not measured ({reason}); "
                                  "use a smaller --prompt-len or --preset")
             if any(r.phase == "decode" and r.batch == 1 for r in measured):
-                # The same batch-1 steps as a streaming server runs them: one token to the host at a time.
-                streamed = timing.StreamedDecodePoint(model, args.prompt_len, args.new_tokens)
-                timing.measure_points([streamed], repeats=args.repeats, ceilings=spec, progress=show,
-                                      desc="streamed", on_record=lambda res: keep(streamed=res[0] if res else None))
+                # The same batch-1 steps as a streaming server runs them, one token to the host at a
+                # time, timed side by side with the compiled loop (their ratio is the per-token cost).
+                pair = [timing.DecodePoint(model, 1, args.prompt_len, args.new_tokens),
+                        timing.StreamedDecodePoint(model, args.prompt_len, args.new_tokens)]
+                timing.measure_points(pair, repeats=args.repeats, ceilings=spec, progress=show, desc="streamed",
+                                      on_record=lambda res: keep(streamed=tuple(res)) if len(res) == 2 else None)
         if ran:
             head["kernel_tier"] = "+".join(sorted(ran)) if ran != {"reference"} else "reference"
         if any(r.phase == "decode" for r in measured):
@@ -167,15 +170,16 @@ def run(args, *, path=None) -> dict:
 
 def result(head: dict, args, measured, streamed, all_reduces, complete: bool) -> dict:
     """The probe file's object (schema version 2, keys in :data:`TOP_KEYS` order) from what was
-    measured so far: the records of :func:`inference_lab.measure.timing.measure_points`, and the
-    streamed batch-1 decode record (or None)."""
+    measured so far: the records of :func:`inference_lab.measure.timing.measure_points`, and
+    ``streamed``, the (loop, streamed) batch-1 decode records timed side by side (or None)."""
     pre = next((r for r in measured if r.phase == "prefill"), None)
     loops = [r for r in measured if r.phase == "decode"]
     one = next((d for d in loops if d.batch == 1), None)
     r = {"schema_version": SCHEMA_VERSION, **head, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
          "prefill": None if pre is None else {k: getattr(pre, k) for k in PREFILL_KEYS},
          "decode": [{k: getattr(d, k) for k in DECODE_KEYS} for d in loops],
-         "streamed_decode": None if streamed is None else {k: getattr(streamed, k) for k in STREAMED_KEYS},
+         "streamed_decode": None if streamed is None else dict(
+             {k: getattr(streamed[1], k) for k in STREAMED_KEYS[:-1]}, loop_step_seconds=streamed[0].step_seconds),
          "ratio": pre.prefill_tokens_per_s / one.decode_tokens_per_s if pre is not None and one is not None else None,
          "tp": args.tp, "all_reduces_per_step": all_reduces, "complete": complete,
          "skipped": [{"batch": b, "reason": reason} for phase, b, _, reason in measured.skipped if phase == "decode"]}
@@ -213,11 +217,12 @@ def format_table(r: dict) -> str:
                      f"{d['decode_tokens_per_s']:>9,.1f} {_pct(d['mfu']):>5} {_pct(d['mbu']):>5}")
     for s in r["skipped"]:
         lines.append(f"{'decode':<8} {s['batch']:>5} skipped: {s['reason']}")
-    streamed, loop = r.get("streamed_decode"), next((d for d in r["decode"] if d["batch"] == 1), None)
-    if streamed is not None and loop is not None:
+    streamed = r.get("streamed_decode")
+    if streamed is not None:
         lines.append(f"{'streamed':<8} {1:>5} {streamed['context']:>7} {streamed['step_seconds'] * 1e3:>8.2f} ms/tok "
                      f"{streamed['decode_tokens_per_s']:>9,.1f}   (one token to the host at a time: "
-                     f"+{streamed['step_seconds'] / loop['step_seconds'] - 1:.0%} per token over the compiled loop)")
+                     f"{streamed['step_seconds'] / streamed['loop_step_seconds'] - 1:+.0%} per token against "
+                     f"the compiled loop, {streamed['loop_step_seconds'] * 1e3:.2f} ms, timed beside it)")
     ratio = "-" if r["ratio"] is None else f"{r['ratio']:,.1f}x"
     reduces = "-" if r["all_reduces_per_step"] is None else r["all_reduces_per_step"]
     lines += [

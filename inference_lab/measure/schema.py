@@ -104,11 +104,12 @@ def _v2() -> dict:
                                     "method": {"type": "string", "maxLength": 500}}}
     # Optional (newer files): batch-1 decode as a streaming server runs it, one token to the host
     # at a time, beside the compiled loop's steps in "decode".
+    # loop_step_seconds: the compiled loop's step, timed side by side with it.
     p["streamed_decode"] = {"type": ["object", "null"],
-                            "required": ["batch", "context", "step_seconds", "decode_tokens_per_s"],
+                            "required": ["batch", "context", "step_seconds", "decode_tokens_per_s", "loop_step_seconds"],
                             "additionalProperties": False,
                             "properties": {"batch": {"const": 1}, "context": _LENGTH, "step_seconds": _SECONDS,
-                                           "decode_tokens_per_s": _RATE}}
+                                           "decode_tokens_per_s": _RATE, "loop_step_seconds": _SECONDS}}
     # A partial result (interrupted, or a batch size out of memory) keeps what was measured:
     p["decode"] = dict(p["decode"], minItems=0)
     p["ratio"] = {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1e9}
