@@ -281,7 +281,8 @@ def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_
     runs_per_point = repeats + 1
     try:
         with progress_bar(total=len(points) * runs_per_point, desc=desc, unit="run", show=progress) as bar:
-            tick = lambda: bar.update(1)   # noqa: E731 - one line, read where it is used
+            def tick():
+                bar.update(1)
 
             def skip(point, reason):
                 result.skipped.append((point.phase, point.batch, point.size, reason))
@@ -409,7 +410,9 @@ def sweep(model, batch_sizes=(1, 8, 32), prompt_lengths=(128, 512), *, steps: in
         save_to = check_output_path(save_to, force=True, flag="save_to")
         if save_to.suffix not in (".json", ".csv"):
             raise ValueError(f"save_to={str(save_to)!r}: sweeps save to a .json or .csv file")
-        save = lambda result: records.save_records(result, save_to) if result else None   # noqa: E731
+        def save(result):
+            if result:
+                records.save_records(result, save_to)
     points = [PrefillPoint(model, b, p) if ph == "prefill" else DecodePoint(model, b, p, steps)
               for p in prompt_lengths for b in batch_sizes for ph in phases]
     try:
