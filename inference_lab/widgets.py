@@ -235,9 +235,12 @@ class Prediction(W.VBox):
                 return label
         return None
 
-    def report(self, measured: float, *, roofline: float | None = None, what: str = "") -> str:
+    def report(self, measured: float, *, roofline: float | None = None, what: str = "") -> "PredictionReport":
         """A small table: the prediction, the roofline's figure (if any) and the measurement,
-        then one line on how the prediction did."""
+        then one line on how the prediction did. Shown as a cell's result (or ``display``ed), it
+        keeps the measurement folded until opened when no prediction was locked in, so a reader
+        of the stored notebook (or the site) meets the question before the answer; ``str()`` of
+        it is the whole table."""
         unit = f" {self.unit}" if self.unit else ""
         fmt = lambda x: f"{x:,.3g}{unit}"
         rows = [("your prediction", "-" if self.value is None else
@@ -246,8 +249,7 @@ class Prediction(W.VBox):
             rows.append(("roofline", fmt(roofline)))
         rows.append(("measured here", fmt(measured) + (f"  ({self._range_of(measured)})" if self.ranges else "")))
         width = max(len(r[0]) for r in rows) + 2
-        lines = [what] if what else []
-        lines += [f"{name:<{width}}{value}" for name, value in rows]
+        lines = [f"{name:<{width}}{value}" for name, value in rows]
         if self.value is None:
             lines.append("(no prediction locked in: next time, commit to a number first)")
         elif self.ranges:
@@ -258,7 +260,34 @@ class Prediction(W.VBox):
             off = max(self.value / measured, measured / self.value)
             lines.append(f"your prediction is within {off:,.2g}x of the measurement"
                          + ("" if off <= 2 else ": what did it leave out?"))
-        return "\n".join(lines)
+        return PredictionReport(self.question, what, lines, locked=self.value is not None)
+
+
+@dataclass(frozen=True)
+class PredictionReport:
+    """What :meth:`Prediction.report` returns: the question, then the table. Its text is the whole
+    table; its HTML folds everything below "your prediction" into a ``<details>`` when nothing was
+    locked in, so the stored answer does not sit in plain view under an empty prediction box."""
+
+    question: str
+    what: str
+    lines: list
+    locked: bool
+
+    def __str__(self) -> str:
+        return "\n".join(([self.what] if self.what else []) + list(self.lines))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        pre = '<pre style="margin:0">{}</pre>'
+        head = ([self.what] if self.what else []) + list(self.lines[:1])
+        body = html.escape("\n".join(self.lines[1:]))
+        if self.locked:
+            return pre.format(html.escape("\n".join(head)) + "\n" + body)
+        return (pre.format(html.escape("\n".join(head)))
+                + f"<details><summary><b>Show the measurement</b> (first write down your answer to: "
+                  f"{html.escape(self.question)})</summary>{pre.format(body)}</details>")
 
 
 def prediction(question: str, *, unit: str = "", ranges: Sequence[tuple] | None = None) -> Prediction:

@@ -30,10 +30,15 @@ def prefill(T, seconds, mfu=None):
                          mfu if mfu is not None else c.flops / seconds / 190e9)
 
 
-def decode(batch, seconds, context=256):
+def decode(batch, seconds, context=256, spread=None):
     c = costs.decode_cost(CFG, batch, context)
     return DecodeRecord("cpu", "cpu", "reference", "small", "float32", batch, context, seconds, batch / seconds,
-                        c.bytes, c.flops, c.bytes / seconds / 50e9, c.flops / seconds / 190e9)
+                        c.bytes, c.flops, c.bytes / seconds / 50e9, c.flops / seconds / 190e9, spread=spread)
+
+
+def noisy(rec, spread):
+    """The same record measured on a busy machine: its repeats spread by ``spread`` (q3 / q1)."""
+    return dataclasses.replace(rec, spread=spread)
 
 
 def kernels(times, size=4096):
@@ -47,10 +52,18 @@ def test_verdict_is_truthy_and_prints_its_evidence():
 
 
 def test_writing_slower_than_reading():
-    assert claims.writing_slower_than_reading(prefill(256, 0.22), decode(1, 0.011))            # 1,164 vs 91 tok/s
-    assert not claims.writing_slower_than_reading(prefill(256, 0.22), decode(1, 0.0015))      # decode as fast
+    # This machine: the ceilings allow a 7.2x gap (f32), need >= sqrt(7.2) = 2.7x; measured 10-13x.
+    assert claims.writing_slower_than_reading(prefill(256, 0.22), decode(1, 0.011), ideal=7.2)    # 1,164 vs 91 tok/s
+    # a decode kernel almost as fast per token as the prefill (2x): half the taught gap is not reached
+    assert not claims.writing_slower_than_reading(prefill(256, 0.22), decode(1, 0.0017), ideal=7.2)
+    # an H100 (ideal 295x, need 17x): a 12x gap is too small there
+    assert not claims.writing_slower_than_reading(prefill(256, 0.22), decode(1, 0.0103), ideal=295)
+    # near the margin, on a busy machine: undecided, not failed
+    close = claims.writing_slower_than_reading(noisy(prefill(256, 0.22), 1.6), noisy(decode(1, 0.0023), 1.6),
+                                               ideal=7.2)
+    assert close and not close.decided
     with pytest.raises(ValueError, match="batch-1"):
-        claims.writing_slower_than_reading(prefill(256, 0.22), decode(8, 0.03))
+        claims.writing_slower_than_reading(prefill(256, 0.22), decode(8, 0.03), ideal=7.2)
 
 
 def test_cache_saving_as_predicted():
@@ -116,25 +129,45 @@ def test_prefill_compute_bound_needs_both_ends():
 
 
 def test_decode_step_mostly_not_math():
-    real = [decode(1, 0.011), decode(2, 0.017), decode(16, 0.045)]             # x4 the time for x16 the FLOPs
+    real = [decode(1, 0.011), decode(2, 0.017), decode(16, 0.045)]             # x4 the time for x16 the FLOPs: <= 26%
     assert claims.decode_step_mostly_not_math(real)
+    # half compute-bound: x9 the time for x16 the FLOPs (math could be 56% of the step): refuted
+    assert not claims.decode_step_mostly_not_math([decode(1, 0.011), decode(16, 0.011 * 9)])
     compute_bound = [decode(1, 0.011), decode(16, 0.011 * 16)]                 # time follows the FLOPs
     assert not claims.decode_step_mostly_not_math(compute_bound)
+    busy = claims.decode_step_mostly_not_math([noisy(decode(1, 0.011), 1.5), noisy(decode(16, 0.011 * 8), 1.5)])
+    assert busy and not busy.decided                                           # 50% +- the noise: undecided
     with pytest.raises(ValueError, match="one context"):
         claims.decode_step_mostly_not_math([decode(1, 0.01), decode(4, 0.02, context=512)])
 
 
 def test_step_streams_like_the_kernel():
     k = kernels({1: 0.0022, 2: 0.004})                                         # 30 GB/s
-    assert claims.step_streams_like_the_kernel(decode(1, 0.011), k)            # 20 GB/s
+    assert claims.step_streams_like_the_kernel(decode(1, 0.011), k)            # 20 GB/s: 68%
+    # a step that is three quarters something else (25% of the kernel's rate): refuted
+    assert not claims.step_streams_like_the_kernel(decode(1, 0.011 * 68 / 25), k)
     assert not claims.step_streams_like_the_kernel(decode(1, 0.1), k)          # 2 GB/s: not the stream's doing
+    # A GPU's small model: 60% of the step is launches (the hollow twin), the rest streams at 75% of the kernel.
+    launch_bound = decode(1, 0.011 * 68 / 75 / 0.4)
+    assert not claims.step_streams_like_the_kernel(launch_bound, k)
+    fixed_aside = claims.step_streams_like_the_kernel(launch_bound, k, fixed=decode(1, launch_bound.step_seconds * 0.6))
+    assert fixed_aside.holds and "60% of the step is fixed costs" in fixed_aside.evidence
+    # fixed costs aside, bytes that still stream at a fifth of the kernel's rate: refuted
+    slow = decode(1, 0.011 * 68 / 20 / 0.4)
+    assert not claims.step_streams_like_the_kernel(slow, k, fixed=decode(1, slow.step_seconds * 0.6))
     with pytest.raises(ValueError, match="m = 1"):
         claims.step_streams_like_the_kernel(decode(1, 0.011), kernels({2: 0.004}))
+    with pytest.raises(ValueError, match="hollow twin"):
+        claims.step_streams_like_the_kernel(decode(1, 0.011), k, fixed=decode(1, 0.02))
 
 
 def test_context_costs_time():
     assert claims.context_costs_time([decode(1, 0.011, 256), decode(1, 0.017, 1536)])
     assert not claims.context_costs_time([decode(1, 0.011, 256), decode(1, 0.0112, 1536)])   # KV for free
+    # a third of what the bytes cost (x1.03 for x1.09 bytes): refuted
+    assert not claims.context_costs_time([decode(1, 0.011, 256), decode(1, 0.011 * 1.03, 1536)])
+    busy = claims.context_costs_time([noisy(decode(1, 0.011, 256), 1.3), noisy(decode(1, 0.0116, 1536), 1.3)])
+    assert busy and not busy.decided
     with pytest.raises(ValueError, match="two or more"):
         claims.context_costs_time([decode(1, 0.011, 256)])
 
@@ -151,26 +184,44 @@ def test_three_regimes():
     assert not claims.three_regimes(sweep(mm_growth=16.0))       # matmuls follow their bytes (x16): bandwidth
 
 
-def test_prefill_beats_decode_flops():
-    assert claims.prefill_beats_decode_flops(prefill(256, 0.22), decode(1, 0.011))
-    assert not claims.prefill_beats_decode_flops(prefill(256, 2.0), decode(1, 0.011))
+def test_phases_sit_under_their_roofs():
+    # prefill 85% of the peak; decode batch 1 at 20 GB/s: 40% of its memory roof, 5% of the peak
+    assert claims.phases_sit_under_their_roofs(prefill(256, 0.22), decode(1, 0.011), CPU, "float32")
+    # a decode step ten times slower (overhead-bound): 4% of its memory roof, refuted
+    assert not claims.phases_sit_under_their_roofs(prefill(256, 0.22), decode(1, 0.11), CPU, "float32")
+    # a prefill at 10% of the peak: refuted
+    assert not claims.phases_sit_under_their_roofs(prefill(256, 1.9), decode(1, 0.011), CPU, "float32")
+    # a decode near the compute peak (a machine whose ridge is below the step's intensity): refuted
+    fast_memory = dataclasses.replace(CPU, bandwidth=5e12)
+    assert not claims.phases_sit_under_their_roofs(prefill(256, 0.22), decode(1, 0.00075), fast_memory, "float32")
 
 
 def test_batching_raises_throughput():
-    assert claims.batching_raises_throughput([decode(1, 0.011), decode(32, 0.076)])
-    assert not claims.batching_raises_throughput([decode(1, 0.011), decode(32, 0.011 * 32)])
+    # the matmuls alone predicted x5.3 at batch 32 (need x2.3): measured x4.6
+    assert claims.batching_raises_throughput([decode(1, 0.011), decode(32, 0.076)], predicted_gain=5.3,
+                                             predicted_by="the matmuls alone")
+    # no gain at all (the step x32 longer): refuted
+    assert not claims.batching_raises_throughput([decode(1, 0.011), decode(32, 0.011 * 32)], predicted_gain=5.3,
+                                                 predicted_by="the matmuls alone")
+    # a GPU whose roofline predicts x30 (need x5.5): a x3 gain is a sign something else is in the way
+    assert not claims.batching_raises_throughput([decode(1, 0.011), decode(32, 0.011 * 32 / 3)], predicted_gain=30,
+                                                 predicted_by="the roofline")
+    assert claims.predicted_batch_gain(32, 0.011, 0.066) == pytest.approx(32 / 6)
 
 
 def test_kernel_sets_the_knee():
     real = [decode(1, 0.011), decode(2, 0.0198), decode(4, 0.026)]
-    k = kernels({1: 0.0021, 2: 0.0036, 4: 0.0045})
-    assert claims.kernel_sets_the_knee(real, k, CFG, CPU)                       # both jump, the roofline does not
+    k = kernels({1: 0.0021, 2: 0.0036, 4: 0.0045})                              # the kernels jump x1.71, the roofline x1.02
+    assert claims.kernel_sets_the_knee(real, k, CFG, CPU)
+    # all flat (a GPU): the kernels and the roofline agree, nothing to tell apart
     flat_kernel = kernels({1: 0.0021, 2: 0.0022})
-    assert claims.kernel_sets_the_knee([decode(1, 0.011), decode(2, 0.0112)], flat_kernel, CFG, CPU)  # all flat (a GPU)
-    # the model jumps but the kernel does not: something else moves the knee
-    assert not claims.kernel_sets_the_knee(real, flat_kernel, CFG, CPU)
-    # the kernel jumps but the model does not: the kernel is not what the model runs
+    gpu = claims.kernel_sets_the_knee([decode(1, 0.011), decode(2, 0.0112)], flat_kernel, CFG, CPU)
+    assert gpu and not gpu.decided and "agree" in gpu.evidence
+    # the kernel jumps but the model does not: the roofline was the better prediction, refuted
     assert not claims.kernel_sets_the_knee([decode(1, 0.011), decode(2, 0.0112)], k, CFG, CPU)
+    # the model jumps x1.3, between the kernel's x1.71 and the roofline's x1.02: nearer neither by much
+    mid = claims.kernel_sets_the_knee([noisy(decode(1, 0.011), 1.3), noisy(decode(2, 0.011 * 1.32), 1.3)], k, CFG, CPU)
+    assert mid and not mid.decided
 
 
 def test_model_follows_kernel():
@@ -188,15 +239,16 @@ def test_model_follows_kernel():
         claims.model_follows_kernel(good[:1], k, CFG, CPU)
 
 
-def test_latency_throughput_tradeoff():
-    assert claims.latency_throughput_tradeoff([decode(1, 0.011), decode(32, 0.076)])
-    assert not claims.latency_throughput_tradeoff([decode(1, 0.011), decode(32, 0.0115)])     # free batching: users keep speed
-    assert not claims.latency_throughput_tradeoff([decode(1, 0.011), decode(32, 0.3)])        # no throughput gained
+def test_decode_memory_bound_predicted_is_a_prediction():
+    p = claims.decode_memory_bound_predicted(CFG, CPU)
+    assert isinstance(p, claims.Prediction) and "memory-bound" in p.claim and str(p).startswith("PREDICTED")
+    assert "compute-bound" in claims.decode_memory_bound_predicted(CFG, dataclasses.replace(CPU, bandwidth=5e12)).claim
+    assert "overhead-bound" in claims.decode_memory_bound_predicted(CFG, dataclasses.replace(CPU, overhead_s=1.0)).claim
 
 
-def test_decode_memory_bound_predicted():
-    assert claims.decode_memory_bound_predicted(CFG, CPU)
-    fast_memory = dataclasses.replace(CPU, bandwidth=5e12)                                    # compute term wins
-    assert not claims.decode_memory_bound_predicted(CFG, fast_memory)
-    slow_calls = dataclasses.replace(CPU, overhead_s=1.0)                                     # overhead wins
-    assert not claims.decode_memory_bound_predicted(CFG, slow_calls)
+def test_decide_is_undecided_only_inside_the_noise():
+    assert claims.decide(3.0, 2.0) is True and claims.decide(1.5, 2.0) is False
+    assert claims.decide(2.2, 2.0, 1.2) is None and claims.decide(2.5, 2.0, 1.2) is True
+    assert claims.decide(0.3, 0.5, at_least=False) is True and claims.decide(0.7, 0.5, at_least=False) is False
+    assert claims.noise(decode(1, 0.01)) == 1.0 and claims.noise(noisy(decode(1, 0.01), 1.44)) == pytest.approx(1.2)
+    assert claims.log_midpoint(16) == 4.0

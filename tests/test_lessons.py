@@ -101,6 +101,7 @@ def test_streamed_answer_and_the_cache_comparison(model, capsys, tmp_path):
     assert cmp.lengths == tuple(range(12, 22)) and len(cmp.cached_s) == len(cmp.uncached_s) == 10
     assert all(b > a for a, b in zip(cmp.predicted_uncached_s, cmp.predicted_uncached_s[1:]))  # more text, more work
     _png(plots.cache_vs_recompute(cmp.lengths, cmp.uncached_s, cmp.cached_s), tmp_path, "cache")
+    assert "words/s" in two_speeds.human_line(answer) and "TPOT under" in two_speeds.human_line(answer)
     broken = dataclasses.replace(cmp, uncached_tokens=cmp.cached_tokens[:3] + (0,) * 7)
     assert broken.same_until == 3 and "part at token 4 of 10" in broken.line()
 
@@ -128,10 +129,33 @@ def test_reference_node_reconciles_30x_with_the_ridge():
     assert "prefill takes longer" in two_speeds.who_dominates(47, 1, ref.measured)
 
 
+def test_the_reference_node_read_two_ways():
+    text = two_speeds.reference_readings()
+    a, b, _ = text.splitlines()
+    assert "30.4x slower" in a and "4.5%" in a and "62%" in a and "39%" in a
+    assert "sqrt(19 x 47) = 29.9:1" in b and "2% away" in b          # the mix that reading B predicts
+    # The real model keeps a KV cache in 16 of its 64 layers, 4 KV heads of 256: 64 KiB per token.
+    assert two_speeds.qwen35_kv_bytes_per_token() == 2 * 16 * 4 * 256 * 2
+    note = two_speeds.reference_shape_note()
+    assert "256 KiB" in note and "64 KiB" in note and "4x less" in note and "Gated DeltaNet" in note
+    step = two_speeds.reference_decode_step()
+    assert "9.26 ms step" in step and "128 all-reduces" in step and "1.03 ms" in step
+
+
+def test_reference_knees_and_decode_levers():
+    knees = batching.reference_knees(two_speeds.REFERENCE_SHAPE, H100, tp=4, context=4096)
+    assert "compute-bound at batch 296" in knees and "1.5x batch 1 at batch 27," in knees and "never" in knees
+    levers = batching.decode_levers(CFG8B, H100, context=4096).splitlines()
+    tok = [float(line.split()[-2].replace(",", "")) for line in levers[2:6]]
+    assert tok == sorted(tok) and tok[1] / tok[0] > 1.8                 # fewer bytes per parameter, faster
+    assert "12.9B of its 46.7B" in levers[6] and "batch 32 46.7B" in levers[6]
+
+
 def test_sweeps_tables_and_views(model, here, tmp_path):
     pre = prefill.prefill_sweep(model, (1, 32))
     assert len(pre.table().splitlines()) == 3 and [r.prompt_len for r in pre.records] == [1, 32]
     kernels = matmuls.matmul_sweep((1, 32), k=256, n=256, repeats=2)
+    assert "of the measured peak" in prefill.kernel_against_peak(kernels, here.spec, here.dtype)
     fig, text = prefill.prefill_point_view(pre, here.spec, here.dtype, 32, kernels)
     assert text.startswith("prompt length 32:") and "lone matmul" in text
     _png(fig, tmp_path, "pre")
@@ -140,7 +164,10 @@ def test_sweeps_tables_and_views(model, here, tmp_path):
 
     exp = decode.decode_experiments(model, batches=(1, 2), contexts=(16, 48), context=16, steps=2, kernel_size=256)
     assert [r.batch for r in exp.batch] == [1, 2] and [r.context for r in exp.context] == [16, 48]
-    assert "time x" in exp.table() and "GB/s" in exp.kernel_line()
+    assert "time x" in exp.table() and "GB/s" in exp.kernel_line() and "hollow twin" in exp.kernel_line()
+    assert exp.hollow.preset == "tiny (hollow)" and exp.hollow.bytes_per_step < exp.batch[0].bytes_per_step / 10
+    reading = decode.context_reading(exp, here.spec, here.dtype)
+    assert reading.startswith("context 16 -> 48: a compute-bound step would take x") and "attention" in reading
     fig, text = decode.experiment_view(exp, 2)
     assert text.startswith("batch size 2:") and "MBU" in text
     _png(fig, tmp_path, "dec")
@@ -196,7 +223,7 @@ def test_regimes_and_roofline_points(model, here, tmp_path):
     _png(fig, tmp_path)
     _png(plots.three_regimes(ops + intensity.model_ops(points.prefill[-1], points.decode[0]), here.spec, here.dtype),
          tmp_path, "regimes")
-    assert intensity.attention_intensity(CFG8B) == 4
+    assert costs.attention_intensity(CFG8B) == 4
     split = prefill.rag_time_split(model, 32, ratios=(19, 47), steps=2)
     assert [row[0] for row in split.rows] == [19, 47] and "47:1" in split.table()
     assert split.rows[0][2] > split.rows[1][2] and 0 < split.decode_share(19) < 1
@@ -234,8 +261,6 @@ def test_serving_simulation_views(tmp_path):
     assert d[-1].ttft_p50 > d[0].ttft_p50 and d[-1].tpot_p50 < 1.3 * d[0].tpot_p50
     assert c[-1].tpot_p50 / c[0].tpot_p50 > d[-1].tpot_p50 / d[0].tpot_p50
     _png(plots.serving_plot(load.rows, x="prompt_len"), tmp_path, "serving")
-    fig, text = serving.serving_view(phases, 512, spec=H100)
-    assert text.startswith("prompt length 512:")
 
 
 def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
@@ -258,6 +283,8 @@ def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
     peak, bw = classroom.ceilings_of(records)
     assert peak == pytest.approx(here.spec.peak_flops(here.dtype), rel=1e-6)
     assert bw == pytest.approx(here.spec.bandwidth, rel=1e-6)
+    top, gain = classroom.predicted_batch_gain(records)
+    assert top == 4 and 1 < gain <= 4                                # the roofline on the file's own ceilings
     points = classroom.ratio_points(machines)
     assert points[0]["measured"] == pytest.approx(report["ratio"]) and points[-1]["quoted"]
     assert points[0]["ideal"] == pytest.approx(here.spec.ridge_point(here.dtype) * 4 / 2)

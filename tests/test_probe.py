@@ -56,6 +56,8 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
     assert "prefill" in out and "decode" in out and "MBU" in out and "at batch 1" in out and "streamed" in out
     recs = records.load_records(path)                               # the classroom path
     assert [x.phase for x in recs] == ["prefill", "decode", "decode"]
+    # each point's spread travels with the file, so a verdict on a classroom's files can weigh its noise
+    assert [x.spread for x in recs] == [r["prefill"]["spread"]] + [d["spread"] for d in r["decode"]]
 
 
 def test_probe_errors(capsys):

@@ -192,6 +192,19 @@ def test_measured_knee_rejects_bad_sweeps():
         roofline.measured_knee([_Dec(1, 0.01)], factor=1.0)
 
 
+def test_predicted_knee_is_the_measured_knee_of_the_prediction():
+    cfg = ModelConfig.preset("llama3_8b")
+    knee = roofline.predicted_knee(cfg, H100, 4096)
+    step = lambda b: roofline.predicted_decode_step_seconds(cfg, H100, b, 4096)
+    assert step(knee) >= 1.5 * step(1) > step(knee - 1)
+    # At 4,096 tokens the KV reads alone grow the step by half long before the compute flips it:
+    # the knee is memory-bound, well below the weights-only flip near the ridge.
+    assert knee < roofline.predicted_flip(cfg, H100, context=4096, include_kv=False) / 4
+    assert roofline.predicted_flip(cfg, H100, context=4096) is None
+    assert roofline.predicted_knee(cfg, H100, 4096, include_kv=False) > knee
+    assert roofline.predicted_knee(cfg, H100, 4096, largest=2) is None
+
+
 # ----------------------------------------------------------------------------- memory and tp
 def test_memory_needed_counts_weights_and_kv():
     cfg = ModelConfig.preset("llama3_8b")
@@ -206,6 +219,21 @@ def test_memory_needed_counts_weights_and_kv():
     assert roofline.memory_needed(cfg, 4, 4096, attention_scores=True) > roofline.memory_needed(cfg, 4, 4096)
 
 
+def test_a_server_prefills_a_bounded_number_of_tokens():
+    cfg = ModelConfig.preset("llama3_8b")
+    at_once = roofline.memory_needed(cfg, 64, 4096)                       # every prompt prefilled in one call
+    budget = roofline.memory_needed(cfg, 64, 4096, prefill_tokens=8192)  # a server's per-iteration budget
+    per_token = (2 * 4096 + (32 + 16) * 128 + 2 * 14336) * 2
+    assert at_once - budget == (64 * 4096 - 8192) * per_token
+    assert roofline.memory_needed(cfg, 1, 100, prefill_tokens=8192) == roofline.memory_needed(cfg, 1, 100)
+    # The KV cache alone leaves room for (72 GB - weights) / 0.54 GB = 104 sequences at 4,096 tokens; with a
+    # bounded prefill the server fits nearly that many, where prefilling all at once would fit ~60.
+    kv_only = (0.9 * H100.memory_bytes - cfg.num_params * 2) // (costs.kv_bytes_per_token(cfg) * 4096)
+    assert kv_only == 104
+    assert 95 <= roofline.max_batch(cfg, H100, 4096) <= kv_only
+    assert roofline.max_batch(cfg, H100, 4096, prefill_tokens=None) < 0.7 * kv_only
+
+
 def test_context_beyond_max_seq_len_is_allowed():
     cfg = ModelConfig.preset("tiny")
     assert costs.decode_cost(cfg, 1, cfg.max_seq_len * 4).bytes > 0
@@ -218,10 +246,14 @@ def test_tensor_parallel_splits_bytes_and_flops():
     assert four.flops == pytest.approx(one.flops / 4)
     assert four.parts["weights"] == pytest.approx(one.parts["weights"] / 4, rel=1e-3)
     assert roofline.allreduce_bytes(cfg, 8) == 2 * 32 * 8 * 4096 * 2
-    t = roofline.allreduce_time(cfg, H100, 8, tp=4)
+    no_latency = dataclasses.replace(H100, allreduce_latency_s=None)
+    t = roofline.allreduce_time(cfg, no_latency, 8, tp=4)
     # Ring: 2 (tp-1)/tp = 1.5 x the bytes through each link, at one direction = half of NVLink's 900 GB/s.
     assert t == pytest.approx(1.5 * roofline.allreduce_bytes(cfg, 8) / (H100.interconnect_bandwidth / 2))
     assert t == pytest.approx(1.5 * 2 * 32 * 8 * 4096 * 2 / 450e9)
+    # Each of the 2 x 32 all-reduces also pays the spec's fixed latency: at decode sizes it is most of the cost.
+    assert roofline.allreduce_time(cfg, H100, 8, tp=4) == pytest.approx(t + 64 * H100.allreduce_latency_s)
+    assert 64 * H100.allreduce_latency_s > 10 * t
     assert roofline.allreduce_time(cfg, H100, 8, tp=1) == 0.0
     with pytest.raises(ValueError, match="tp=3"):
         costs.decode_cost(cfg, 1, 1, tp=3)

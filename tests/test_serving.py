@@ -215,3 +215,17 @@ def test_busy_is_not_full(phases):
 def test_unknown_mode_names_the_three(phases):
     with pytest.raises(ValueError, match="chunked"):
         simulator.simulate(phases, rate=1.0, n_requests=5, mode="mixed")
+
+
+@pytest.mark.parametrize("mode", simulator.MODES)
+def test_phase_seconds_add_up_to_the_busy_time(phases, mode):
+    reqs = workload.sample_requests(300, 8.0, ratio=workload.RAG_RATIO, output_len=(32, 128), seed=1)
+    res = simulator.simulate_requests(reqs, phases, mode=mode, gpus=2, interconnect_bandwidth=450e9)
+    ph = res.phase_seconds
+    workers = {"disaggregated": (1, 1)}.get(mode, (2,))
+    busy = sum(u * n * res.makespan for u, n in zip(res.utilisation.values(), workers))
+    assert sum(ph.values()) == pytest.approx(busy, rel=1e-9)
+    assert ph["prefill"] > 0 and (ph["mixed"] > 0) == (mode == "chunked")
+    assert ph["decode"] > 0 or mode == "chunked"        # chunked iterations decode alongside prompt chunks
+    if mode == "disaggregated":   # the pools are the phases
+        assert ph["prefill"] == pytest.approx(res.utilisation["prefill"] * res.makespan, rel=1e-9)

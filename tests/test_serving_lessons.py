@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import types
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from inference_lab.analytic import workload
+from inference_lab.analytic import economics, roofline, simulator, workload
 from inference_lab.base import hardware
 from inference_lab.measure import vllm_bench
 from inference_lab.base.config import ModelConfig
@@ -27,14 +28,24 @@ def phases():
 
 
 def _row(mode, x, key="rate", **ms):
-    base = {"mode": mode, key: x, "ttft_p50_ms": 100.0, "tpot_p99_ms": 10.0, "itl_p99_ms": 10.0}
+    base = {"mode": mode, key: x, "ttft_p50_ms": 100.0, "ttft_p99_ms": 200.0, "tpot_p99_ms": 10.0, "itl_p99_ms": 10.0}
     base.update(ms)
     return base
 
 
 # ----------------------------------------------------------------------------- prices
+def test_prices_are_for_batches_that_fit():
+    full = roofline.max_batch(CFG8B, H100, 2048)
+    table = lesson.price_table(CFG8B, H100, economics.GPU_PRICES["H100_SXM"], batches=(1, full, full + 1),
+                               prompt_len=2048, context=2048)
+    rows = table.splitlines()[2:]
+    assert len(rows) == 3 and "does not fit" not in rows[1] and rows[2].endswith("does not fit: not priced")
+    # At the reference node's reading-A MFU, a batched server's output would cost less than its input.
+    assert "cheaper than input" in lesson.reference_mfu_price(CFG8B, H100, batch=full, context=2048, prompt_len=2048)
+
+
 def test_price_band_claims():
-    band = lesson.price_band(CFG8B, H100, batch=512, context=2048)
+    band = lesson.price_band(CFG8B, H100, batch=roofline.max_batch(CFG8B, H100, 2048), context=2048)
     assert lesson.roofline_misses_the_band(band) and band.at_roofline > 5
     lo, hi = band.mfu_range
     assert 0.4 < lo < hi < 0.9 and "needs prefill MFU" in band.line()
@@ -62,13 +73,18 @@ def test_stall_is_seen_by_itl_not_tpot():
 # ----------------------------------------------------------------------------- modes under load
 def test_chunking_claims_on_simulated_and_counter_data(phases):
     sweep = lesson.rate_sweep(phases, rates=(2, 8, 12), spec=H100, n_requests=300)
-    assert lesson.chunking_holds_tpot(sweep) and lesson.chunking_costs_ttft(sweep)
+    assert lesson.chunking_holds_tpot(sweep)
     assert "chunked" in sweep.table() and len(sweep.chunked) == 3
+    assert lesson.chunking_ttft_line(sweep).startswith("TTFT, chunked over prefill first: p50 x")
+    for r in lesson.tpot_above_itl(sweep):
+        assert r["tpot_p99_ms"] > r["itl_p99_ms"]
     # Counter-data: chunked TPOT p99 growing faster than prefill first's; chunked TTFT lower.
     bad = lesson.Sweep([_row("colocated", 1, tpot_p99_ms=10), _row("colocated", 2, tpot_p99_ms=12),
                         _row("chunked", 1, tpot_p99_ms=8, ttft_p50_ms=90), _row("chunked", 2, tpot_p99_ms=20, ttft_p50_ms=90)],
                        "rate")
-    assert not lesson.chunking_holds_tpot(bad) and not lesson.chunking_costs_ttft(bad)
+    assert not lesson.chunking_holds_tpot(bad)
+    assert [(r["mode"], r["rate"]) for r in lesson.tpot_above_itl(bad)] == [("colocated", 2), ("chunked", 2)]
+    assert "p99 higher at every load" in lesson.chunking_ttft_line(bad)
 
 
 def test_budget_claim(phases):
@@ -80,10 +96,14 @@ def test_budget_claim(phases):
 
 
 def test_views_read_their_controls(phases, tmp_path):
-    for fig, text, start in ((*lesson.budget_view(phases, 256, rate=4, n_requests=100), "chunk budget 256 tokens"),
-                             (*lesson.serving_view(phases, 1024, spec=H100), "prompt length 1024:"),
-                             (*pools.pool_view(phases, workload.sample_requests(200, 5.0, **lesson.RAG_TRAFFIC), 8, 64),
-                              "batch size 64:")):
+    cfg8b = ModelConfig.preset("llama3_8b")
+    price = economics.GPU_PRICES["H100_SXM"]
+    for fig, text, start in ((*pools.pool_view(phases, workload.sample_requests(200, 5.0, **lesson.RAG_TRAFFIC), 8, 64),
+                              "batch size 64:"),
+                             (*lesson.price_view(cfg8b, H100, price, 64, 0.5, prompt_len=2048, context=2048),
+                              "batch size 64, prefill at 50% MFU"),
+                             (*lesson.price_view(cfg8b, H100, price, 512, 0.5, prompt_len=2048, context=2048),
+                              "batch size 512 at context 2,048: needs")):
         assert isinstance(fig, Figure) and text.startswith(start), text
     assert "ridge" not in lesson.lab_assumptions() and "50%" in lesson.lab_assumptions()
 
@@ -146,3 +166,17 @@ def test_replay_a_vllm_run(phases):
     table = pools.side_by_side({"vllm": run.summary(), "sim": sim.summary()})
     assert "E2E (vLLM: E2EL) p99 (ms)" in table and "output tokens/s" in table
     assert Path(pools.EXAMPLE_VLLM_RESULT).is_file()
+
+
+def test_rag_clock_keeps_the_wait_apart_from_the_gpu_time(phases):
+    light, heavy = (simulator.simulate_requests(workload.sample_requests(300, rate, seed=0, **lesson.RAG_TRAFFIC),
+                                                phases, mode="colocated", gpus=2) for rate in (4, 12))
+    def shares(res):
+        line = lesson.rag_clock(res, phases, 0)
+        wait, gpu = (int(x) for x in re.findall(r"decode is (\d+)% of a request's end-to-end latency \(median\) "
+                                                r"and (\d+)% of the GPUs' busy time", line)[0])
+        return wait, gpu
+    (w_light, g_light), (w_heavy, g_heavy) = shares(light), shares(heavy)
+    assert w_light > 70 and w_heavy > 70              # decode is most of every user's wait at both loads
+    assert g_heavy < g_light - 10                     # its GPU time shrinks as the batch grows
+    assert g_heavy < w_heavy - 20                     # the two clocks part

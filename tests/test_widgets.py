@@ -133,9 +133,14 @@ def test_wrong_answers_explain_why():
 def test_prediction_number_then_report():
     guess = widgets.prediction("prefill/decode ratio?", unit="x")
     assert isinstance(guess, W.VBox) and guess.value is None
-    report = guess.report(12.0, roofline=7.8)
-    assert "your prediction  -" in report and "roofline" in report and "measured here" in report
+    report = str(guess.report(12.0, roofline=7.8, what="ratio:"))
+    assert report.startswith("ratio:\nyour prediction  -") and "roofline" in report and "measured here" in report
     assert "no prediction locked in" in report
+    # Stored in a notebook with no prediction locked in, the answer is folded under the empty prediction.
+    page = guess.report(12.0, roofline=7.8)._repr_html_()
+    head, folded = page.split("<details>")
+    assert "your prediction" in head and "12 x" not in head and "7.8 x" not in head
+    assert "12 x" in folded and "Show the measurement" in folded and "prefill/decode ratio?" in folded
     (box,) = _find(guess, W.FloatText)
     (button,) = _find(guess, W.Button)
     box.value = 30.0
@@ -143,7 +148,8 @@ def test_prediction_number_then_report():
     button.click()
     assert guess.value == 30.0
     box.value = 5.0                              # changing the box later does not move the locked value
-    report = guess.report(12.0, roofline=7.8)
+    assert "<details>" not in guess.report(12.0)._repr_html_()   # locked in: nothing left to hide
+    report = str(guess.report(12.0, roofline=7.8))
     assert "30 x" in report and "7.8 x" in report and "12 x" in report
     assert "within 2.5x" in report and "what did it leave out" in report
 
@@ -157,8 +163,8 @@ def test_prediction_ranges():
     radio.value = "3 to 8"
     button.click()
     assert guess.value == "3 to 8"
-    assert "your range holds the measurement" in guess.report(4)
-    miss = guess.report(2)
+    assert "your range holds the measurement" in str(guess.report(4))
+    miss = str(guess.report(2))
     assert "fell in '2'" in miss and "why?" in miss
     with pytest.raises(ValueError, match="low < high"):
         widgets.prediction("q", ranges=[("bad", 5, 1)])

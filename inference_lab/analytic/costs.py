@@ -40,7 +40,7 @@ import math
 
 from inference_lab.base import checks
 
-__all__ = ["Cost", "weight_bytes", "kv_bytes_per_token", "kv_cache_bytes", "prefill_cost", "decode_cost",
+__all__ = ["Cost", "weight_bytes", "kv_bytes_per_token", "attention_intensity", "kv_cache_bytes", "prefill_cost", "decode_cost",
            "decode_loop_cost", "forward_cost_no_attention", "without_kv", "forward_intensity"]
 
 
@@ -105,6 +105,14 @@ def kv_bytes_per_token(cfg, *, tp: int = 1) -> float:
     checks.model_config(cfg)
     tp = checks.tensor_parallel(cfg, tp)
     return 2 * cfg.n_layers * (cfg.n_kv_heads // tp) * cfg.head_dim * cfg.dtype_bytes
+
+
+def attention_intensity(cfg) -> float:
+    """FLOPs per KV-cache byte of decode attention: ``4 Hq D`` FLOPs per cached token per
+    layer over ``2 Hkv D b`` bytes = ``2 Hq / (Hkv b)``. Long context pulls a decode step's
+    intensity toward this, from below at small batch, from above at large."""
+    checks.model_config(cfg)
+    return 2 * cfg.n_heads / (cfg.n_kv_heads * cfg.dtype_bytes)
 
 
 def kv_cache_bytes(cfg, batch: int, context: int, *, tp: int = 1) -> float:

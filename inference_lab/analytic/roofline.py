@@ -33,7 +33,7 @@ __all__ = [
     "ridge_point", "predict_terms", "predict_time", "bound", "overhead_seconds", "regime",
     "predicted_prefill_tokens_per_s", "predicted_prefill_seconds", "predicted_decode_step_seconds",
     "predicted_decode_tokens_per_s", "single_stream_decode_tokens_per_s", "predicted_flip",
-    "measured_knee", "memory_needed", "fits", "max_batch", "allreduce_bytes", "allreduce_time", "flop_dtype",
+    "measured_knee", "predicted_knee", "memory_needed", "SERVER_PREFILL_TOKENS", "fits", "max_batch", "allreduce_bytes", "allreduce_time", "flop_dtype",
 ]
 
 
@@ -199,60 +199,100 @@ def measured_knee(records: Iterable, factor: float = 1.5):
     return None
 
 
+def predicted_knee(cfg, spec, context: int, dtype=None, *, tp: int = 1, factor: float = 1.5, include_kv: bool = True,
+                   largest: int = 1 << 16):
+    """The knee the roofline predicts: the smallest batch whose roofline step takes ``factor`` x the
+    batch-1 step (the lessons' definition of a measured knee, :func:`measured_knee`, applied to the
+    prediction). It is not the flip (:func:`predicted_flip`): with the KV term, a step can grow by
+    ``factor`` while still memory-bound, because every sequence reads its own cache. None if no
+    batch up to ``largest`` gets there."""
+    context = checks.count("context", context)
+    one = predicted_decode_step_seconds(cfg, spec, 1, context, dtype, tp=tp, include_kv=include_kv)
+
+    def grown(b):
+        return predicted_decode_step_seconds(cfg, spec, b, context, dtype, tp=tp, include_kv=include_kv) >= factor * one
+
+    if not grown(largest):
+        return None
+    lo, hi = 1, largest       # not grown(lo), grown(hi): the step time only grows with the batch
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if grown(mid) else (mid, hi)
+    return hi
+
+
 # ----------------------------------------------------------------------------- memory
-def memory_needed(cfg, batch: int, context: int, *, tp: int = 1, attention_scores: bool = False) -> int:
+# How many prompt tokens a server prefills in one iteration: vLLM's `max_num_batched_tokens` for its
+# OpenAI-compatible server on a GPU of 70 GiB or more that is not an A100 (H100, H200, MI300X), 8192;
+# 2048 on smaller GPUs (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults). A server never holds
+# the activations of every sequence's whole prompt at once: it prefills this many tokens per step.
+SERVER_PREFILL_TOKENS = 8192
+
+
+def memory_needed(cfg, batch: int, context: int, *, tp: int = 1, attention_scores: bool = False,
+                  prefill_tokens: int | None = None) -> int:
     """Bytes of device memory to run ``batch`` sequences of ``context`` tokens.
 
-    Weights (all stored parameters, the embedding included) + the KV cache + a working set:
-    the largest activations of a prefill of ``context`` tokens (residual, q/k/v and the two
-    MLP intermediates of one layer) and the float32 logits. ``attention_scores=True`` adds the
-    ``batch x Hq x context x context`` float32 scores that a non-flash (reference) attention
-    materialises. Per device when ``tp > 1``. An estimate for skipping sweeps that will not
-    fit, not an allocator trace.
+    Weights (all stored parameters, the embedding included) + the KV cache + a working set: the
+    largest activations of one prefill call (residual, q/k/v and the two MLP intermediates of one
+    layer, for the tokens in that call) and the float32 logits of the batch. ``prefill_tokens``
+    bounds the tokens of one call: None prefills every sequence's whole context at once (what the
+    lab's own measurements do: one call over ``batch x context``); a server prefills a bounded
+    number per iteration (:data:`SERVER_PREFILL_TOKENS`, as vLLM sizes it), so its working set does
+    not grow with the batch. ``attention_scores=True`` adds the float32 scores that a non-flash
+    (reference) attention materialises for those tokens against ``context`` keys. Per device when
+    ``tp > 1``. An estimate for skipping sweeps that will not fit, not an allocator trace.
     """
     checks.model_config(cfg)
     tp = checks.tensor_parallel(cfg, tp)
     batch = checks.count("batch", batch)
     context = checks.count("context", context)
+    tokens = batch * context
+    if prefill_tokens is not None:
+        tokens = min(tokens, checks.count("prefill_tokens", prefill_tokens))
     b = cfg.dtype_bytes
     weights = cfg.num_params * b / tp
     kv = kv_cache_bytes(cfg, batch, context, tp=tp)
-    tokens = batch * context
     per_token = (2 * cfg.d_model + (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim / tp
                  + 2 * cfg.d_ff / tp) * b
     working = tokens * per_token + batch * cfg.vocab_size * 4
     if attention_scores:
-        working += batch * (cfg.n_heads // tp) * context * context * 4
+        working += tokens * (cfg.n_heads // tp) * context * 4
     return int(math.ceil(weights + kv + working))
 
 
-def fits(cfg, batch: int, context: int, spec, *, tp: int = 1, headroom: float = 0.9) -> bool:
-    """Whether :func:`memory_needed` fits in ``headroom`` x ``spec.memory_bytes``."""
+def fits(cfg, batch: int, context: int, spec, *, tp: int = 1, headroom: float = 0.9,
+         prefill_tokens: int | None = SERVER_PREFILL_TOKENS) -> bool:
+    """Whether :func:`memory_needed` fits in ``headroom`` x ``spec.memory_bytes``, for a server that
+    prefills ``prefill_tokens`` tokens per iteration (None: every sequence at once)."""
     checks.hardware_spec(spec)
     if spec.memory_bytes is None:
         raise ValueError(f"spec {spec.name!r} has no memory_bytes; set it to test the fit")
-    return memory_needed(cfg, batch, context, tp=tp) <= headroom * spec.memory_bytes
+    return memory_needed(cfg, batch, context, tp=tp, prefill_tokens=prefill_tokens) <= headroom * spec.memory_bytes
 
 
-def max_batch(cfg, spec, context: int, *, tp: int = 1, headroom: float = 0.9) -> int:
+def max_batch(cfg, spec, context: int, *, tp: int = 1, headroom: float = 0.9,
+              prefill_tokens: int | None = SERVER_PREFILL_TOKENS) -> int:
     """The largest batch of ``context``-token sequences that :func:`fits` (0: not even one).
 
-    What bounds a decode batch on a real device: the weights stay, and every sequence brings
-    its own KV cache (``context x kv_bytes_per_token``) plus its share of the working set.
-    Found by bisection on :func:`fits` itself, so the two always agree.
+    What bounds a decode batch on a real device: the weights stay, every sequence brings its own
+    KV cache (``context x kv_bytes_per_token``), and one iteration's working set (a prefill of at
+    most ``prefill_tokens`` tokens) must fit beside them. Found by bisection on :func:`fits`
+    itself, so the two always agree.
     """
     checks.model_config(cfg)
     context = checks.count("context", context)
     if not 0 < headroom <= 1:
         raise ValueError(f"headroom={headroom!r} must be in (0, 1]: the share of memory the server may use")
-    if not fits(cfg, 1, context, spec, tp=tp, headroom=headroom):
+    kw = dict(tp=tp, headroom=headroom, prefill_tokens=prefill_tokens)
+    if not fits(cfg, 1, context, spec, **kw):
         return 0
     lo, hi = 1, 2
-    while fits(cfg, hi, context, spec, tp=tp, headroom=headroom):
+    while fits(cfg, hi, context, spec, **kw):
         lo, hi = hi, hi * 2
     while hi - lo > 1:  # fits(lo) and not fits(hi)
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(cfg, mid, context, spec, tp=tp, headroom=headroom) else (lo, mid)
+        lo, hi = (mid, hi) if fits(cfg, mid, context, spec, **kw) else (lo, mid)
     return lo
 
 
@@ -270,18 +310,21 @@ def allreduce_bytes(cfg, batch: int, tokens: int = 1) -> float:
 
 
 def allreduce_time(cfg, spec, batch: int, tokens: int = 1, *, tp: int = 2) -> float:
-    """Seconds of those all-reduces over the interconnect with a ring, at one link direction.
+    """Seconds of those all-reduces: a latency per all-reduce plus the bytes over the interconnect.
 
     A ring all-reduce of ``n`` bytes sends ``2 (tp - 1) / tp * n`` bytes out of each device
     (a reduce-scatter then an all-gather) while receiving as many: the sends and receives
     run at the same time, in opposite directions. ``spec.interconnect_bandwidth`` is the
     datasheet figure, which counts BOTH directions (NVLink 900 GB/s on H100/H200 is
-    450 GB/s each way), so the ring runs at half of it::
+    450 GB/s each way), so the ring runs at half of it. Every all-reduce also pays a fixed
+    latency (``spec.allreduce_latency_s``: launching it and the devices' handshakes), whatever
+    its size, ``2 * n_layers`` of them per forward::
 
-        time = 2 (tp - 1) / tp * allreduce_bytes / (interconnect_bandwidth / 2)
+        time = 2 n_layers * latency + 2 (tp - 1) / tp * allreduce_bytes / (interconnect_bandwidth / 2)
 
-    Latency is ignored (it dominates tiny decode messages in practice: a few microseconds
-    per all-reduce, ``2 * n_layers`` of them per step).
+    A decode step's messages are small (``batch x d_model`` values), so the latency term is
+    usually the larger: it is what makes a small model's step *slower* with more devices.
+    A spec without a latency figure counts bandwidth only.
     """
     checks.hardware_spec(spec)
     tp = checks.tensor_parallel(cfg, tp)
@@ -290,4 +333,5 @@ def allreduce_time(cfg, spec, batch: int, tokens: int = 1, *, tp: int = 2) -> fl
     if not spec.interconnect_bandwidth:
         raise ValueError(f"spec {spec.name!r} has no interconnect_bandwidth: set it to model tp > 1")
     one_direction = spec.interconnect_bandwidth / 2
-    return 2 * (tp - 1) / tp * allreduce_bytes(cfg, batch, tokens) / one_direction
+    latency = 2 * cfg.n_layers * (spec.allreduce_latency_s or 0.0)
+    return latency + 2 * (tp - 1) / tp * allreduce_bytes(cfg, batch, tokens) / one_direction

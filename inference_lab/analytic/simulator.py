@@ -64,7 +64,10 @@ class SimResult(ServingTrace):
     ``decode_tokens_total``: tokens produced by decode rows, counted iteration by iteration;
     ``utilisation``: pool -> busy fraction of (workers x makespan); ``iterations``: pool ->
     iterations run; ``mean_batch``: pool -> decode rows per decoding iteration, weighted by
-    time (how full the busy decoder was: a worker is "busy" even with one sequence).
+    time (how full the busy decoder was: a worker is "busy" even with one sequence);
+    ``phase_seconds``: GPU-seconds of iterations that only prefilled (``"prefill"``), only
+    decoded (``"decode"``) or did both (``"mixed"``, chunked prefill's): the machine time each
+    phase took, as against the share of each request's wait it took.
     """
 
     tokens: np.ndarray
@@ -72,6 +75,7 @@ class SimResult(ServingTrace):
     utilisation: dict
     iterations: dict
     mean_batch: dict = dataclasses.field(default_factory=dict)
+    phase_seconds: dict = dataclasses.field(default_factory=dict)
 
     def summary(self) -> dict:
         row = super().summary()
@@ -124,6 +128,7 @@ class _Worker:
         self.busy_time = 0.0
         self.iterations = 0
         self.decode_time = 0.0  # seconds of iterations that decoded
+        self.phase_time = {"prefill": 0.0, "decode": 0.0, "mixed": 0.0}  # seconds by what the iteration did
         self.batch_time = 0.0  # sum of decode rows x seconds
         self.running = _DecodeSet()
         self.step_times: list[float] = []  # end of decode step k+1 at index k
@@ -255,6 +260,7 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
         if rows:
             worker.decode_time += seconds
             worker.batch_time += rows * seconds
+        worker.phase_time["mixed" if rows and work else "decode" if rows else "prefill"] += seconds
         push(now + seconds, "done", (worker, rows, work))
 
     def prompt_done(worker, rid, now):
@@ -330,9 +336,10 @@ def _result(mode, requests, first, finish, tokens, where, workers, decode_tokens
         t = sum(w.decode_time for w in ws)
         if t > 0:
             batch[k] = float(sum(w.batch_time for w in ws) / t)
+    phase_seconds = {k: float(sum(w.phase_time[k] for w in workers)) for k in ("prefill", "decode", "mixed")}
     return SimResult(mode=mode, requests=requests, first_token=first, finish=finish, itl_values=values,
                      itl_offsets=offsets, slo=slo, tokens=tokens, decode_tokens_total=decode_tokens_total,
-                     utilisation=util, iterations=iters, mean_batch=batch)
+                     utilisation=util, iterations=iters, mean_batch=batch, phase_seconds=phase_seconds)
 
 
 def simulate(phases: PhaseModel, *, rate: float, n_requests: int = 2000, prompt_len=512,

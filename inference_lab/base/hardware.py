@@ -47,6 +47,7 @@ class HardwareSpec:
     sources: dict = dataclasses.field(default_factory=dict)  # figure -> where it comes from
     overhead_s: float | None = None  # fixed cost of one call (dispatch/launch), measured; None if unknown
     copy_bandwidth: float | None = None  # read + write bytes/s of an in-place copy, measured (not a ceiling)
+    allreduce_latency_s: float | None = None  # fixed cost of one small all-reduce between chips; None if unknown
 
     def __post_init__(self):
         if not isinstance(self.flops, dict) or not self.flops:
@@ -60,7 +61,7 @@ class HardwareSpec:
         if not checks.is_positive(self.bandwidth):
             raise ValueError(f"HardwareSpec.bandwidth={self.bandwidth!r} for {self.name!r} must be finite "
                              "positive bytes/s")
-        for field in ("memory_bytes", "interconnect_bandwidth", "overhead_s", "copy_bandwidth"):
+        for field in ("memory_bytes", "interconnect_bandwidth", "overhead_s", "copy_bandwidth", "allreduce_latency_s"):
             value = getattr(self, field)
             if value is not None and not checks.is_positive(value):
                 raise ValueError(f"HardwareSpec.{field}={value!r} for {self.name!r} must be a finite positive "
@@ -86,25 +87,30 @@ _NVIDIA_A100_DS = "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column, dense
 _NVIDIA_L4_DS = "NVIDIA L4 Tensor Core GPU datasheet (dense = half the sparsity figure)"
 _NVIDIA_ADA_WP = "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090 (FP32 accumulate, dense)"
 _GOOGLE_V5E = "Google Cloud TPU v5e documentation, system architecture (per chip)"
+# A decode step's all-reduces carry a few KB each: at that size their fixed cost is what they cost.
+_ALLREDUCE_H100 = ("sgl-project/sglang PR 2904: one 512 B-32 KB all-reduce on H100 NVLink, TP 2-8, 3.7-11.8 us "
+                   "(custom all-reduce kernels, no CUDA graph); 8 us taken")
 
 PRESETS: dict[str, HardwareSpec] = {
     "H100_SXM": HardwareSpec(
         name="H100 SXM",
         flops={"bf16": 989.4 * TB, "fp16": 989.4 * TB, "tf32": 494.7 * TB, "fp32": 66.9 * TB,
                "fp8": 1978.9 * TB, "int8": 1978.9 * TB},
-        bandwidth=3.35 * TB, memory_bytes=80 * GB, interconnect_bandwidth=900 * GB,
+        bandwidth=3.35 * TB, memory_bytes=80 * GB, interconnect_bandwidth=900 * GB, allreduce_latency_s=8e-6,
         sources={"flops": _NVIDIA_H100_DS, "bandwidth": _NVIDIA_H100_DS + ": 3.35 TB/s HBM3",
                  "memory_bytes": _NVIDIA_H100_DS + ": 80 GB",
-                 "interconnect_bandwidth": _NVIDIA_H100_DS + ": NVLink 900 GB/s (total, both directions)"},
+                 "interconnect_bandwidth": _NVIDIA_H100_DS + ": NVLink 900 GB/s (total, both directions)",
+                 "allreduce_latency_s": _ALLREDUCE_H100},
     ),
     "H200": HardwareSpec(
         name="H200 SXM",
         flops={"bf16": 989.4 * TB, "fp16": 989.4 * TB, "tf32": 494.7 * TB, "fp32": 66.9 * TB,
                "fp8": 1978.9 * TB, "int8": 1978.9 * TB},
-        bandwidth=4.8 * TB, memory_bytes=141 * GB, interconnect_bandwidth=900 * GB,
+        bandwidth=4.8 * TB, memory_bytes=141 * GB, interconnect_bandwidth=900 * GB, allreduce_latency_s=8e-6,
         sources={"flops": _NVIDIA_H200_DS, "bandwidth": _NVIDIA_H200_DS + ": 4.8 TB/s HBM3e",
                  "memory_bytes": _NVIDIA_H200_DS + ": 141 GB",
-                 "interconnect_bandwidth": _NVIDIA_H200_DS + ": NVLink 900 GB/s (total, both directions)"},
+                 "interconnect_bandwidth": _NVIDIA_H200_DS + ": NVLink 900 GB/s (total, both directions)",
+                 "allreduce_latency_s": _ALLREDUCE_H100},
     ),
     "A100_80GB": HardwareSpec(
         name="A100 80GB SXM",

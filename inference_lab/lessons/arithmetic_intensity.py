@@ -26,13 +26,6 @@ def intensity_terms_table(cfg, contexts, batch: int) -> str:
     return f"decode, batch {batch}, {cfg.name} ({cfg.dtype}): FLOP per byte\n" + "\n".join(lines)
 
 
-def attention_intensity(cfg) -> float:
-    """FLOPs per KV-cache byte of decode attention: ``4 Hq D`` FLOPs per cached token per
-    layer over ``2 Hkv D dtype_bytes`` bytes = ``2 Hq / (Hkv dtype_bytes)``. Long context pulls
-    a decode step's intensity toward this, from below at small batch, from above at large."""
-    return 2 * cfg.n_heads / (cfg.n_kv_heads * cfg.dtype_bytes)
-
-
 # ----------------------------------------------------------------------------- three regimes
 @dataclasses.dataclass(frozen=True)
 class Op:

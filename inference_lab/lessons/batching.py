@@ -9,6 +9,7 @@ from inference_lab.measure import matmuls, timing
 from inference_lab.analytic import costs, roofline
 from inference_lab.base import checks
 from inference_lab.lessons.machine import DECODE_COLUMNS, DECODE_STEPS, Sweep
+from inference_lab.lessons.one_model_two_speeds import WORDS_PER_BPE_TOKEN
 
 
 def batch_sweep(model, batch_sizes, context: int, steps: int = DECODE_STEPS) -> "BatchSweep":
@@ -115,8 +116,11 @@ def kv_capacity_table(cfgs, spec, contexts, *, tp: int = 1, headroom: float = 0.
 
 
 def tensor_parallel_table(cfg, spec, *, batch: int, context: int, degrees=(1, 2, 4, 8)) -> str:
-    """Per-device bytes and predicted decode step with tensor parallelism (roofline)."""
-    lines = [f"{cfg.name} on {spec.name}, decode batch {batch}, context {context}",
+    """Per-device bytes and predicted decode step with tensor parallelism (roofline), the
+    all-reduces' latency and bytes included (:func:`roofline.allreduce_time`)."""
+    lines = [f"{cfg.name} on {spec.name}, decode batch {batch}, context {context}; all-reduces: "
+             f"{2 * cfg.n_layers} per step, {spec.allreduce_latency_s * 1e6:.0f} us of latency each plus their bytes"
+             if spec.allreduce_latency_s else f"{cfg.name} on {spec.name}, decode batch {batch}, context {context}",
              f"{'TP':>4}{'weights/device':>16}{'step compute+memory':>21}{'all-reduce':>12}{'step':>10}{'tok/s':>10}"]
     for tp in degrees:
         if tp not in checks.tp_degrees(cfg):
@@ -127,4 +131,62 @@ def tensor_parallel_table(cfg, spec, *, batch: int, context: int, degrees=(1, 2,
         step = t + comm
         lines.append(f"{tp:>4}{costs.weight_bytes(cfg, tp=tp) / 1e9:>14.2f}GB{t * 1e3:>19.3f}ms"
                      f"{comm * 1e3:>10.3f}ms{step * 1e3:>8.3f}ms{batch / step:>10,.0f}")
+    return "\n".join(lines)
+
+
+def reference_knees(cfg, spec, *, tp: int, context: int) -> str:
+    """Where the roofline puts the reference model's knee: the "~32" a served node saw and the
+    "~256" an engineer's write-up rounds to are two different quantities."""
+    knee = roofline.predicted_knee(cfg, spec, context, tp=tp)
+    knee_w = roofline.predicted_knee(cfg, spec, context, tp=tp, include_kv=False)
+    flip_w = roofline.predicted_flip(cfg, spec, context=context, include_kv=False)
+    flip = roofline.predicted_flip(cfg, spec, context=context)
+    longest = next((c for c in (256, 512, 1024, 2048, 4096) if roofline.predicted_flip(cfg, spec, context=c) is None),
+                   None)
+    return "\n".join([
+        f"{cfg.name}, {spec.name} x{tp} (TP={tp}), context {context:,}:",
+        f"  weights only: the step turns compute-bound at batch {flip_w} (the ridge) and reaches 1.5x batch 1 at "
+        f"batch {knee_w}: the write-up's ~256",
+        "  with the KV reads: " + (f"compute-bound from batch {flip}" if flip else
+                                   f"never compute-bound at any batch (from a context of {longest:,} on, each "
+                                   "sequence's KV bytes take longer than its math)")
+        + f"; the step reaches 1.5x batch 1 at batch {knee}, still memory-bound: every sequence reads its own "
+          "cache. That is a knee near the served node's ~32, from the bytes alone"])
+
+
+# What the decode levers change, on the roofline. Sources of the figures that are not this lab's:
+MIXTRAL = {"total": 46.7e9, "active": 12.9e9, "experts": 8, "top_k": 2,
+           "source": "Mixtral of Experts (Mistral AI, 2024): 46.7B parameters, 12.9B used per token, 8 experts, top 2"}
+
+
+def _moe_params_read(batch: int) -> float:
+    """Parameters one decode step of a Mixtral-shaped model reads at ``batch``: the shared part,
+    and every expert that some sequence of the batch is routed to (uniform, independent routing)."""
+    m = MIXTRAL
+    expert = (m["total"] - m["active"]) / (m["experts"] - m["top_k"])
+    shared = m["active"] - m["top_k"] * expert
+    touched = m["experts"] * (1 - (1 - m["top_k"] / m["experts"]) ** batch)
+    return shared + touched * expert
+
+
+def decode_levers(cfg, spec, *, context: int) -> str:
+    """The levers on a batch-1 decode step, as the roofline prices them: bytes per parameter of the
+    weights and of the KV cache (quantisation), and a mixture of experts' active parameters."""
+    cost = costs.decode_cost(cfg, 1, context)
+    w = cost.parts.get("weights", 0) + cost.parts.get("embedding_rows", 0)
+    kv = cost.parts.get("kv_read", 0) + cost.parts.get("kv_write", 0)
+    rows = [("bf16 weights, bf16 KV cache (as above)", w, kv),
+            ("int8 weights (1 byte per parameter)", w / 2, kv),
+            ("int4 weights (half a byte)", w / 4, kv),
+            ("int4 weights, fp8 KV cache", w / 4, kv / 2)]
+    lines = [f"{cfg.name}, batch 1, context {context:,}, on {spec.name} at its datasheet bandwidth "
+             f"(words/s at {WORDS_PER_BPE_TOKEN} words per token):",
+             f"  {'':<40}{'GB/step':>9}{'tok/s':>8}{'words/s':>9}"]
+    for name, wb, kb in rows:
+        tok = spec.bandwidth / (wb + kb)
+        lines.append(f"  {name:<40}{(wb + kb) / 1e9:>9.2f}{tok:>8,.0f}{tok * WORDS_PER_BPE_TOKEN:>9,.0f}")
+    lines.append(f"  a Mixtral-shaped mixture of experts (bf16): batch 1 reads {_moe_params_read(1) / 1e9:.1f}B of its "
+                 f"{MIXTRAL['total'] / 1e9:.1f}B parameters, batch 8 {_moe_params_read(8) / 1e9:.1f}B, batch 32 "
+                 f"{_moe_params_read(32) / 1e9:.1f}B: the active parameters set batch-1 speed, a batch soon touches "
+                 f"every expert ({MIXTRAL['source']})")
     return "\n".join(lines)

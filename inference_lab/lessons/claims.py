@@ -6,11 +6,21 @@ compares measurements that two explanations predict *differently* (time that fol
 FLOPs against time that follows the bytes, say), and ``tests/test_claims.py`` feeds each one
 synthetic records where the claim is false and checks that it says so.
 
+Each claim compares a measurement with a prediction made *before* it (the roofline on this
+machine's ceilings, or the model's own kernels timed alone) at a margin that the effect taught
+clears and its absence would not: by default halfway, on a log scale, between the two (the
+geometric mean of "no effect" and "the predicted effect").
+
+A busy machine cannot always decide. Records carry the spread of their repeats (upper over lower
+quartile, :class:`pallas_kernels.timing.Samples`); a ratio of medians is trusted to within the
+noise factor those spreads allow (:func:`noise`). A claim that clears its margin by more than the
+noise holds; one that misses it by more fails; one inside the noise says CANNOT DECIDE HERE with
+its numbers (``holds is None``), and the notebook's ``assert`` lets it pass: a classroom laptop
+that is busy says so instead of failing.
+
 Records are read by attribute (:class:`~inference_lab.measure.records.PrefillRecord`,
 :class:`~inference_lab.measure.records.DecodeRecord`, :class:`~inference_lab.measure.matmuls.KernelPoint`
 or anything with the same fields), so a claim can be checked on a classroom's files too.
-Thresholds are wide on purpose: a 2-core machine shared with other programs is noisy, and a
-claim should survive noise yet fail when the physics is different.
 """
 
 from __future__ import annotations
@@ -59,15 +69,73 @@ def _need(cond, what):
         raise ValueError(what)
 
 
+def noise(*records) -> float:
+    """How far a ratio of these records' medians may move from noise alone, as a factor >= 1: the
+    product of the square roots of their spreads (a median is trusted to about half its repeats'
+    interquartile range either way, in log terms). Records without a spread count as quiet."""
+    u = 1.0
+    for r in records:
+        spread = getattr(r, "spread", None)
+        if spread is not None and spread > 1:
+            u *= math.sqrt(spread)
+    return u
+
+
+def decide(value: float, need: float, u: float = 1.0, *, at_least: bool = True):
+    """True when ``value`` clears ``need`` (``>=``, or ``<=`` with ``at_least=False``) even if the
+    noise ``u`` moved it; False when it misses even so; None in between (too noisy to decide)."""
+    if not at_least:
+        value, need = 1 / value, 1 / need
+    if value / u >= need:
+        return True
+    if value * u < need:
+        return False
+    return None
+
+
+def _all(*results):
+    """Every part holds: False if any fails, None if none fails but one cannot decide."""
+    if any(r is False for r in results):
+        return False
+    return None if any(r is None for r in results) else True
+
+
+def _noise_note(u: float) -> str:
+    return f" (noise: x{u:.2f}, from the repeats' spread)" if u > 1.005 else ""
+
+
+def log_midpoint(effect: float, absent: float = 1.0) -> float:
+    """Halfway, on a log scale, between the effect predicted and its absence: the default margin."""
+    return math.sqrt(effect * absent)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """What the roofline says before anything is timed. Printed, never asserted: a prediction is
+    what a later measurement is checked against."""
+
+    claim: str
+    evidence: str
+
+    def __str__(self) -> str:
+        return f"PREDICTED (from this machine's ceilings, before any timing): {self.claim}\n  because: {self.evidence}"
+
+
 # ----------------------------------------------------------------------------- 01 and 06
-def writing_slower_than_reading(prefill, decode, *, factor: float = 2.0) -> Verdict:
-    """Per token, decode at batch 1 is at least ``factor`` times slower than prefill."""
+def writing_slower_than_reading(prefill, decode, *, ideal: float) -> Verdict:
+    """Per token, decode at batch 1 is slower than prefill by at least the log-midpoint between
+    no gap and ``ideal``, the gap the roofline allows on this machine's ceilings (prefill at its
+    compute ceiling over decode at its bandwidth ceiling). With both phases near their ceilings the
+    measured gap is about ``ideal``; with a decode as fast per token as prefill, about 1."""
     _need(getattr(decode, "batch", 1) == 1, "pass the batch-1 decode record: the claim is about one stream")
+    _need(ideal > 1, "pass ideal: the prefill/decode gap the roofline allows here (> 1)")
     ratio = prefill.prefill_tokens_per_s / decode.decode_tokens_per_s
-    return Verdict(f"writing (decode, batch 1) is at least {factor:g}x slower per token than reading (prefill)",
-                   ratio >= factor,
+    need, u = max(2.0, log_midpoint(ideal)), noise(prefill, decode)
+    return Verdict(f"writing (decode, batch 1) is at least {need:.1f}x slower per token than reading (prefill): "
+                   f"half of the ceilings' {ideal:.1f}x gap on a log scale", decide(ratio, need, u),
                    f"prefill {prefill.prefill_tokens_per_s:,.0f} tok/s (prompt {prefill.prompt_len}), decode "
-                   f"{decode.decode_tokens_per_s:,.1f} tok/s: {ratio:,.1f}x")
+                   f"{decode.decode_tokens_per_s:,.1f} tok/s: {ratio:,.1f}x (the roofline allows {ideal:.1f}x)"
+                   + _noise_note(u))
 
 
 def cache_saving_as_predicted(lengths, uncached_s, cached_s, predicted_uncached_s, *, visible: float = 2.0) -> Verdict:
@@ -111,11 +179,13 @@ def small_model_mostly_fixed_costs(small, small_hollow, large, large_hollow, *, 
     _need(all(r.batch == 1 for r in (small, small_hollow, large, large_hollow)), "pass batch-1 decode records")
     _need(small.bytes_per_step < large.bytes_per_step, "pass the smaller model first")
     s, b = small_hollow.step_seconds / small.step_seconds, large_hollow.step_seconds / large.step_seconds
+    u = noise(small, small_hollow, large, large_hollow)
     return Verdict(f"fixed costs are at least {factor:g}x more of the {small.bytes_per_step / 1e6:,.1f} MB model's "
-                   f"decode step than of the {large.bytes_per_step / 1e6:,.0f} MB model's", s >= factor * b,
+                   f"decode step than of the {large.bytes_per_step / 1e6:,.0f} MB model's", decide(s / b, factor, u),
                    f"hollow twin / model: {s:.0%} of the small model's step ({small_hollow.step_seconds * 1e3:,.3f} of "
                    f"{small.step_seconds * 1e3:,.3f} ms), {b:.1%} of the large one's "
-                   f"({large_hollow.step_seconds * 1e3:,.3f} of {large.step_seconds * 1e3:,.2f} ms): {s / b:,.1f}x")
+                   f"({large_hollow.step_seconds * 1e3:,.3f} of {large.step_seconds * 1e3:,.2f} ms): {s / b:,.1f}x"
+                   + _noise_note(u))
 
 
 # ----------------------------------------------------------------------------- 02
@@ -139,13 +209,16 @@ def prefill_compute_bound(records, *, min_mfu: float = 0.25) -> Verdict:
 
     short, long_ = growth(0, j), growth(-2, -1)
     mfu = recs[-1].mfu
-    holds = short <= 0.5 and long_ >= 0.6 and (mfu is None or mfu >= min_mfu)
+    u_short, u_long = noise(recs[0], recs[j]), noise(recs[-2], recs[-1])
+    holds = _all(decide(short, 0.5, u_short, at_least=False), decide(long_, 0.6, u_long),
+                 None if mfu is None else decide(mfu, min_mfu, math.sqrt(getattr(recs[-1], "spread", None) or 1)))
     return Verdict("prefill is bound by its weight bytes (or overhead) for short prompts and by compute for long ones",
                    holds,
                    f"T {T[0]}->{T[j]}: time x{recs[j].seconds / recs[0].seconds:.2f} for tokens x{T[j] / T[0]:g} "
                    f"(growth {short:.2f}, need <= 0.5); T {T[-2]}->{T[-1]}: time "
                    f"x{recs[-1].seconds / recs[-2].seconds:.2f} for tokens x{T[-1] / T[-2]:g} (growth {long_:.2f}, "
-                   f"need >= 0.6); MFU at T={T[-1]}: " + ("-" if mfu is None else f"{mfu:.0%} (need >= {min_mfu:.0%})"))
+                   f"need >= 0.6); MFU at T={T[-1]}: " + ("-" if mfu is None else f"{mfu:.0%} (need >= {min_mfu:.0%})")
+                   + _noise_note(max(u_short, u_long)))
 
 
 def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, spread: float = 1.5) -> Verdict:
@@ -188,11 +261,11 @@ def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, spread: flo
 def decode_step_mostly_not_math(records, *, max_share: float = 0.5) -> Verdict:
     """At most ``max_share`` of a batch-1 decode step can be spent on its FLOPs.
 
-    Batch B multiplies a step's FLOPs by ~B but its bytes by little. If the batch-1 step
-    were all math (compute-bound), batch B would take ~B times as long. Whatever the extra
-    time ``t_B - t_1`` is, it is at most what the extra FLOPs cost, so the share of the
-    batch-1 step that FLOPs can explain is at most ``(t_B / t_1 - 1) / (F_B / F_1 - 1)``.
-    Measured with the largest batch of the sweep (one context).
+    Batch B multiplies a step's FLOPs by ~B (``F_B / F_1``) and its bytes by little. Whatever
+    else a step spends its time on, it cannot take less than its math: if math took a share ``c``
+    of the batch-1 step, the batch-B step takes at least ``c * t_1 * F_B / F_1``. So ``c <= (t_B /
+    t_1) / (F_B / F_1)``, whether the step's costs add up or overlap (the roofline's max). Measured
+    with the largest batch of the sweep (one context); a compute-bound batch-1 step would give 1.
     """
     by = _by(records, "batch")
     _need(1 in by and len(by) >= 2, "pass decode records at batch 1 and at least one larger batch (one context)")
@@ -200,46 +273,61 @@ def decode_step_mostly_not_math(records, *, max_share: float = 0.5) -> Verdict:
     one, big = by[1], by[max(by)]
     t, f, b = (big.step_seconds / one.step_seconds, big.flops_per_step / one.flops_per_step,
                big.bytes_per_step / one.bytes_per_step)
-    share = (t - 1) / (f - 1)
+    share, u = t / f, noise(one, big)
     return Verdict(f"at most {max_share:.0%} of a batch-1 decode step is spent on math",
-                   share <= max_share,
+                   decide(share, max_share, u, at_least=False),
                    f"batch 1 -> {big.batch}: FLOPs x{f:.1f}, bytes x{b:.2f}, time x{t:.2f}; compute-bound would be "
-                   f"x{f:.1f}, bandwidth-bound x{b:.2f}; so FLOPs explain at most {share:.0%} of the batch-1 step")
+                   f"x{f:.1f}, bandwidth-bound x{b:.2f}; so math is at most {share:.0%} of the batch-1 step"
+                   + _noise_note(u))
 
 
-def step_streams_like_the_kernel(decode, kernels, *, min_fraction: float = 0.25) -> Verdict:
+def step_streams_like_the_kernel(decode, kernels, *, fixed=None, min_fraction: float = 0.5) -> Verdict:
     """The batch-1 step moves its bytes at least ``min_fraction`` as fast as the matrix-vector
     kernel streams one large weight, timed in the same run: the step is bandwidth-bound at the
-    rate its building block streams (an overhead- or compute-bound step would fall far short)."""
+    rate its building block streams. The default is the log-midpoint between a step that is all
+    its kernel's streaming (1) and one that is three quarters something else (0.25).
+
+    ``fixed``: the step's hollow twin (the same layers and calls with almost no bytes, timed
+    beside it), whose time is what the step costs whatever its bytes. Given, the step's bytes are
+    rated over the step's time *minus* that: on a GPU a small model's step is mostly kernel
+    launches, and the claim is then about the part the bytes set. The evidence gives the share."""
     _need(decode.batch == 1, "pass the batch-1 decode record")
     k1 = _by(kernels, "m").get(1)
     _need(k1 is not None, "pass a kernel sweep with m = 1 (measure.matmuls.matmul_sweep)")
-    step_bw = decode.bytes_per_step / decode.step_seconds
-    frac = step_bw / k1.weight_bytes_per_s
-    return Verdict(f"a batch-1 decode step streams its bytes at >= {min_fraction:.0%} of the rate of the matrix-vector kernel",
-                   frac >= min_fraction,
-                   f"step: {decode.bytes_per_step / 1e6:,.0f} MB in {decode.step_seconds * 1e3:,.2f} ms = "
-                   f"{step_bw / 1e9:,.1f} GB/s; kernel {k1.describe()} at m = 1: "
-                   f"{k1.weight_bytes_per_s / 1e9:,.1f} GB/s; {frac:.0%}")
+    fixed_s = 0.0 if fixed is None else fixed.step_seconds
+    _need(fixed_s < decode.step_seconds, "the hollow twin's step must be shorter than the model's")
+    step_bw = decode.bytes_per_step / (decode.step_seconds - fixed_s)
+    frac, u = step_bw / k1.weight_bytes_per_s, noise(decode, k1, *(() if fixed is None else (fixed,)))
+    fixed_note = ("" if fixed is None else
+                  f" (the step's {decode.step_seconds * 1e3:,.2f} ms minus its hollow twin's {fixed_s * 1e3:,.3f} ms: "
+                  f"{fixed_s / decode.step_seconds:.0%} of the step is fixed costs)")
+    return Verdict(f"a batch-1 decode step streams its bytes at >= {min_fraction:.0%} of the rate of the "
+                   "matrix-vector kernel" + ("" if fixed is None else ", fixed costs aside"), decide(frac, min_fraction, u),
+                   f"step: {decode.bytes_per_step / 1e6:,.0f} MB in {(decode.step_seconds - fixed_s) * 1e3:,.2f} ms"
+                   f"{fixed_note} = {step_bw / 1e9:,.1f} GB/s; kernel {k1.describe()} at m = 1: "
+                   f"{k1.weight_bytes_per_s / 1e9:,.1f} GB/s; {frac:.0%}" + _noise_note(u))
 
 
 def context_costs_time(records, *, min_share: float = 0.5) -> Verdict:
     """At batch 1, a longer context makes each step slower by at least ``min_share`` of what
     its extra bytes would cost at the rate the step streams its weights: every cached token is
-    read again at every step (the weights and the matmul FLOPs do not change). If the KV cache
-    cost nothing, the time would not move."""
+    read again at every step (the weights and the matmul FLOPs do not change; the attention's
+    FLOPs grow with the context too, and the evidence gives both growths). If the KV cache cost
+    nothing, the time would not move."""
     by = _by([r for r in records if r.batch == 1], "context")
     _need(len(by) >= 2, "pass batch-1 decode records at two or more contexts")
     lo, hi = by[min(by)], by[max(by)]
-    t, b = hi.step_seconds / lo.step_seconds, hi.bytes_per_step / lo.bytes_per_step
-    share = (t - 1) / (b - 1)
+    t, b, f = (hi.step_seconds / lo.step_seconds, hi.bytes_per_step / lo.bytes_per_step,
+               hi.flops_per_step / lo.flops_per_step)
+    share, u = (t - 1) / (b - 1), noise(lo, hi)
+    low, high = (t / u - 1) / (b - 1), (t * u - 1) / (b - 1)   # the share if the noise moved t either way
+    holds = True if low >= min_share else (False if high < min_share else None)
     kv_rate = (hi.bytes_per_step - lo.bytes_per_step) / max(hi.step_seconds - lo.step_seconds, 1e-12)
-    return Verdict("a longer context makes every decode step slower: the KV bytes cost time",
-                   share >= min_share,
-                   f"context {lo.context} -> {hi.context}: bytes x{b:.2f}, time x{t:.2f} ({share:.1f}x what the extra "
-                   f"bytes cost at the weights' rate, need >= {min_share:g}); the extra KV bytes cost "
+    return Verdict("a longer context makes every decode step slower: the KV bytes cost time", holds,
+                   f"context {lo.context} -> {hi.context}: bytes x{b:.2f}, FLOPs x{f:.2f}, time x{t:.2f} ({share:.1f}x "
+                   f"what the extra bytes cost at the weights' rate, need >= {min_share:g}); the extra KV bytes cost "
                    f"{(hi.step_seconds - lo.step_seconds) * 1e3:,.2f} ms ({kv_rate / 1e9:,.1f} GB/s), the weights "
-                   f"stream at {lo.bytes_per_step / lo.step_seconds / 1e9:,.1f} GB/s")
+                   f"stream at {lo.bytes_per_step / lo.step_seconds / 1e9:,.1f} GB/s" + _noise_note(u))
 
 
 # ----------------------------------------------------------------------------- 04
@@ -276,39 +364,65 @@ def _b(n):
     return f"{n:,.0f} B"
 
 
-def prefill_beats_decode_flops(prefill, decode, *, factor: float = 3.0) -> Verdict:
-    """A long prefill achieves ``factor`` x the FLOP/s of a batch-1 decode step on the same
-    machine: same model, same math units, the intensity differs."""
-    p, d = prefill.flops / prefill.seconds, decode.flops_per_step / decode.step_seconds
-    return Verdict(f"prefill (T={prefill.prompt_len}) achieves >= {factor:g}x the FLOP/s of decode at batch {decode.batch}",
-                   p >= factor * d, f"{p / 1e9:,.1f} vs {d / 1e9:,.1f} GFLOP/s: {p / d:,.1f}x")
+def phases_sit_under_their_roofs(prefill, decode, spec, dtype, *, prefill_reach: float = 1 / 3,
+                                 decode_reach: float = 0.15, below_peak: float = 0.2) -> Verdict:
+    """Each phase runs toward the roof the roofline puts over it, and not the other's: the long
+    prefill at ``prefill_reach`` or more of the compute peak; the batch-1 decode step at
+    ``decode_reach`` or more of its memory roof (its intensity x the read bandwidth) and below
+    ``below_peak`` of the compute peak. Same model, same math units: only the intensity differs.
+    A decode near the compute peak, or far below its memory roof (overhead-bound: a small model on
+    a GPU reaches a quarter of it, an overhead-bound step a few percent), would fail. The decode
+    margin is lower than prefill's because a batch-1 step also pays for every kernel's launch."""
+    peak, bw = spec.peak_flops(dtype), spec.bandwidth
+    p_rate = prefill.flops / prefill.seconds
+    d_rate = decode.flops_per_step / decode.step_seconds
+    d_roof = min(peak, decode.flops_per_step / decode.bytes_per_step * bw)
+    u = noise(prefill, decode)
+    holds = _all(decide(p_rate / peak, prefill_reach, u), decide(d_rate / d_roof, decode_reach, u),
+                 decide(d_rate / peak, below_peak, u, at_least=False))
+    return Verdict(f"prefill runs at >= {prefill_reach:.0%} of the compute peak; decode at >= {decode_reach:.0%} of "
+                   f"its memory roof and below {below_peak:.0%} of the peak", holds,
+                   f"prefill (T={prefill.prompt_len}) {p_rate / 1e9:,.1f} GFLOP/s = {p_rate / peak:.0%} of the "
+                   f"{peak / 1e9:,.1f} GFLOP/s peak; decode (batch {decode.batch}) {d_rate / 1e9:,.1f} GFLOP/s = "
+                   f"{d_rate / d_roof:.0%} of its memory roof ({d_roof / 1e9:,.1f} GFLOP/s at "
+                   f"{decode.flops_per_step / decode.bytes_per_step:.2f} FLOP/byte) and {d_rate / peak:.0%} of the peak"
+                   + _noise_note(u))
 
 
 # ----------------------------------------------------------------------------- 05 and 06
-def batching_raises_throughput(records, *, factor: float = 2.0) -> Verdict:
-    """The largest batch writes at least ``factor`` x the tokens/s of batch 1 (one weight read
-    serves every sequence of the batch)."""
+def predicted_batch_gain(batch: int, t1: float, tb: float) -> float:
+    """The throughput gain a prediction of step times (batch 1 and ``batch``) implies: ``batch * t1 / tb``."""
+    return batch * t1 / tb
+
+
+def batching_raises_throughput(records, *, predicted_gain: float, predicted_by: str) -> Verdict:
+    """The largest batch writes tokens faster than batch 1 by at least the log-midpoint between no
+    gain and ``predicted_gain``, a gain predicted before the sweep (by the model's matmuls timed
+    alone, or by the roofline on this machine's ceilings: ``predicted_by`` says which). One weight
+    read serves every sequence of the batch; without that, there would be no gain."""
     by = _by(records, "batch")
     _need(1 in by and len(by) >= 2, "pass decode records at batch 1 and a larger batch")
+    _need(predicted_gain > 1, "pass predicted_gain > 1: the gain the prediction allows at the largest batch")
     one, big = by[1], by[max(by)]
-    gain = big.decode_tokens_per_s / one.decode_tokens_per_s
-    return Verdict(f"batch {big.batch} writes >= {factor:g}x the tokens/s of batch 1", gain >= factor,
+    gain, need, u = big.decode_tokens_per_s / one.decode_tokens_per_s, log_midpoint(predicted_gain), noise(one, big)
+    return Verdict(f"batch {big.batch} writes >= {need:.1f}x the tokens/s of batch 1 (half the predicted "
+                   f"x{predicted_gain:.1f}, on a log scale)", decide(gain, need, u),
                    f"{one.decode_tokens_per_s:,.0f} -> {big.decode_tokens_per_s:,.0f} tok/s (x{gain:.1f}) for a step "
-                   f"x{big.step_seconds / one.step_seconds:.2f} longer")
+                   f"x{big.step_seconds / one.step_seconds:.2f} longer; {predicted_by} predicted x{predicted_gain:.1f}"
+                   + _noise_note(u))
 
 
-def kernel_sets_the_knee(records, kernels, cfg, spec, dtype=None, *, agree: float = 1.5) -> Verdict:
-    """From batch 1 to 2, matmul kernels timed alone (``kernels``: the model's own matrices from
-    ``experiments.model_matmuls_sweep``, or one large matmul) predict how the model's step
-    grows, within ``agree`` x and at least as well as the roofline does.
+def kernel_sets_the_knee(records, kernels, cfg, spec, dtype=None, *, apart: float = 1.25) -> Verdict:
+    """From batch 1 to 2, the matmul kernels timed alone (``kernels``: the model's own matrices,
+    ``measure.matmuls.model_matmuls_sweep``) predict the model's step growth better than the
+    roofline does.
 
-    The roofline says one more sequence adds a few percent of bytes, so the step barely grows
-    (until the flip). A real machine's kernels can say otherwise: on a 2-core CPU XLA switches
-    from a matrix-vector to a matrix-matrix kernel and the step jumps; on a GPU the kernel,
-    the model and the roofline all stay flat. Either way the claim holds if the kernel alone,
-    timed at m = 1 and 2, tells the model's ratio t(2)/t(1); it fails when the model jumps and
-    the kernel does not (or the reverse): then something else moves the knee.
-    """
+    The roofline says one more sequence adds a few percent of bytes, so the step barely grows.
+    The kernels can say otherwise: on a 2-core CPU XLA switches from a matrix-vector to a
+    matrix-matrix kernel and the matmuls alone jump. When the two predictions differ by more than
+    ``apart`` x, the claim is decided: it holds if the model's growth is nearer the kernels' (by
+    more than the noise) and fails if nearer the roofline's. When they agree (a GPU, where both
+    stay flat), there is nothing to tell apart, and the verdict says so."""
     by, kb = _by(records, "batch"), _by(kernels, "m")
     _need(1 in by and 2 in by and 1 in kb and 2 in kb, "pass model records and a kernel sweep with batch/m 1 and 2")
     context = by[1].context
@@ -320,41 +434,32 @@ def kernel_sets_the_knee(records, kernels, cfg, spec, dtype=None, *, agree: floa
     def err(x, y):
         return max(x / y, y / x)
 
-    # "at least as well": up to 10%, the noise of two medians when nothing jumps at all
-    holds = err(model, kernel) <= agree and err(model, kernel) <= max(err(model, roof), 1.1)
-    return Verdict(f"batch 1 -> 2: the matmuls alone predict the model's step growth within {agree:g}x, "
-                   "at least as well as the roofline", holds,
-                   f"step time x{model:.2f} (model), x{kernel:.2f} ({kb[1].describe()}, m 1 -> 2), x{roof:.3f} (roofline): "
-                   f"the kernel is off by {err(model, kernel):.2f}x, the roofline by {err(model, roof):.2f}x")
-
-
-def latency_throughput_tradeoff(records, *, total_gain: float = 2.0, per_user_loss: float = 0.6) -> Verdict:
-    """Batching buys total tokens/s with every user's speed: at the largest batch the total
-    is >= ``total_gain`` x batch 1 while each sequence gets <= ``per_user_loss`` x the
-    tokens/s it had alone."""
-    by = _by(records, "batch")
-    _need(1 in by and len(by) >= 2, "pass decode records at batch 1 and a larger batch")
-    one, big = by[1], by[max(by)]
-    total = big.decode_tokens_per_s / one.decode_tokens_per_s
-    user = (big.decode_tokens_per_s / big.batch) / one.decode_tokens_per_s
-    return Verdict("a bigger batch raises total tokens/s and lowers each user's tokens/s",
-                   total >= total_gain and user <= per_user_loss,
-                   f"batch 1 -> {big.batch}: total x{total:.1f} (need >= {total_gain:g}), per user x{user:.2f} "
-                   f"(need <= {per_user_loss:g}): {one.decode_tokens_per_s:,.0f} -> "
-                   f"{big.decode_tokens_per_s / big.batch:,.1f} tok/s each")
+    u = noise(by[1], by[2], kb[1], kb[2])
+    evidence = (f"step time x{model:.2f} (model), x{kernel:.2f} ({kb[1].describe()}, m 1 -> 2), x{roof:.3f} "
+                f"(roofline): the kernels are off by {err(model, kernel):.2f}x, the roofline by {err(model, roof):.2f}x"
+                + _noise_note(u))
+    claim = "batch 1 -> 2: the matmuls alone predict the model's step growth better than the roofline"
+    if err(kernel, roof) < apart:
+        return Verdict(claim, None, evidence + f"; the two predictions agree within {apart:g}x here, so nothing "
+                                               "tells them apart")
+    return Verdict(claim, decide(err(model, roof) / err(model, kernel), 1.0, u), evidence)
 
 
 # ----------------------------------------------------------------------------- 00
-def decode_memory_bound_predicted(cfg, spec, dtype=None, *, batch: int = 1, context: int = 256,
-                                  margin: float = 3.0) -> Verdict:
-    """With this machine's measured ceilings (overhead included), the memory term of a decode
-    step at ``batch`` is the largest, by ``margin`` x over the next one."""
+def decode_memory_bound_predicted(cfg, spec, dtype=None, *, batch: int = 1, context: int = 256) -> Prediction:
+    """With this machine's measured ceilings (overhead included), which of the three terms of a
+    decode step at ``batch`` is the largest, and by how much: a prediction notebooks 03 and 05 then
+    measure (it holds by construction on any chip whose ridge is above a decode step's intensity,
+    so it is printed, never asserted)."""
     dtype = cfg.dtype if dtype is None else dtype
     cost = costs.decode_cost(cfg, batch, context)
     compute, memory = roofline.predict_terms(cost, spec, dtype)
     fixed = roofline.overhead_seconds(spec)
-    nxt = max(compute, fixed)
-    return Verdict(f"predicted here: a decode step at batch {batch} is memory-bound by >= {margin:g}x",
-                   memory >= margin * nxt and math.isfinite(memory),
-                   f"memory {memory * 1e3:,.3g} ms, compute {compute * 1e3:,.3g} ms, overhead {fixed * 1e3:,.3g} ms "
-                   f"({roofline.regime(cost, spec, dtype)}-bound)")
+    terms = {"memory": memory, "compute": compute, "overhead": fixed}
+    first = max(terms, key=terms.get)
+    second = max((k for k in terms if k != first), key=terms.get)
+    return Prediction(f"a decode step at batch {batch} is {first}-bound here, {terms[first] / terms[second]:,.1f}x "
+                      f"over its {second} term",
+                      f"memory {memory * 1e3:,.3g} ms, compute {compute * 1e3:,.3g} ms, overhead {fixed * 1e3:,.3g} ms "
+                      f"at context {context} (intensity {cost.intensity:.2f} FLOP/byte against a ridge of "
+                      f"{spec.ridge_point(dtype):.1f})")

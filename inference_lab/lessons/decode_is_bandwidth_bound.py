@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import pallas_kernels as pk
 from inference_lab import plots
 from inference_lab.measure import matmuls, timing
-from inference_lab.analytic import costs
+from inference_lab.analytic import costs, roofline
 from inference_lab.lessons.machine import DECODE_COLUMNS, Sweep, percent, kernel_check_mode
+from inference_lab.lessons.one_model_two_speeds import hollow
 from pallas_kernels.testing import decode_attention_f64, rel_err
 
 
@@ -50,6 +51,8 @@ class Experiments:
     batch: list  # decode records at batch sizes, one context: FLOPs x B, bytes ~x1
     context: list  # decode records at batch 1, several contexts: KV bytes up, matmul FLOPs fixed
     kernels: list  # matmuls.KernelPoint at m = 1 (and 2): the matrix-vector kernel alone
+    hollow: object  # the batch-1 step of the model's hollow twin (notebook 01): its fixed costs
+    model_cfg: object  # the model's ModelConfig (its heads set attention's intensity)
 
     def table(self) -> str:
         rows = sorted(self.batch, key=lambda r: r.batch) + sorted(
@@ -66,21 +69,27 @@ class Experiments:
 
     def kernel_line(self) -> str:
         k = [p for p in self.kernels if p.m == 1][0]
+        one = min(self.batch, key=lambda r: r.batch)
         return (f"the matrix-vector kernel alone, [1, {k.k}] @ [{k.k}, {k.n}] {k.dtype}: {k.weight_bytes / 1e6:,.0f} MB "
-                f"in {k.seconds * 1e3:,.2f} ms = {k.weight_bytes_per_s / 1e9:,.1f} GB/s")
+                f"in {k.seconds * 1e3:,.2f} ms = {k.weight_bytes_per_s / 1e9:,.1f} GB/s\n"
+                f"the model's hollow twin (same layers and calls, almost no bytes), batch 1: "
+                f"{self.hollow.step_seconds * 1e3:,.3f} ms, {self.hollow.step_seconds / one.step_seconds:.0%} of the "
+                "batch-1 step: what the step costs whatever its bytes")
 
 
 def decode_experiments(model, *, batches, contexts, context: int, steps: int, kernel_size: int = 4096) -> Experiments:
-    """Both experiments in one side-by-side measurement (so load hits every point alike),
-    then the matrix-vector kernel on a ``kernel_size`` square weight."""
-    points = [(int(b), int(context)) for b in batches]
-    points += [(1, int(c)) for c in contexts if (1, int(c)) not in points]
-    recs = timing.decode_points(model, points, steps)
+    """Both experiments and the model's hollow twin at batch 1 in one side-by-side measurement (so
+    load hits every point alike), then the matrix-vector kernel on a ``kernel_size`` square weight."""
+    pairs = [(int(b), int(context)) for b in batches]
+    pairs += [(1, int(c)) for c in contexts if (1, int(c)) not in pairs]
+    points = [timing.DecodePoint(model, b, c, steps) for b, c in pairs]
+    points.append(timing.DecodePoint(hollow(model), 1, int(context), steps))
+    *recs, twin = timing.measure_points(points, desc="decode")
     batch = [r for r in recs if r.context == context]
     ctx = [r for r in recs if r.batch == 1]
     kernels = matmuls.matmul_sweep((1, 2), k=kernel_size, n=kernel_size, dtype=model.cfg.dtype,
                                   kernels=model.kernels, repeats=9)
-    return Experiments(batch, ctx, kernels)
+    return Experiments(batch, ctx, kernels, twin, model.cfg)
 
 
 def experiment_view(exp: Experiments, batch: int):
@@ -94,3 +103,32 @@ def experiment_view(exp: Experiments, batch: int):
             f"x{r.bytes_per_step / one.bytes_per_step:.2f}, step time x{t:.2f} ({r.step_seconds * 1e3:,.2f} ms); "
             f"MFU {percent(r.mfu)}, MBU {percent(r.mbu)}")
     return fig, text
+
+
+def context_reading(exp: Experiments, spec, dtype) -> str:
+    """What the context experiment can and cannot tell on this machine. A longer context adds the
+    KV cache's bytes *and* attention's FLOPs, at attention's own intensity; where that intensity
+    sits near the machine's ridge the two grow almost together, and the experiment cannot tell
+    a compute-bound step from a bandwidth-bound one. It still shows the cached tokens cost time."""
+    by = {r.context: r for r in exp.context}
+    lo, hi = by[min(by)], by[max(by)]
+    f, b, t = (hi.flops_per_step / lo.flops_per_step, hi.bytes_per_step / lo.bytes_per_step,
+               hi.step_seconds / lo.step_seconds)
+    cfg = exp.model_cfg
+    ai, ridge = costs.attention_intensity(cfg), roofline.ridge_point(spec, dtype)
+    place = "above both" if t > max(f, b) else "below both" if t < min(f, b) else "between them"
+    kv_rate = (hi.bytes_per_step - lo.bytes_per_step) / max(hi.step_seconds - lo.step_seconds, 1e-12)
+    lines = [f"context {lo.context} -> {hi.context}: a compute-bound step would take x{f:.2f}, a bandwidth-bound "
+             f"one x{b:.2f}; it took x{t:.2f}, {place}; the extra KV bytes cost time at {kv_rate / 1e9:,.1f} GB/s"]
+    if ai > ridge / 4:
+        lines += [f"the added work is attention's, at {ai:g} FLOP per KV byte ({cfg.dtype}), against a ridge of "
+                  f"{ridge:.1f} here: near it, so a longer context adds FLOPs almost as fast as bytes, and on this "
+                  "machine this experiment cannot tell the two regimes apart (the batch experiment does); what it "
+                  "shows is that every cached token costs time at every step",
+                  f"on a GPU, in bf16, attention does {cfg.n_heads / cfg.n_kv_heads:g} FLOP per KV byte against a "
+                  "ridge of 150-400: far below it, and there the same experiment separates the regimes"]
+    else:
+        lines.append(f"the added work is attention's, at {ai:g} FLOP per KV byte, far below the ridge of {ridge:.0f} "
+                     "here: the added FLOPs cost almost nothing beside the added bytes, so the experiment separates "
+                     "the regimes")
+    return "\n".join(lines)

@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from inference_lab import plots
+from inference_lab.analytic import roofline
+from inference_lab.base.config import ModelConfig
+from inference_lab.base.hardware import HardwareSpec, dtype_key
 from inference_lab.measure.records import load_records, machine_key, machine_label
-from inference_lab.lessons import one_model_two_speeds as two_speeds
+from inference_lab.lessons import claims, one_model_two_speeds as two_speeds
 from inference_lab.lessons.machine import Machine
 
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "measurements"
@@ -112,6 +115,19 @@ def ceilings_of(records) -> tuple[float, float]:
     pre, dec = split(records)
     d1 = dec[1]
     return pre.flops / pre.seconds / pre.mfu, d1.bytes_per_step / d1.step_seconds / d1.mbu
+
+
+def predicted_batch_gain(records) -> tuple[int, float]:
+    """(the largest decode batch in a machine's records, the throughput gain over batch 1 that the
+    roofline predicts for it on the ceilings the same records were measured against): the
+    prediction the probe's batching claim is checked against, made from the file alone."""
+    pre, dec = split(records)
+    peak, bw = ceilings_of(records)
+    spec = HardwareSpec(name="the file's ceilings", flops={dtype_key(pre.dtype): peak}, bandwidth=bw)
+    cfg = ModelConfig.preset(pre.preset)
+    top = max(dec)
+    step = [roofline.predicted_decode_step_seconds(cfg, spec, b, dec[b].context, pre.dtype) for b in (1, top)]
+    return top, claims.predicted_batch_gain(top, *step)
 
 
 class Points(list):

@@ -22,18 +22,53 @@ REFERENCE_NODE = {
     "name": "Qwen3.5-27B, 4xH100, TP=4",
     "prefill_tokens_per_s": 3288.0,
     "decode_tokens_per_s": 108.0,
-    "source": "a 27B model measured on a 4xH100 node with tensor parallelism",
+    "source": "a 27B model measured on a 4xH100 node with tensor parallelism (how each figure was taken is "
+              "not recorded: see reference_readings)",
 }
+RAG_MIX = (19, 47)   # prompt tokens per output token in the node's real RAG traffic
 
-# The reference model's exact layout is not part of the figures we have: this is a
-# Llama-style dense shape of the same size (the GQA layout of recent 27-32B models), which
-# is what the reconciliation needs. Its answers depend on the parameter count (the weight
-# bytes, the FLOPs per token) almost only; the KV term is a few percent at the context used.
+# The reference model's exact layout does not enter the reconciliation: this is a Llama-style
+# dense shape of the same size (the GQA layout of recent 27-32B dense models). Its weight bytes
+# and FLOPs per token, which set the ceilings at batch 1, match the real model's to a few percent;
+# its KV cache does not (see QWEN35_27B).
 REFERENCE_SHAPE = ModelConfig(name="dense_27b (assumed shape)", vocab_size=151_936, d_model=5120, n_layers=64,
                               n_heads=40, n_kv_heads=8, head_dim=128, d_ff=22_016, max_seq_len=32_768,
                               rope_theta=1_000_000.0, tie_embeddings=False, dtype="bfloat16")
 REFERENCE_TP = 4
 REFERENCE_CONTEXT = 4096  # prompt length assumed for the ceilings (a RAG request's order of size)
+
+# What Qwen3.5-27B really is, from its published configuration (Hugging Face `Qwen/Qwen3.5-27B`,
+# config.json `text_config`, as its model card and derived quantisations report it): a hybrid.
+QWEN35_27B = {
+    "layers": 64, "full_attention_layers": 16, "linear_attention_layers": 48,   # 3 Gated DeltaNet : 1 full
+    "d_model": 5120, "d_ff": 17_408, "vocab": 248_320,
+    "q_heads": 24, "kv_heads": 4, "head_dim": 256,      # the full-attention layers (grouped-query attention)
+    "mtp_layers": 1,                                    # a multi-token-prediction head, for speculative decoding
+    "source": "Qwen/Qwen3.5-27B config.json (text_config: layer_types, full_attention_interval 4, "
+              "num_key_value_heads 4, head_dim 256, mtp_num_hidden_layers 1)",
+}
+
+
+def qwen35_kv_bytes_per_token(dtype_bytes: int = 2) -> int:
+    """KV-cache bytes per token of the real model: only its full-attention layers keep one (the
+    Gated DeltaNet layers keep a fixed-size state per sequence instead, whatever the context)."""
+    q = QWEN35_27B
+    return 2 * q["full_attention_layers"] * q["kv_heads"] * q["head_dim"] * dtype_bytes
+
+
+def reference_shape_note() -> str:
+    """Where the dense stand-in is right and where it is wrong, in numbers."""
+    cfg, q = REFERENCE_SHAPE, QWEN35_27B
+    dense_kv, real_kv = costs.kv_bytes_per_token(cfg), qwen35_kv_bytes_per_token()
+    return (f"stand-in: {cfg.num_params / 1e9:.1f}B dense parameters, {cfg.n_layers} attention layers with "
+            f"{cfg.n_kv_heads} KV heads of {cfg.head_dim}: {dense_kv // 1024} KiB of KV cache per token\n"
+            f"Qwen3.5-27B: {q['layers']} layers, of which {q['full_attention_layers']} full attention "
+            f"({q['kv_heads']} KV heads of {q['head_dim']}) and {q['linear_attention_layers']} Gated DeltaNet "
+            f"(linear attention: a fixed-size state per sequence), plus {q['mtp_layers']} multi-token-prediction "
+            f"layer: {real_kv // 1024} KiB of KV cache per token, {dense_kv / real_kv:.0f}x less\n"
+            f"so the stand-in is right for what sets batch-1 speeds (weight bytes and FLOPs per token) and "
+            f"wrong for KV bytes and per-sequence state: it overstates the KV cache's memory and reads "
+            f"{dense_kv / real_kv:.0f}x, and has no DeltaNet state ({q['source']})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +129,43 @@ def reference_gap() -> Gap:
     :data:`REFERENCE_SHAPE` split 4 ways, at :data:`REFERENCE_CONTEXT` tokens."""
     return gap(REFERENCE_NODE["prefill_tokens_per_s"], REFERENCE_NODE["decode_tokens_per_s"], REFERENCE_SHAPE,
                hardware.PRESETS["H100_SXM"], prompt_len=REFERENCE_CONTEXT, tp=REFERENCE_TP)
+
+
+def reference_decode_step() -> str:
+    """Reading A's decode step on the node, split into what the roofline and the all-reduces
+    account for and what is left."""
+    h100 = hardware.PRESETS["H100_SXM"]
+    step = 1 / REFERENCE_NODE["decode_tokens_per_s"]
+    read = roofline.predicted_decode_step_seconds(REFERENCE_SHAPE, h100, 1, REFERENCE_CONTEXT, tp=REFERENCE_TP)
+    reduce = roofline.allreduce_time(REFERENCE_SHAPE, h100, 1, tp=REFERENCE_TP)
+    rest = step - read - reduce
+    n = 2 * REFERENCE_SHAPE.n_layers
+    return (f"decode at {REFERENCE_NODE['decode_tokens_per_s']:.0f} tok/s: a {step * 1e3:.2f} ms step; the weights and KV "
+            f"read at the datasheet bandwidth take {read * 1e3:.2f} ms (the roofline), the {n} all-reduces "
+            f"(two per layer, {h100.allreduce_latency_s * 1e6:.0f} us each at this size) {reduce * 1e3:.2f} ms; "
+            f"{rest * 1e3:.2f} ms ({rest / step:.0%}) is left for kernels streaming below the bandwidth, launches, "
+            f"sampling and the serving engine")
+
+
+def reference_readings() -> str:
+    """The reference node's two figures, read the two ways they can have been measured, and what each
+    reading implies. Which one is right is not recorded."""
+    ref = reference_gap()
+    lo, hi = RAG_MIX
+    mix = (lo * hi) ** 0.5
+    return "\n".join([
+        f"reading A, two speeds (prefill tok/s while prefilling; decode tok/s of one stream): writing is "
+        f"{ref.measured:.1f}x slower per token; prefill ran at {ref.mfu:.1%} of the node's compute ceiling "
+        f"and decode at {ref.mbu:.1%} of its bandwidth ceiling; a {lo}:1 request served alone spends "
+        f"{ref.decode_share(lo, 1):.0%} of its time writing, a {hi}:1 one {ref.decode_share(hi, 1):.0%}",
+        f"reading B, one run's two throughputs (prompt tokens and output tokens per second of the same run): "
+        f"their ratio, {ref.measured:.1f}:1, is then the run's token mix, not a speed; the traffic's mix of "
+        f"{lo}:1 to {hi}:1 has its geometric middle at sqrt({lo} x {hi}) = {mix:.1f}:1, "
+        f"{abs(ref.measured / mix - 1):.0%} away. Under B the speed gap is unknown, {ref.mfu:.1%} is the prompt "
+        f"FLOPs over the whole run (a floor under prefill's MFU, not its value), and "
+        f"{ref.decode_tokens_per_s:,.0f} tok/s is every concurrent answer's tokens together",
+        "how the figures were taken is not recorded; B fits the traffic's mix closely. Where the course needs "
+        "a speed gap it uses A and says so."])
 
 
 @dataclasses.dataclass
@@ -204,6 +276,24 @@ def stream_answer(model, prompt: str = PROMPT, max_new_tokens: int = 180, *, tem
         print()
     return Answer(prompt, tuple(t.token for t in tokens), "".join(t.text for t in tokens),
                   tuple(t.seconds for t in tokens))
+
+
+READING_WORDS_PER_S = 238 / 60   # silent reading of English non-fiction (Brysbaert 2019, a meta-analysis)
+WORDS_PER_BPE_TOKEN = 0.75       # English text under a chat model's BPE tokenizer (OpenAI's rule of thumb)
+
+
+def human_line(answer: Answer) -> str:
+    """The streamed answer's speed in what a reader feels: words per second, against reading speed."""
+    itl = statistics.median(answer.itl_s)
+    words = max(1, len(answer.text.split()))
+    bytes_per_word = len(answer.text.encode()) / words
+    words_per_s = 1 / itl / bytes_per_word
+    return (f"for a reader: this tokenizer writes one byte per token and this text has {bytes_per_word:.1f} bytes per "
+            f"word (spaces included), so {1 / itl:,.0f} tokens/s is {words_per_s:,.0f} words/s; people read about "
+            f"{READING_WORDS_PER_S:.1f} words/s. A chat model's tokenizer carries ~{WORDS_PER_BPE_TOKEN} words per "
+            f"token, so it keeps ahead of a reader from ~{READING_WORDS_PER_S / WORDS_PER_BPE_TOKEN:.0f} tokens/s "
+            f"(a TPOT under ~{WORDS_PER_BPE_TOKEN / READING_WORDS_PER_S * 1e3:.0f} ms); the first token's wait "
+            f"({answer.ttft_s * 1e3:,.0f} ms here) is what the reader notices first")
 
 
 # ------------------------------------------------------------------ what the KV cache saves
@@ -324,3 +414,15 @@ def weight_stream_rates(small_model, large_model, *, context: int = 64) -> Strea
     reads = [read_bandwidth(int(n), repeats=9)["bytes_per_s"] for n in (small_bytes, large_bytes)]
     small, small_hollow, large, large_hollow = timing.measure_points(points, repeats=9)
     return StreamRates(small, small_hollow, large, large_hollow, *reads, hardware.processor_summary())
+
+
+def step_three_ways(answer: Answer, cache: CacheComparison, rates: StreamRates) -> str:
+    """The trained model's decode step as three cells of notebook 01 timed it, and what each includes."""
+    rows = [(f"{statistics.median(answer.itl_s) * 1e3:.2f} ms", "section 1, the streamed answer: one jitted decode "
+             "step per token called from Python, then sampling (temperature and top-k, a second call), the token "
+             "copied to the host, decoded and printed"),
+            (f"{statistics.median(cache.cached_s[1:]) * 1e3:.2f} ms", "the cache comparison: the same loop, greedy "
+             "(an argmax), nothing printed"),
+            (f"{rates.small.step_seconds * 1e3:.3f} ms", f"the twin table: {SMALL_STEPS} steps in one compiled "
+             "loop (jax.lax.fori_loop), the tokens kept on the device: no host round trip per token")]
+    return "\n".join(f"{t:>10}  {what}" for t, what in rows)

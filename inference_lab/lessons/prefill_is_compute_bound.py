@@ -62,6 +62,21 @@ def prediction_table(sweep: Sweep, kernels, cfg, spec, dtype) -> str:
     return "\n".join(lines)
 
 
+def kernel_against_peak(kernels, spec, dtype) -> str:
+    """The lone matmul's fastest point against the measured "peak", and why it can pass it."""
+    best = max(kernels, key=lambda k: k.flops_per_s)
+    share = best.flops_per_s / spec.peak_flops(dtype)
+    method = spec.sources.get("flops", "the measured matmul peak")
+    return (f"the lone matmul at m = {best.m} ran at {best.flops_per_s / 1e9:,.1f} GFLOP/s, {share:.0%} of the "
+            f"measured peak ({method}). "
+            + ("It is above 100% because the peak is one shape's figure, not a bound on every shape (this shape "
+               "may suit XLA's blocking better, or the peak's runs met a busier moment): where the kernel-scaled "
+               "time falls below the roofline, it is the ceiling that is low for this shape, not the kernel that "
+               "is impossibly fast."
+               if share > 1 else
+               "A ceiling is one shape's figure: another shape can come closer to it, or pass it."))
+
+
 def prefill_point_view(sweep: Sweep, spec, dtype, prompt_len: int, kernels=()):
     rec = sweep.at(prompt_len=prompt_len)
     fig = plots.prefill_flops_vs_length(sweep.records, spec, dtype, highlight=prompt_len, kernels=kernels)

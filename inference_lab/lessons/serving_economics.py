@@ -17,7 +17,9 @@ from inference_lab.analytic import economics, phases, simulator, workload
 from inference_lab.base import hardware
 from inference_lab.measure import timing
 from inference_lab.base.config import ModelConfig
+from inference_lab.lessons import one_model_two_speeds as two_speeds
 from inference_lab.lessons.machine import DECODE_STEPS
+from inference_lab.analytic import roofline
 from inference_lab.analytic.serving_metrics import trace_from_token_times
 from inference_lab.analytic.workload import Requests
 
@@ -26,11 +28,6 @@ BAND = (3.0, 5.0)
 BAND_SOURCE = ("an engineer's write-up on why output tokens cost more, which reports providers charging "
                "3-5x more per output token than per input token")
 
-REFERENCE_NODE = {
-    "what": "the course's reference node: a 27B dense model (Qwen3.5-27B) on 4xH100 SXM, tensor parallel 4",
-    "params": 27e9, "gpus": 4, "spec": DEFAULT_PRICE_KEY,
-    "prefill_tokens_per_s": 3288.0, "decode_tokens_per_s": 108.0,  # measured there, one request at a time
-}
 PROJECT_H200 = {
     "what": "measured by this project on an H200 with jax 0.11.2 (docs/architecture.md)",
     "matmul_flops_per_s": 782e12,  # XLA (cuBLAS) bf16 matmul 8192^3
@@ -66,11 +63,20 @@ def price_ratios(cfg, spec, *, batches, prompt_len: int, context: int, prefill_m
 
 
 def price_table(cfg, spec, price, *, batches, prompt_len: int, context: int, prefill_mfu: float = 1.0) -> str:
-    lines = [f"prefill at {prefill_mfu:.0%} MFU", f"{'batch':>6}{'input $/M':>11}{'output $/M':>12}{'output/input':>14}"]
+    """Token prices by decode batch, with the device memory each batch needs (weights, KV cache and
+    one iteration's working set: :func:`roofline.memory_needed` with a server's token budget); a
+    batch that does not fit in 90% of the device is listed, not priced."""
+    lines = [f"prefill at {prefill_mfu:.0%} MFU; {spec.name} memory {spec.memory_bytes / 1e9:.0f} GB, 90% usable",
+             f"{'batch':>6}{'memory GB':>11}{'input $/M':>11}{'output $/M':>12}{'output/input':>14}"]
     for b in batches:
+        need = roofline.memory_needed(cfg, b, context, prefill_tokens=roofline.SERVER_PREFILL_TOKENS)
+        if not roofline.fits(cfg, b, context, spec):
+            lines.append(f"{b:>6}{need / 1e9:>11.1f}   does not fit: not priced")
+            continue
         p = economics.predicted_token_prices(cfg, spec, batch=b, context=context, prompt_len=prompt_len,
                                              dollars_per_gpu_hour=price.dollars_per_hour, prefill_mfu=prefill_mfu)
-        lines.append(f"{b:>6}{p['input_per_million']:>11.3f}{p['output_per_million']:>12.3f}{p['ratio']:>13.1f}x")
+        lines.append(f"{b:>6}{need / 1e9:>11.1f}{p['input_per_million']:>11.3f}{p['output_per_million']:>12.3f}"
+                     f"{p['ratio']:>13.1f}x")
     return "\n".join(lines)
 
 
@@ -98,6 +104,11 @@ def measured_price_ratios(model, price, *, batches, prompt_len: int) -> Measured
 def price_view(cfg, spec, price, batch: int, prefill_mfu: float = 1.0, *, prompt_len: int, context: int):
     fig = plots.price_ratio_plot(cfg, spec, contexts=(context,), prefill_mfu=sorted({1.0, prefill_mfu}, reverse=True))
     fig.axes[0].axvline(batch, color="black", lw=1, ls=":")
+    if not roofline.fits(cfg, batch, context, spec):
+        need = roofline.memory_needed(cfg, batch, context, prefill_tokens=roofline.SERVER_PREFILL_TOKENS)
+        return fig, (f"batch size {batch} at context {context:,}: needs {need / 1e9:,.0f} GB, more than 90% of the "
+                     f"{spec.memory_bytes / 1e9:,.0f} GB {spec.name}: no price (the largest batch that fits is "
+                     f"{roofline.max_batch(cfg, spec, context)})")
     p = economics.predicted_token_prices(cfg, spec, batch=batch, context=context, prompt_len=prompt_len,
                                          dollars_per_gpu_hour=price.dollars_per_hour, prefill_mfu=prefill_mfu)
     text = (f"batch size {batch}, prefill at {prefill_mfu:.0%} MFU: input ${p['input_per_million']:.3f}/M, "
@@ -150,13 +161,19 @@ def band_reached_below(pb: PriceBand, achievable_mfu: float) -> bool:
 
 
 def reference_node() -> dict:
-    """The reference node's measured speeds, and the shares of peak they imply (dense bf16 FLOP/s
-    for ~2 FLOPs per parameter per prompt token; bf16 weights read once per decode step)."""
-    n, spec = REFERENCE_NODE, hardware.PRESETS[REFERENCE_NODE["spec"]]
-    gap = n["prefill_tokens_per_s"] / n["decode_tokens_per_s"]
-    mfu = n["prefill_tokens_per_s"] * 2 * n["params"] / (n["gpus"] * spec.peak_flops("bf16"))
-    mbu = n["decode_tokens_per_s"] * 2 * n["params"] / (n["gpus"] * spec.bandwidth)
-    return {"gap": gap, "prefill_mfu": mfu, "decode_mbu": mbu, **n}
+    """The reference node's figures (:data:`one_model_two_speeds.REFERENCE_NODE`, reading A: two
+    speeds), its speed gap, and the shares of its ceilings they imply (the assumed 27B shape)."""
+    ref = two_speeds.reference_gap()
+    return {**two_speeds.REFERENCE_NODE, "gap": ref.measured, "prefill_mfu": ref.mfu, "decode_mbu": ref.mbu,
+            "what": "the course's reference node: Qwen3.5-27B on 4xH100 SXM, tensor parallel 4"}
+
+
+def reference_mfu_price(cfg, spec, *, batch: int, context: int, prompt_len: int) -> str:
+    """What the reference node's prefill MFU (reading A) would do to the price ratio."""
+    mfu = reference_node()["prefill_mfu"]
+    ratio = price_ratios(cfg, spec, batches=(batch,), prompt_len=prompt_len, context=context, prefill_mfu=mfu)[batch]
+    return (f"at the reference node's prefill MFU under reading A ({mfu:.1%}), output would cost {ratio:.2f}x "
+            f"input at batch {batch}: " + ("cheaper than input" if ratio < 1 else "more than input"))
 
 
 # ============================================================================= what benchmarks measure
@@ -259,9 +276,6 @@ class Sweep:
         return "\n".join(lines)
 
 
-LoadSweep = Sweep  # the name notebook 07 used before the three modes
-
-
 @dataclasses.dataclass(frozen=True)
 class ServingPoint:
     """One deployment at one point of a sweep: latencies in seconds."""
@@ -326,9 +340,18 @@ def ttft_cost_of_chunking(sweep: Sweep) -> float:
     return float(np.mean([k["ttft_p50_ms"] / c["ttft_p50_ms"] for c, k in zip(sweep.of("colocated"), sweep.of("chunked"))]))
 
 
-def chunking_costs_ttft(sweep: Sweep) -> bool:
-    """A chunked prompt's first token comes later than prefill-first's, on average over the loads."""
-    return ttft_cost_of_chunking(sweep) > 1.0
+def chunking_ttft_line(sweep: Sweep) -> str:
+    """What chunking did to TTFT across the loads, at p50 and p99, in plain numbers."""
+    c, k = sweep.of("colocated"), sweep.of("chunked")
+    lower_p99 = [kk[sweep.x] for cc, kk in zip(c, k) if kk["ttft_p99_ms"] < cc["ttft_p99_ms"]]
+    return (f"TTFT, chunked over prefill first: p50 x{ttft_cost_of_chunking(sweep):.3f} on average over the loads; "
+            + (f"p99 lower with chunking at {sweep.x} {', '.join(f'{x:g}' for x in lower_p99)}"
+               if lower_p99 else "p99 higher at every load"))
+
+
+def tpot_above_itl(sweep: Sweep) -> list:
+    """The rows whose TPOT p99 is above their ITL p99 (a few requests with one long pause each)."""
+    return [r for r in sweep.rows if r["tpot_p99_ms"] > r["itl_p99_ms"]]
 
 
 def budget_trades_ttft_for_itl(sweep: Sweep, default: int = simulator.DEFAULT_CHUNK_TOKENS) -> bool:
@@ -341,26 +364,24 @@ def budget_trades_ttft_for_itl(sweep: Sweep, default: int = simulator.DEFAULT_CH
             and itl[0] < d["itl_p99_ms"] < itl[-1])
 
 
-def budget_view(phases, chunk_tokens: int, *, rate: float, gpus: int = 2, seed: int = 0, n_requests: int = 400):
-    reqs = workload.sample_requests(n_requests, rate, seed=seed, **RAG_TRAFFIC)
-    runs = {"colocated": simulator.simulate_requests(reqs, phases, mode="colocated", gpus=gpus),
-            f"chunked, {chunk_tokens} tokens": simulator.simulate_requests(reqs, phases, mode="chunked", gpus=gpus,
-                                                                           chunk_tokens=chunk_tokens)}
-    c, k = (r.summary() for r in runs.values())
-    text = (f"chunk budget {chunk_tokens} tokens at {rate:g} req/s: TTFT p50 {k['ttft_p50_ms']:,.0f} ms "
-            f"(prefill first: {c['ttft_p50_ms']:,.0f}), TPOT p99 {k['tpot_p99_ms']:.1f} ms ({c['tpot_p99_ms']:.1f}), "
-            f"ITL p99 {k['itl_p99_ms']:.1f} ms ({c['itl_p99_ms']:.1f})")
-    return plots.latency_distributions(runs), text
-
-
-def serving_view(phases, prompt_len: int, *, spec, seed: int = 0):
-    results = serving_at(phases, prompt_len, spec=spec, seed=seed)
-    fig = plots.latency_distributions(results)
-    c, k, d = (results[m].summary() for m in simulator.MODES)
-    text = (f"prompt length {prompt_len}: TTFT p50 / TPOT p99 colocated {c['ttft_p50_ms']:,.0f} / {c['tpot_p99_ms']:.1f} ms, "
-            f"chunked {k['ttft_p50_ms']:,.0f} / {k['tpot_p99_ms']:.1f} ms, "
-            f"disaggregated {d['ttft_p50_ms']:,.0f} / {d['tpot_p99_ms']:.1f} ms")
-    return fig, text
+def rag_clock(res, phases, rate: float) -> str:
+    """One simulated run, two clocks: decode's share of each request's wait (its end-to-end
+    latency) and its share of the GPUs' busy time. A decode step is every running answer's wait,
+    and one GPU-step shared by all of them. Also the per-user speed gap that sets the wait's split
+    (prefill tokens/s of a mean prompt alone over one user's decode tokens/s, 1 / TPOT)."""
+    ok = np.isfinite(res.finish) & np.isfinite(res.first_token)
+    e2e = res.finish[ok] - res.requests.arrival[ok]
+    wait_share = np.median((res.finish[ok] - res.first_token[ok]) / e2e)
+    ph = res.phase_seconds
+    busy = sum(ph.values())
+    batch = next(iter(res.mean_batch.values()), float("nan"))
+    prompt = float(np.mean(res.requests.prompt_len))
+    gap = prompt / phases.prefill_seconds([int(prompt)]) * res.summary()["tpot_p50_ms"] / 1e3
+    mixed = f", iterations doing both {ph['mixed'] / busy:.0%}" if ph["mixed"] else ""
+    return (f"{res.mode} at {rate:g} req/s: decode is {wait_share:.0%} of a request's end-to-end latency (median) "
+            f"and {ph['decode'] / busy:.0%} of the GPUs' busy time (prefill {ph['prefill'] / busy:.0%}{mixed}); "
+            f"each decode step served {batch:.1f} answers on average; per user, prefill reads {gap:.0f}x faster "
+            "than decode writes")
 
 
 # ============================================================================= the 1P1D run, explained

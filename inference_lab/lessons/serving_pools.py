@@ -154,6 +154,18 @@ class PoolSweep:
     def peak(self, config: str) -> float:
         return max(r["goodput_rps"] for r in self.rows if r["config"] == config)
 
+    def light_load_line(self) -> str:
+        """Why goodput stays below the offered load even where every request meets the SLO."""
+        rate = min(r["rate"] for r in self.rows)
+        rows = [r for r in self.rows if r["rate"] == rate]
+        top = max(rows, key=lambda r: r["goodput_rps"])
+        arrivals = top["requests"] / rate
+        return (f"at {rate:g} req/s: {top['requests']} requests arrive over about {arrivals:.1f} s, and the run lasts "
+                f"{top['duration_s']:.1f} s (first arrival to last token: the last answers finish after the last "
+                f"arrival), so a run in which every request met the SLO would score {top['request_throughput']:.1f} "
+                f"req/s; the best, {top['config']}, scored {top['goodput_rps']:.1f} "
+                f"({top['slo_attainment']:.0%} of its requests met the SLO)")
+
     def table(self) -> str:
         configs = list(dict.fromkeys(r["config"] for r in self.rows))
         rates = sorted({r["rate"] for r in self.rows})
@@ -202,6 +214,34 @@ def replay(run: vllm_bench.BenchRun, phases, *, mode: str = "chunked", **serving
     reqs = Requests(arrival[order] + 1e-9 * np.arange(len(order)), tr.requests.prompt_len[ok][order],
                     tr.requests.output_len[ok][order])
     return simulator.simulate_requests(reqs, phases, mode=mode, **serving)
+
+
+def read_one_request(run: vllm_bench.BenchRun) -> str:
+    """The metric box of section 2, worked on a result file's own lists: one completed request's
+    TTFT and gaps, its TPOT by hand, and the run's pooled ITL percentiles and TPOT beside them."""
+    tr = run.trace
+    if tr is None:
+        raise ValueError(f"{run.path}: reading the per-request lists needs a run saved with --save-detailed")
+    ok = np.flatnonzero(tr.ok)
+    i = max(ok, key=lambda j: (tr.gaps(j).max() if len(tr.gaps(j)) else 0.0, len(tr.gaps(j))))
+    gaps = tr.gaps(i) * 1e3
+    pooled, tpot = tr.itl * 1e3, tr.tpot * 1e3
+    long = pooled > 2 * np.median(pooled)
+    pct = {q: np.percentile(pooled, q) for q in (50, 90, 99)}
+    reach = [f"p{q}" for q, v in pct.items() if v > 2 * np.median(pooled)]
+    failed = len(tr.requests) - len(ok)
+    return "\n".join([
+        f"request {i}: prompt {tr.requests.prompt_len[i]} tokens, {tr.requests.output_len[i]} output tokens; TTFT "
+        f"{(tr.first_token[i] - tr.requests.arrival[i]) * 1e3:.0f} ms; its {len(gaps)} gaps (ms): "
+        + ", ".join(f"{g:.1f}" for g in gaps),
+        f"  its TPOT by hand: the mean of its gaps = {gaps.mean():.2f} ms (the reader: "
+        f"{tpot[list(ok).index(i)]:.2f} ms)",
+        f"the run: {len(pooled)} gaps pooled over {len(ok)} completed requests, {int(long.sum())} of them over twice "
+        f"the median (pauses: another prompt's prefill); ITL p50 {pct[50]:.1f}, p90 {pct[90]:.1f}, p99 {pct[99]:.1f} ms: "
+        + (f"of these, only {' and '.join(reach)} reaches the pauses; " if reach else "none of these reaches the pauses; ")
+        + f"TPOT p99 {np.nanpercentile(tpot, 99):.1f} ms: each pause is averaged into its request's TPOT",
+        f"{failed} request(s) failed (the file's errors list) and are left out of every metric, as vLLM does"
+        if failed else "no request failed"])
 
 
 def side_by_side(rows: dict) -> str:

@@ -125,10 +125,11 @@ def format_tp_rows(rows: list[dict]) -> str:
     """The rows of :func:`tp_lesson` as a text table."""
     spec = rows[0]["spec"] if rows else "?"
     lines = [f"{'tp':>3}{'weights/device':>16}{'all-reduces':>13}{'measured step (here)':>22}"
-             f"{'predicted step (' + spec + ')':>30}"]
+             f"{'predicted step (' + spec + ')':>30}{'of which all-reduces':>22}"]
     for r in rows:
         lines.append(f"{r['tp']:>3}{r['weight_bytes_per_device'] / 1e6:>13.2f} MB{r['all_reduces']:>13}"
-                     f"{r['measured_step_s'] * 1e3:>19.3f} ms{r['predicted_step_s'] * 1e6:>27.2f} us")
+                     f"{r['measured_step_s'] * 1e3:>19.3f} ms{r['predicted_step_s'] * 1e6:>27.2f} us"
+                     f"{r['predicted_allreduce_s'] * 1e6:>19.2f} us")
     return "\n".join(lines)
 
 

@@ -21,9 +21,9 @@ Schema (every key always present)::
      "model": {"preset", "params", "dtype"},
      "ceilings": {"matmul_flops_per_s", "bandwidth_bytes_per_s", "copy_bandwidth_bytes_per_s", "method"},
      "prompt_len", "new_tokens",
-     "prefill": {"batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu"},
+     "prefill": {"batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu", "spread"},
      "decode": [{"batch", "context", "step_seconds", "decode_tokens_per_s",
-                 "bytes_per_step", "mbu", "mfu"}, ...],
+                 "bytes_per_step", "mbu", "mfu", "spread"}, ...],
      "streamed_decode": {"batch": 1, "context", "step_seconds", "decode_tokens_per_s", "loop_step_seconds"}
                         or null,
      "ratio", "tp", "weight_bytes_per_device", "all_reduces_per_step",
@@ -60,8 +60,8 @@ from inference_lab.measure.schema import SCHEMA_VERSION
 TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "kernel_tier", "versions", "model", "ceilings",
             "prompt_len", "new_tokens", "prefill", "decode", "streamed_decode", "ratio", "tp",
             "weight_bytes_per_device", "all_reduces_per_step", "complete", "skipped")
-PREFILL_KEYS = ("batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu")
-DECODE_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s", "bytes_per_step", "mbu", "mfu")
+PREFILL_KEYS = ("batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu", "spread")
+DECODE_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s", "bytes_per_step", "mbu", "mfu", "spread")
 STREAMED_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s", "loop_step_seconds")
 
 

@@ -269,12 +269,12 @@ def _from_probe(data: dict, path: Path) -> list:
         spec = None         # nothing to divide by the ceilings: keep the file's MFU and MBU
     pf = data["prefill"]
     recs = [prefill_record(identity, cfg, batch=pf["batch"], prompt_len=pf["prompt_len"], seconds=pf["seconds"],
-                           tp=tp, spec=spec, mfu=pf.get("mfu"))]
+                           tp=tp, spec=spec, mfu=pf.get("mfu"), spread=pf.get("spread"))]
     steps = data["new_tokens"]
     for d in data["decode"]:
         recs.append(decode_record(identity, cfg, batch=d["batch"], context=d["context"], steps=steps,
                                   step_seconds=d["step_seconds"], tp=tp, spec=spec, mbu=d.get("mbu"),
-                                  mfu=d.get("mfu"), bytes_per_step=d["bytes_per_step"]))
+                                  mfu=d.get("mfu"), bytes_per_step=d["bytes_per_step"], spread=d.get("spread")))
     return recs
 
 

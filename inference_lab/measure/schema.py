@@ -48,16 +48,18 @@ MACHINE = {
                    "processor": _TEXT},
 }
 
+# Newer files only (optional): upper over lower quartile of the point's repeats, for the verdicts' noise.
+_SPREAD = {"type": ["number", "null"], "minimum": 1, "maximum": 1e6}
 _PREFILL = {
     "type": "object", "required": ["batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu"],
     "properties": {"batch": _BATCH, "prompt_len": _LENGTH, "seconds": _SECONDS,
-                   "prefill_tokens_per_s": _RATE, "mfu": _FRACTION},
+                   "prefill_tokens_per_s": _RATE, "mfu": _FRACTION, "spread": _SPREAD},
 }
 _DECODE = {
     "type": "object",
     "required": ["batch", "context", "step_seconds", "decode_tokens_per_s", "bytes_per_step", "mbu", "mfu"],
     "properties": {"batch": _BATCH, "context": _LENGTH, "step_seconds": _SECONDS, "decode_tokens_per_s": _RATE,
-                   "bytes_per_step": _OPT_AMOUNT, "mbu": _FRACTION, "mfu": _FRACTION},
+                   "bytes_per_step": _OPT_AMOUNT, "mbu": _FRACTION, "mfu": _FRACTION, "spread": _SPREAD},
 }
 
 PROBE_V1 = {

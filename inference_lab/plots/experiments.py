@@ -112,7 +112,7 @@ def kernel_vs_model(records: Iterable, kernels: Iterable, *, cfg=None, spec=None
     ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")
     ax.set_xlabel("batch size (model) = rows m (kernel)")
     ax.set_ylabel("time relative to batch 1 / m = 1 (x)")
-    ax.set_title(plain_text(title) if title else "The kernel, not the roofline, sets this machine's knee", fontsize=10)
+    ax.set_title(plain_text(title) if title else "The model's step against its matmuls alone and the roofline", fontsize=10)
     ax.legend(fontsize=8, frameon=False, loc="upper left")
     said = [f"model decode step x{recs[-1].step_seconds / recs[0].step_seconds:.3g} at batch {recs[-1].batch}"]
     said += [f"{name} x{ks[-1].seconds / ks[0].seconds:.3g} at m = {ks[-1].m}" for name, ks in series.items()]

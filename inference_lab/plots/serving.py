@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from inference_lab.analytic import economics
+from inference_lab.analytic import economics, roofline
 from inference_lab.plots.style import (
     DECODE_COLOR, DEVICE_MARKERS, GRID, MARKERS, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, describe, new_figure,
     log_axes, batch_ticks, si_ticks, shades, tint)
@@ -27,7 +27,9 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
                      band: tuple[float, float] = (3, 5), title: str | None = None,
                      prefill_mfu: float | Sequence[float] = 1.0) -> Figure:
     """Predicted output/input price ratio against decode batch, one line per context length
-    and prefill MFU assumed (line style), with the 3-5x band providers charge shaded."""
+    and prefill MFU assumed (line style), with the 3-5x band providers charge shaded. Where the
+    spec has a memory size, each line stops at the largest batch that fits at its context
+    (:func:`roofline.max_batch`), marked with an x: a batch that does not fit has no price."""
     mfus = [prefill_mfu] if isinstance(prefill_mfu, (int, float)) else list(prefill_mfu)
     fig, (ax,) = new_figure()
     ax.axhspan(*band, color=tint(OKABE_ITO["orange"]), zorder=0,
@@ -35,11 +37,20 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     ends = []
     for j, mfu in enumerate(mfus):
         for i, (color, ctx) in enumerate(zip(shades(DECODE_COLOR, len(contexts)), contexts)):
-            ratios = economics.price_ratio_vs_batch(cfg, spec, batches, context=ctx, dtype=dtype, prefill_mfu=mfu)
-            ends.append(f"context {ctx:,} at {mfu:.0%} MFU: {ratios[0]:,.3g}x at batch {batches[0]} to "
-                        f"{ratios[-1]:,.3g}x at {batches[-1]}")
-            ax.plot(batches, ratios, marker=MARKERS[(i + j * len(contexts)) % len(MARKERS)], ls=_LINESTYLES[j % 4],
+            full = roofline.max_batch(cfg, spec, ctx) if spec.memory_bytes else None
+            bs = [b for b in batches if full is None or b <= full]
+            if full and full < batches[-1] and full not in bs:
+                bs.append(full)
+            if not bs:
+                continue
+            ratios = economics.price_ratio_vs_batch(cfg, spec, bs, context=ctx, dtype=dtype, prefill_mfu=mfu)
+            stop = " (memory full)" if full and full < batches[-1] else ""
+            ends.append(f"context {ctx:,} at {mfu:.0%} MFU: {ratios[0]:,.3g}x at batch {bs[0]} to "
+                        f"{ratios[-1]:,.3g}x at {bs[-1]}{stop}")
+            ax.plot(bs, ratios, marker=MARKERS[(i + j * len(contexts)) % len(MARKERS)], ls=_LINESTYLES[j % 4],
                     color=color, ms=5, mec="white", label=f"context {ctx:,} tokens, prefill at {mfu:.0%} MFU")
+            if stop:
+                ax.plot([bs[-1]], [ratios[-1]], "x", color="black", ms=9, mew=2, zorder=5)
     log_axes(ax, x=False)
     batch_ticks(ax, batches)
     si_ticks(ax, "y")
@@ -48,8 +59,8 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     ax.set_title(title or f"Why output costs more: {cfg.name} on {spec.name} (roofline)")
     ax.legend(fontsize=8, frameon=False)
     return describe(fig, f"Predicted output/input price ratio of {cfg.name} on {spec.name} against decode batch, "
-                          f"one line per context: {'; '.join(ends)}; shaded band: the {band[0]:g}-{band[1]:g}x "
-                          "providers charge.")
+                          f"one line per context (a line ends, marked x, where memory is full): {'; '.join(ends)}; shaded band: "
+                          f"the {band[0]:g}-{band[1]:g}x providers charge.")
 
 
 def _style(name: str, i: int, n: int) -> dict:
@@ -159,13 +170,17 @@ def latency_distributions(results: dict) -> Figure:
 def goodput_plot(rows: Sequence[dict], *, x: str = "rate", series: str = "config",
                  slo: str | None = None, title: str | None = None) -> Figure:
     """Goodput (requests/s meeting the SLO) against offered load, one line per ``series``
-    value (a mode, or an xPyD split such as ``"6P2D"``), with the ideal (every request good)."""
+    value (a mode, or an xPyD split such as ``"6P2D"``), with the most a run can score: every
+    request good, counted like goodput over the run's duration (first arrival to last token), so
+    below the offered load by the time the last answers take to finish."""
     rows = [r for r in rows if r.get("goodput_rps") is not None]
     if not rows:
         raise ValueError("goodput_plot needs summary rows computed with an slo=SLO(...)")
     fig, (ax,) = new_figure(width=8.0, height=4.8)
     xs_all = sorted({r[x] for r in rows})
-    ax.plot(xs_all, xs_all, color="#999999", lw=1, ls=":", label="every request meets the SLO")
+    best = [max(r["request_throughput"] for r in rows if r[x] == v) for v in xs_all]
+    ax.plot(xs_all, xs_all, color="#bbbbbb", lw=1, ls=":", label="offered load")
+    ax.plot(xs_all, best, color="#777777", lw=1, ls="--", label="every request meets the SLO (completed / duration)")
     names = _series(rows, series)
     for i, name in enumerate(names):
         mine = sorted((r for r in rows if r[series] == name), key=lambda r: r[x])
@@ -180,8 +195,8 @@ def goodput_plot(rows: Sequence[dict], *, x: str = "rate", series: str = "config
     ax.legend(fontsize=7, frameon=False, loc="upper left", ncol=2)
     peaks = [f"{name} peaks at {max(r['goodput_rps'] for r in rows if r[series] == name):,.3g}" for name in names]
     return describe(fig, f"Goodput (requests/s meeting the SLO) against offered load, one line, marker and style "
-                          f"per {series}: {'; '.join(peaks)} requests/s; a dotted diagonal where every request "
-                          "meets the SLO.")
+                          f"per {series}: {'; '.join(peaks)} requests/s; a dotted diagonal at the offered load and a dashed "
+                          "line at the most a run can score, every request meeting the SLO over the run's duration.")
 
 
 def pool_balance_plot(splits: Sequence[str], prefill_rps: Sequence[float], decode_rps: Sequence[float], *,
