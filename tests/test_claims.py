@@ -79,6 +79,14 @@ def test_cache_saving_as_predicted():
     assert claims.cache_saving_as_predicted(n, [1.1e-3] * len(n), flat, tiny)
     # predicted not to show, yet the uncached steps are 6x slower: the prediction missed something
     assert not claims.cache_saving_as_predicted(n, [x * 3 for x in grows], flat, tiny)
+    # a busy machine: every step 1.75x slower. The cached step the prediction rests on is slower too,
+    # so the predicted ratio falls (x3.4 -> x2.4) and the verdict still decides the same way
+    busy = claims.cache_saving_as_predicted(n, [x * 1.75 for x in grows], [x * 1.75 for x in flat], big)
+    assert busy.holds and "x2.39 a cached step" in busy.evidence
+    # steps that scatter by 2x from one to the next, around a ratio just above the margin: undecided
+    jitter = [1.0 if i % 2 else 2.0 for i in range(len(n))]
+    scattered = claims.cache_saving_as_predicted(n, [0.8e-3 * 2.0 * j for j in jitter], [0.8e-3 * j for j in jitter], big)
+    assert scattered and not scattered.decided
     with pytest.raises(ValueError, match="at least 8"):
         claims.cache_saving_as_predicted(n[:4], grows[:4], flat[:4], big[:4])
 

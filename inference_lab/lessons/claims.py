@@ -138,31 +138,43 @@ def writing_slower_than_reading(prefill, decode, *, ideal: float) -> Verdict:
                    + _noise_note(u))
 
 
+def _spread_of(seconds) -> float:
+    """Upper over lower quartile of a list of step times (1 for fewer than four)."""
+    if len(seconds) < 4:
+        return 1.0
+    q = statistics.quantiles(seconds, n=4)
+    return q[2] / q[0] if q[0] > 0 else 1.0
+
+
 def cache_saving_as_predicted(lengths, uncached_s, cached_s, predicted_uncached_s, *, visible: float = 2.0) -> Verdict:
     """Without the KV cache every step runs the model over the whole text so far; with it, over
-    one new token. Whether that difference shows on the clock is predicted first: it shows when
-    the roofline's time of a forward over the longest text is more than ``visible`` times the
-    measured cached step (which, for a small model, is mostly the fixed cost of the calls).
+    one new token. How much that shows on the clock is predicted first: a step without the cache
+    costs what a cached step costs (its calls, measured) plus the roofline's time of a forward
+    over the whole text, so by the end the uncached step should take ``1 + forward / cached step``
+    times as long.
 
-    Predicted to show: holds if the last quarter's steps without the cache take at least
-    ``visible`` times those with it. Predicted not to show (a GPU, say, where this small model's
-    forward is all launch overhead): holds if they take less than ``2 * visible`` times."""
+    Where that prediction is at least ``visible`` (the saving should show), the claim holds if the
+    last quarter's uncached steps take at least the log-midpoint of it; where it is below (a GPU,
+    say, where this small model's steps are all launch overhead), it holds if they stay within
+    ``visible`` times the cached ones. The step lists' own spread is the noise."""
     _need(len(lengths) == len(uncached_s) == len(cached_s) == len(predicted_uncached_s) >= 8,
           "pass one length, uncached time, cached time and predicted time per step, at least 8 steps")
     q = max(2, len(lengths) // 4)
     cached_step = statistics.median(cached_s[1:])          # the first cached step is the prefill
-    show = predicted_uncached_s[-1] > visible * cached_step
+    predicted = 1 + predicted_uncached_s[-1] / cached_step
     ratio = statistics.median(uncached_s[-q:]) / statistics.median(cached_s[-q:])
     growth = statistics.median(uncached_s[-q:]) / statistics.median(uncached_s[1:q + 1])
-    evidence = (f"predicted forward over {lengths[-1]} tokens {predicted_uncached_s[-1] * 1e3:,.3g} ms vs measured "
-                f"cached step {cached_step * 1e3:,.3g} ms, so the saving should {'' if show else 'not '}show; "
-                f"last {q} steps: without the cache {ratio:,.2f}x the cached time (it grew {growth:,.2f}x "
-                f"from the first steps)")
-    if show:
-        return Verdict(f"without the KV cache a step costs at least {visible:g}x a cached one by the end",
-                       ratio >= visible, evidence)
-    return Verdict(f"this model is too small for the cache's saving to show here: both steps within "
-                   f"{2 * visible:g}x", ratio < 2 * visible, evidence)
+    u = math.sqrt(_spread_of(cached_s[1:]) * _spread_of(uncached_s[-q:]))
+    evidence = (f"predicted: a cached step's {cached_step * 1e3:,.3g} ms plus a forward over {lengths[-1]} tokens "
+                f"({predicted_uncached_s[-1] * 1e3:,.3g} ms at the roofline), x{predicted:.2f} a cached step; last {q} "
+                f"steps: without the cache x{ratio:,.2f} the cached time (it grew x{growth:,.2f} from the first steps)"
+                + _noise_note(u))
+    if predicted >= visible:
+        need = log_midpoint(predicted)
+        return Verdict(f"without the KV cache a step costs at least x{need:.2f} a cached one by the end (half the "
+                       f"predicted x{predicted:.2f}, on a log scale)", decide(ratio, need, u), evidence)
+    return Verdict(f"this model is too small for the cache's saving to show here: both steps within {visible:g}x",
+                   decide(ratio, visible, u, at_least=False), evidence)
 
 
 def small_model_mostly_fixed_costs(small, small_hollow, large, large_hollow, *, factor: float = 3.0) -> Verdict:
@@ -364,10 +376,11 @@ def _b(n):
     return f"{n:,.0f} B"
 
 
-def phases_sit_under_their_roofs(prefill, decode, spec, dtype, *, prefill_reach: float = 1 / 3,
+def phases_sit_under_their_roofs(prefill, decode, spec, dtype, *, prefill_reach: float = 0.25,
                                  decode_reach: float = 0.15, below_peak: float = 0.2) -> Verdict:
     """Each phase runs toward the roof the roofline puts over it, and not the other's: the long
-    prefill at ``prefill_reach`` or more of the compute peak; the batch-1 decode step at
+    prefill at ``prefill_reach`` or more of the compute peak (the MFU at which notebook 02 calls a
+    prefill compute-bound, :func:`prefill_compute_bound`); the batch-1 decode step at
     ``decode_reach`` or more of its memory roof (its intensity x the read bandwidth) and below
     ``below_peak`` of the compute peak. Same model, same math units: only the intensity differs.
     A decode near the compute peak, or far below its memory roof (overhead-bound: a small model on

@@ -76,7 +76,7 @@ class LessonSizes:
 
 CPU_SIZES = LessonSizes(prompt_len=256, prompt_lengths=(32, 64, 128, 256, 512), prefill_lengths=(1, 4, 16, 64, 256),
                         decode_contexts=(256, 768, 1536), context=256, batch_sizes=(1, 2, 4, 8, 16, 32),
-                        probe_batches=(1, 2, 4, 8, 16), rag_prompt=256, roofline_batches=(1, 2, 4, 8, 32))
+                        probe_batches=(1, 2, 4, 8, 16, 32), rag_prompt=256, roofline_batches=(1, 2, 4, 8, 32))
 
 
 GPU_SIZES = LessonSizes(prompt_len=512, prompt_lengths=(128, 256, 512, 1024, 2048),
