@@ -41,7 +41,7 @@ import math
 from inference_lab.base import checks
 
 __all__ = ["Cost", "weight_bytes", "kv_bytes_per_token", "attention_intensity", "kv_cache_bytes", "prefill_cost", "decode_cost",
-           "decode_loop_cost", "forward_cost_no_attention", "without_kv", "forward_intensity"]
+           "verify_cost", "decode_loop_cost", "forward_cost_no_attention", "without_kv", "forward_intensity"]
 
 
 # ----------------------------------------------------------------------------- the Cost type
@@ -174,6 +174,31 @@ def decode_cost(cfg, batch: int, context: int, *, tp: int = 1) -> Cost:
         embedding_rows=batch * cfg.d_model * cfg.dtype_bytes / tp,
         kv_read=batch * context * kv_tok,
         kv_write=batch * kv_tok,
+    )
+
+
+def verify_cost(cfg, batch: int, context: int, tokens: int, *, tp: int = 1) -> Cost:
+    """FLOPs and bytes of ONE verify step (speculative decoding's check, ``engine.verify``):
+    ``tokens`` new tokens per row after ``context`` cached ones, in one forward.
+
+    The weights are read once for all ``batch x tokens`` tokens (so a verify of a few tokens
+    costs the bytes of one decode step); every token costs its matmul FLOPs and the head (each
+    position's logits are checked); token ``j`` attends to ``context + j + 1`` keys. The lab's
+    verify runs the decode-attention kernel once per new token, so the cache is read ``tokens``
+    times (small next to the weights at a short context). ``tokens=1`` is :func:`decode_cost`.
+    """
+    tokens = checks.count("tokens", tokens)
+    step = decode_cost(cfg, batch, context, tp=tp)
+    if tokens == 1:
+        return step
+    keys = tokens * context + tokens * (tokens + 1) / 2       # per row, over the new tokens
+    return _cost(
+        matmul=step.parts["matmul"] * tokens,
+        attention=4 * cfg.n_layers * (cfg.n_heads // tp) * cfg.head_dim * keys * batch,
+        weights=step.parts["weights"],
+        embedding_rows=step.parts["embedding_rows"] * tokens,
+        kv_read=step.parts["kv_read"] * tokens,
+        kv_write=step.parts["kv_write"] * tokens,
     )
 
 

@@ -476,3 +476,90 @@ def decode_memory_bound_predicted(cfg, spec, dtype=None, *, batch: int = 1, cont
                       f"memory {memory * 1e3:,.3g} ms, compute {compute * 1e3:,.3g} ms, overhead {fixed * 1e3:,.3g} ms "
                       f"at context {context} (intensity {cost.intensity:.2f} FLOP/byte against a ridge of "
                       f"{spec.ridge_point(dtype):.1f})")
+
+
+# ----------------------------------------------------------------------------- 08
+def _verify_ratio(verifies, batch, tokens):
+    """Measured verify-of-``tokens`` over one-token step at ``batch``, and the two records."""
+    by = {(r.batch, r.tokens): r for r in verifies}
+    _need((batch, 1) in by and (batch, tokens) in by,
+          f"pass verify records at batch {batch} for 1 and {tokens} tokens")
+    one, many = by[(batch, 1)], by[(batch, tokens)]
+    return many.seconds / one.seconds, one, many
+
+
+def verify_costs_about_one_step(verifies, k: int, *, predicted: float) -> Verdict:
+    """Checking ``k`` guesses (a verify of ``k + 1`` tokens per row at batch 1) costs about one
+    decode step, not ``k + 1``: the step is bound by reading the weights, which the ``k + 1``
+    tokens share. ``predicted`` is the roofline's verify / step on this machine. Holds if the
+    measured ratio is at most the log-midpoint between that and ``k + 1`` (the ratio if every
+    token cost a step of its own: a step bound by its FLOPs, or by work done per token)."""
+    _need(k >= 1, "k must be at least 1")
+    _need(1.0 <= predicted < k + 1, "predicted must be the roofline's ratio, in 1..k+1")
+    ratio, one, many = _verify_ratio(verifies, 1, k + 1)
+    need, u = log_midpoint(predicted, k + 1), noise(one, many)
+    return Verdict(f"a verify of {k + 1} tokens costs at most {need:.2f} decode steps (between the roofline's "
+                   f"{predicted:.2f} and the {k + 1} of a step per token, on a log scale)",
+                   decide(ratio, need, u, at_least=False),
+                   f"1 token: {one.seconds * 1e3:,.3f} ms, {k + 1} tokens: {many.seconds * 1e3:,.3f} ms: "
+                   f"x{ratio:.2f} (predicted x{predicted:.2f})" + _noise_note(u))
+
+
+def speedup_as_predicted(plain, speculative, *, predicted: float, min_effect: float = 1.25) -> Verdict:
+    """Speculative decoding changes decode's speed as the cost model predicted it would, made
+    before the run from the measured acceptance rate and step times: a predicted speed-up of at
+    least ``min_effect`` must reach the log-midpoint between no change and ``predicted``; a
+    predicted slow-down (a draft never right, or too costly: ``predicted`` at most ``1 /
+    min_effect``) must reach the log-midpoint the other way. A prediction in between has no effect
+    to test: undecided. The text is checked apart (speculation never changes it)."""
+    _need(plain.draft is None and speculative.draft is not None, "pass the plain record, then a speculative one")
+    _need(plain.batch == speculative.batch and plain.new_tokens == speculative.new_tokens,
+          "pass records of the same prompts and lengths")
+    gain = plain.seconds / speculative.seconds
+    u = noise(plain, speculative)
+    evidence = (f"plain {plain.tokens_per_s:,.1f} tok/s, {speculative.draft} k={speculative.k} "
+                f"{speculative.tokens_per_s:,.1f} tok/s: x{gain:.2f} (predicted x{predicted:.2f}; "
+                f"{speculative.tokens_per_step:.2f} tokens per target step, acceptance "
+                f"{speculative.acceptance:.0%})" + _noise_note(u))
+    need = log_midpoint(predicted)
+    if predicted >= min_effect:
+        return Verdict(f"speculation ({speculative.draft}, k={speculative.k}) writes at least x{need:.2f} the "
+                       f"tokens/s of plain decode (half the predicted x{predicted:.2f}, on a log scale)",
+                       decide(gain, need, u), evidence)
+    if predicted <= 1 / min_effect:
+        return Verdict(f"speculation ({speculative.draft}, k={speculative.k}) is slower than plain decode: at most "
+                       f"x{need:.2f} its tokens/s (half the predicted x{predicted:.2f}, on a log scale)",
+                       decide(gain, need, u, at_least=False), evidence)
+    return Verdict(f"the cost model predicts x{predicted:.2f}: too close to plain decode to test", None, evidence)
+
+
+def verification_stops_being_free(verifies, k: int, *, predicted_small: float, predicted_large: float,
+                                  min_effect: float = 1.25, nearly_free: float = 1.5) -> Verdict:
+    """At a large batch a verify of ``k + 1`` tokens per row costs more decode steps than at batch
+    1: the batch's tokens already use the compute that made checking guesses free, so speculation
+    and batching spend the same idle FLOPs. ``predicted_small`` / ``predicted_large``: the
+    roofline's verify / step at the smallest and largest batch of the records. Holds if the
+    measured ratio grows by at least the log-midpoint of the predicted growth. Undecided where the
+    roofline predicts less than ``min_effect`` of growth at these batches (the knee is further out),
+    or where the verify is not nearly free even at the smallest batch (its ratio more than
+    ``nearly_free`` times the roofline's): then there is no idle compute to use up."""
+    batches = sorted({r.batch for r in verifies})
+    _need(len(batches) >= 2, "pass verify records at two batches or more")
+    small, _, s_many = _verify_ratio(verifies, batches[0], k + 1)
+    large, _, l_many = _verify_ratio(verifies, batches[-1], k + 1)
+    growth, predicted = large / small, predicted_large / predicted_small
+    u = noise(*[r for r in verifies if r.batch in (batches[0], batches[-1]) and r.tokens in (1, k + 1)])
+    evidence = (f"verify of {k + 1} tokens / step: x{small:.2f} at batch {batches[0]}, x{large:.2f} at batch "
+                f"{batches[-1]} (grew x{growth:.2f}; the roofline: x{predicted_small:.2f} -> x{predicted_large:.2f}, "
+                f"growth x{predicted:.2f})" + _noise_note(u))
+    if predicted < min_effect:
+        return Verdict(f"the roofline predicts verification stays nearly free up to batch {batches[-1]} here: "
+                       "nothing to test", None, evidence)
+    if small > nearly_free * predicted_small:
+        return Verdict(f"checking {k} guesses is not nearly free even at batch {batches[0]} here (x{small:.2f} a step, "
+                       f"more than {nearly_free:g}x the roofline's x{predicted_small:.2f}): the batch has no idle "
+                       "compute left to use up, so the growth cannot show", None, evidence)
+    need = log_midpoint(predicted)
+    return Verdict(f"from batch {batches[0]} to {batches[-1]} a verify of {k + 1} tokens grows at least x{need:.2f} "
+                   "more costly against a decode step (half the roofline's growth, on a log scale)",
+                   decide(growth, need, u), evidence)

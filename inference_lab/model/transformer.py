@@ -7,8 +7,8 @@
 Two layers of code:
 
 1. **Pure functions over a dict of arrays** (:func:`prefill_forward`, :func:`decode_forward`,
-   :func:`forward`). They are what the engine jits. Every matmul is ``pk.matmul`` on a 2-D
-   view, prefill attention is ``pk.flash_attention``, decode attention is
+   :func:`verify_forward`, :func:`forward`). They are what the engine jits. Every matmul is
+   ``pk.matmul`` on a 2-D view, prefill attention is ``pk.flash_attention``, decode attention is
    ``pk.decode_attention``, all with the same ``mode``. Head counts and the vocabulary size
    are read from the *local* weight shapes, and the two partial sums of a tensor-parallel
    layer are ``psum``-ed over the mesh axis ``"tp"`` only when that axis exists, so the same
@@ -192,6 +192,27 @@ def decode_attention(p, h, kc, vc, *, lengths, cfg, mode):
     return _attention_out(p, attn, mode), kc, vc
 
 
+def verify_attention(p, h, kc, vc, *, lengths, cfg, mode):
+    """``T`` new tokens per row, at positions ``lengths[b] .. lengths[b] + T - 1`` (speculative
+    decoding's check of ``T - 1`` guesses). h [B, T, D]. Q, K and V of all ``T`` tokens come out of
+    one matmul (the weights are read once, as in prefill) and their K/V go into the caches at
+    once. Attention is the decode kernel, called once for all ``B x T`` tokens: token ``j`` of row
+    ``b`` is one query over row ``b``'s cache that sees ``lengths[b] + j + 1`` keys, the cache and
+    the new tokens up to itself, exactly as ``T`` decode steps would. Each token's query needs its
+    row's cache, so the cache is repeated ``T`` times for the call (a copy, small next to the
+    weights at the contexts speculation is used at); one call rather than ``T`` matters on a
+    CPU, where each call of a small kernel costs a fixed tenth of a millisecond or more."""
+    b, t = h.shape[:2]
+    positions = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)     # [B, T]
+    q, k, v = _qkv(p, h, positions, cfg, mode)                      # [B,T,Hq,Dh], [B,T,Hkv,Dh]
+    rows = jnp.arange(b)[:, None]
+    kc = kc.at[rows, positions].set(k.astype(kc.dtype), mode="promise_in_bounds")
+    vc = vc.at[rows, positions].set(v.astype(vc.dtype), mode="promise_in_bounds")
+    attn = pk.decode_attention(q.reshape(b * t, *q.shape[2:]), jnp.repeat(kc, t, axis=0),
+                               jnp.repeat(vc, t, axis=0), (positions + 1).reshape(b * t), mode=mode)
+    return _attention_out(p, attn.reshape(b, t, *attn.shape[1:]), mode), kc, vc
+
+
 # ----------------------------------------------------------------------------- the block and forwards
 def block(p, x, kc, vc, attention, *, cfg, mode):
     """One transformer layer, read like nanoGPT's ``Block``::
@@ -246,6 +267,17 @@ def decode_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
     attention = functools.partial(decode_attention, lengths=lengths, cfg=cfg, mode=mode)
     x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
     return _logits(params, x, cfg, mode), new_k, new_v
+
+
+def verify_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
+    """``T`` tokens per row at positions ``lengths[b]`` onwards: tokens [B, T] int32. Returns
+    (float32 logits [B, T, V] at every new position, k_caches, v_caches); ``lengths`` is not
+    advanced here. With ``T = 1`` it is :func:`decode_forward`."""
+    b, t = tokens.shape
+    x = _embed(params, tokens, cfg)                               # [B, T, D]
+    attention = functools.partial(verify_attention, lengths=lengths, cfg=cfg, mode=mode)
+    x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
+    return _logits(params, x.reshape(b * t, -1), cfg, mode).reshape(b, t, -1), new_k, new_v
 
 
 def forward(params, tokens, *, cfg, mode):

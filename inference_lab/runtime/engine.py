@@ -5,6 +5,8 @@
 - :func:`decode_step` runs one new token per row (memory-bound at small batch: every weight
   is read for just ``B`` tokens) and appends its K/V to the cache.
 - :func:`generate` = prefill + a jitted loop of decode steps with sampling.
+- :func:`verify` runs a few new tokens per row in one forward; :func:`check_guesses` is
+  speculative decoding's greedy check built on it (argmax, the guesses kept, the rollback).
 
 How it is compiled (each choice was measured; docs/architecture.md has the figures):
 - The model's weights are taken out as a plain dict (``model.params()``) and passed to a
@@ -44,7 +46,7 @@ from jax.sharding import PartitionSpec as P
 from inference_lab.model import parallel
 from inference_lab.base import tokenizer
 from inference_lab.model.kv_cache import KVCache
-from inference_lab.model.transformer import check_tokens, decode_forward, prefill_forward
+from inference_lab.model.transformer import check_tokens, decode_forward, prefill_forward, verify_forward
 
 
 # ----------------------------------------------------------------------------- jitted cores
@@ -75,6 +77,22 @@ def _decode_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=
     logits, k_caches, v_caches = _spmd(decode_forward, mesh, cfg=cfg, mode=mode)(
         params, tokens, lengths, k_caches, v_caches)
     return logits, k_caches, v_caches, lengths + 1
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
+def _verify_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=None):
+    logits, k_caches, v_caches = _spmd(verify_forward, mesh, cfg=cfg, mode=mode)(
+        params, tokens, lengths, k_caches, v_caches)
+    return logits, k_caches, v_caches, lengths + tokens.shape[1]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
+def _check_guesses_jit(params, tokens, lengths, k_caches, v_caches, active, *, cfg, mode, mesh=None):
+    logits, k_caches, v_caches = _spmd(verify_forward, mesh, cfg=cfg, mode=mode)(
+        params, tokens, lengths, k_caches, v_caches)
+    chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)                       # [B, T]
+    right = jnp.sum(jnp.cumprod(chosen[:, :-1] == tokens[:, 1:], axis=1), axis=1).astype(jnp.int32)
+    return chosen, right, k_caches, v_caches, lengths + jnp.where(active, right + 1, 0)
 
 
 def _sample(logits, key, temperature, top_k):
@@ -156,6 +174,17 @@ def _check_cache(model, cache, what: str) -> None:
                          "create it with KVCache.create(model.cfg, batch, max_len)")
 
 
+def _tokens_per_row(model, tokens, cache, what: str) -> np.ndarray:
+    """tokens [B, T] checked for ``what`` (verify, check_guesses): one row per cache row, room for T."""
+    _check_cache(model, cache, f"{what}()")
+    tokens = _as_tokens(tokens, "tokens", 2, model.cfg)
+    if tokens.shape[0] != cache.batch:
+        raise ValueError(f"tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows; "
+                         "give T tokens per row, as tokens [B, T]")
+    _check_room(model, cache, tokens.shape[1], f"{what} of {tokens.shape[1]} tokens")
+    return tokens
+
+
 # ----------------------------------------------------------------------------- public API
 def prefill(model, tokens, cache: KVCache, lengths=None):
     """Run prompts through the model and fill an empty cache.
@@ -213,6 +242,49 @@ def decode_step(model, next_tokens, cache: KVCache):
     return logits, KVCache(ks, vs, lengths, host_lengths=host)
 
 
+def verify(model, tokens, cache: KVCache):
+    """``T`` tokens per row in one forward: tokens [B, T] written at ``cache.lengths[b]`` onwards,
+    token ``j`` attending to the cache and the new tokens before it. What ``T`` decode steps fed
+    these tokens would compute, with the weights read once (speculative decoding checks its
+    guesses so: :mod:`inference_lab.runtime.speculative`).
+
+    Returns (float32 logits [B, T, V], the cache with lengths + T). The cache passed in is donated;
+    :meth:`KVCache.rewound` takes back the positions a caller does not keep.
+    """
+    tokens = _tokens_per_row(model, tokens, cache, "verify")
+    host = cache.host_lengths + tokens.shape[1]
+    lengths = cache.lengths
+    ks, vs = parallel.place_cache(model.mesh, *cache.donate("verify"))
+    logits, ks, vs, lengths = _verify_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
+                                          cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
+    return logits, KVCache(ks, vs, lengths, host_lengths=host)
+
+
+def check_guesses(model, tokens, cache: KVCache, active=None):
+    """Speculative decoding's greedy check, in one program: :func:`verify` of tokens [B, T] (each
+    row's last emitted token, then its ``T - 1`` guesses), the model's argmax at every position,
+    how many leading guesses equal it, and the cache rolled back to keep just those.
+
+    Returns (``chosen`` [B, T] int32: the argmax after each fed token, ``right`` [B] int32: leading
+    guesses that were right, both NumPy; the cache, each ``active`` row (default: all) holding its
+    last token and its ``right`` kept guesses, the others back where they were). Row ``b``'s new
+    tokens are ``tokens[b, 1:right[b] + 1]`` and then ``chosen[b, right[b]]``. The cache is donated.
+    """
+    tokens = _tokens_per_row(model, tokens, cache, "check_guesses")
+    active = np.ones(cache.batch, bool) if active is None else np.asarray(active)
+    if active.shape != (cache.batch,) or active.dtype != bool:
+        raise ValueError(f"active must be [B]=[{cache.batch}] booleans (the rows still writing), "
+                         f"got shape {active.shape} dtype {active.dtype}")
+    held, lengths = cache.host_lengths, cache.lengths
+    ks, vs = parallel.place_cache(model.mesh, *cache.donate("check_guesses"))
+    chosen, right, ks, vs, lengths = _check_guesses_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
+                                                        jnp.asarray(active), cfg=model.cfg, mode=model.kernels,
+                                                        mesh=model.mesh)
+    chosen, right = (np.asarray(x) for x in jax.device_get((chosen, right)))
+    host = held + np.where(active, right + 1, 0).astype(np.int32)
+    return chosen, right, KVCache(ks, vs, lengths, host_lengths=host)
+
+
 def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float = 0.0,
                 top_k: int | None = None, seed: int = 0):
     """``steps`` decode steps in one jitted ``fori_loop``, each feeding the token it sampled.
@@ -249,13 +321,11 @@ def check_sampling(temperature, top_k, vocab):
     return top_k
 
 
-def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0, top_k=None, seed: int = 0):
-    """Continue each prompt by exactly ``max_new_tokens`` tokens (no early stop).
-
-    prompts: a list of token-id lists (ragged allowed), or a str / list of str (encoded by
-    the byte-level tokenizer, with BOS). Returns lists of new ids, or strs for str input
-    (a single str in, a single str out). Same seed, same output.
-    """
+def prompt_rows(prompts, vocab_size: int):
+    """``prompts`` as token-id rows after checking them: a str, a list of str (encoded by the
+    byte-level tokenizer, with BOS) or a list of token-id lists (ragged allowed). Returns
+    ``(rows, as_text, single)``: the rows, whether text came in (text goes out) and whether it
+    was a single str."""
     single = isinstance(prompts, str)
     as_text = single or (isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) for p in prompts))
     if single:
@@ -275,9 +345,29 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
             rows.append([int(t) for t in p])
     if any(len(r) == 0 for r in rows):
         raise ValueError("prompts has an empty row; every prompt needs at least one token")
-    bad = [t for r in rows for t in r if not 0 <= t < model.cfg.vocab_size]
+    bad = [t for r in rows for t in r if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"prompts holds ids such as {bad[0]} outside the vocabulary 0..{model.cfg.vocab_size - 1}")
+        raise ValueError(f"prompts holds ids such as {bad[0]} outside the vocabulary 0..{vocab_size - 1}")
+    return rows, bool(as_text), single
+
+
+def padded(rows) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged token rows as ``(tokens [B, T] right-padded with PAD, lengths [B])`` for :func:`prefill`."""
+    lengths = np.array([len(r) for r in rows], np.int32)
+    tokens = np.full((len(rows), int(lengths.max())), tokenizer.PAD, np.int64)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    return tokens, lengths
+
+
+def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0, top_k=None, seed: int = 0):
+    """Continue each prompt by exactly ``max_new_tokens`` tokens (no early stop).
+
+    prompts: a list of token-id lists (ragged allowed), or a str / list of str (encoded by
+    the byte-level tokenizer, with BOS). Returns lists of new ids, or strs for str input
+    (a single str in, a single str out). Same seed, same output.
+    """
+    rows, as_text, single = prompt_rows(prompts, model.cfg.vocab_size)
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
     top_k = check_sampling(temperature, top_k, model.cfg.vocab_size)
@@ -286,12 +376,8 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
         raise ValueError(f"the longest prompt ({longest} tokens) + max_new_tokens={max_new_tokens} is past the "
                          f"model's max_seq_len={model.cfg.max_seq_len}; shorten the prompt or generate fewer tokens")
 
-    lengths = np.array([len(r) for r in rows], np.int32)
-    width = int(lengths.max())
-    tokens = np.full((len(rows), width), tokenizer.PAD, np.int64)
-    for i, r in enumerate(rows):
-        tokens[i, : len(r)] = r
-    cache = KVCache.create(model.cfg, batch=len(rows), max_len=width + int(max_new_tokens))
+    tokens, lengths = padded(rows)
+    cache = KVCache.create(model.cfg, batch=len(rows), max_len=tokens.shape[1] + int(max_new_tokens))
     logits, cache = prefill(model, tokens, cache, lengths)
     key = jax.random.key(seed)
     first = sample(logits, jax.random.fold_in(key, 0), temperature, top_k)

@@ -1,0 +1,239 @@
+"""Speculative decoding: the text is plain greedy decode's token for token (every draft, every k,
+batch 1 and ragged batches, a draft always wrong and one always right), the verify step equals
+decode steps, the cost model against hand-computed values, and its claims fail on counter-data."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from inference_lab.analytic import costs, speculation as cost_model
+from inference_lab.base import hardware, tokenizer
+from inference_lab.base.config import ModelConfig
+from inference_lab.lessons import claims
+from inference_lab.measure.speculation import GenerationRecord, VerifyRecord
+from inference_lab.model import pretrained
+from inference_lab.model.kv_cache import KVCache
+from inference_lab.model.transformer import Transformer
+from inference_lab.runtime import engine
+from inference_lab.runtime.speculative import (ConstantDraft, ModelDraft, NgramDraft, room_needed,
+                                               speculative_generate)
+
+NEW = 40
+PROMPTS = ["ROMEO:", "JULIET:\nO Romeo, Romeo! wherefore art thou", "First Citizen:\nBefore we proceed"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return pretrained.load(kernels="reference")
+
+
+@pytest.fixture(scope="module")
+def weak_draft():
+    """A random one-layer model with the same bytes: a draft that is mostly wrong, and cheap."""
+    cfg = dataclasses.replace(ModelConfig.preset("shakespeare"), name="weak", n_layers=1, d_model=64, n_heads=2,
+                              n_kv_heads=1, d_ff=128)
+    return Transformer(cfg, rngs=nnx.Rngs(3), kernels="reference")
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return {"one": engine.generate(target, PROMPTS[0], NEW), "ragged": engine.generate(target, PROMPTS, NEW)}
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_ngram_draft_writes_plain_greedy_text(target, plain, k):
+    one = speculative_generate(target, NgramDraft(), PROMPTS[0], NEW, k=k)
+    assert one.text == [plain["one"]]
+    ragged = speculative_generate(target, NgramDraft(), PROMPTS, NEW, k=k)
+    assert ragged.text == plain["ragged"]
+    assert all(len(t) == NEW for t in ragged.tokens)
+    assert ragged.accepted.sum() > 0            # the greedy text repeats itself: some guesses are kept
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_draft_models_write_plain_greedy_text(target, weak_draft, plain, k):
+    for draft in (ModelDraft(weak_draft), ModelDraft(target), ConstantDraft()):
+        for prompts, want in ((PROMPTS[0], [plain["one"]]), (PROMPTS, plain["ragged"])):
+            assert speculative_generate(target, draft, prompts, NEW, k=k).text == want, (draft.name, k)
+
+
+def test_always_right_and_always_wrong_drafts_bound_the_rounds(target):
+    right = speculative_generate(target, ModelDraft(target), PROMPTS, NEW, k=4)
+    assert right.acceptance_rate == 1.0
+    assert right.tokens_per_step > 4.5          # k + 1 per round, the last round cut at NEW
+    wrong = speculative_generate(target, ConstantDraft(), PROMPTS, NEW, k=4)
+    assert wrong.acceptance_rate == 0.0 and wrong.tokens_per_step == 1.0
+    assert list(wrong.target_steps) == [NEW - 1] * len(PROMPTS)
+    assert all(sum(p) >= NEW and p[0] == 1 for p in right.round_tokens)
+
+
+def test_verify_equals_decode_steps_ragged(target):
+    """verify(T tokens) gives the logits T decode steps give, on a ragged cache."""
+    rows = [tokenizer.encode(p) for p in PROMPTS]
+    tokens, lengths = engine.padded(rows)
+    feed = np.random.default_rng(0).integers(0, 256, (len(rows), 5)).astype(np.int32)
+
+    _, cache = engine.prefill(target, tokens, KVCache.create(target.cfg, len(rows), 64), lengths)
+    verified, cache = engine.verify(target, feed, cache)
+    assert cache.host_lengths.tolist() == (lengths + 5).tolist()
+
+    _, cache = engine.prefill(target, tokens, KVCache.create(target.cfg, len(rows), 64), lengths)
+    stepped = []
+    for j in range(5):
+        logits, cache = engine.decode_step(target, feed[:, j], cache)
+        stepped.append(np.asarray(logits))
+    np.testing.assert_allclose(np.asarray(verified), np.stack(stepped, axis=1), rtol=2e-5, atol=2e-5)
+
+
+def test_ngram_guesses_follow_the_latest_match():
+    d = NgramDraft(max_n=3, min_n=1)
+    assert d.guess_row([5, 1, 2, 9, 9, 1, 2, 7, 7, 1, 2], 3) == [7, 7, 1]   # latest "1 2" is followed by 7 7 1
+    assert d.guess_row([1, 2, 3, 4], 2) == []                             # "4" never seen before
+    assert NgramDraft(min_n=2).guess_row([3, 4, 5, 3, 4], 4) == [5, 3, 4]  # fewer than k left after the match
+
+
+def test_bad_arguments_fail_before_anything_runs(target):
+    with pytest.raises(ValueError, match="k=0 must be"):
+        speculative_generate(target, NgramDraft(), "ROMEO:", 8, k=0)
+    with pytest.raises(ValueError, match="draft="):
+        speculative_generate(target, "ngram", "ROMEO:", 8)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        speculative_generate(target, NgramDraft(), "x" * 200, 60, k=4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        speculative_generate(target, NgramDraft(), "ROMEO:", 0)
+    with pytest.raises(ValueError, match="min_n=3 is larger"):
+        NgramDraft(max_n=2, min_n=3)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        speculative_generate(target, ConstantDraft(4000), "ROMEO:", 8)
+    small_vocab = Transformer(ModelConfig.preset("tiny"), rngs=nnx.Rngs(0), kernels="reference")
+    with pytest.raises(ValueError, match="tokenizer"):
+        speculative_generate(target, ModelDraft(small_vocab), "ROMEO:", 8)
+    assert room_needed(10, 20, 4) == 33
+
+
+# ----------------------------------------------------------------------------- the cost model
+def test_expected_tokens_by_hand():
+    assert cost_model.expected_tokens(0.5, 2) == pytest.approx(1.75)       # 1 + 0.5 + 0.25
+    assert cost_model.expected_tokens(0.0, 5) == 1.0
+    assert cost_model.expected_tokens(1.0, 5) == 6.0
+    assert cost_model.expected_tokens(0.8, 4) == pytest.approx(1 + 0.8 + 0.64 + 0.512 + 0.4096)
+    assert cost_model.acceptance_from_tokens(3.3616, 4) == pytest.approx(0.8, abs=1e-6)
+    with pytest.raises(ValueError, match="acceptance"):
+        cost_model.expected_tokens(1.5, 2)
+
+
+def test_speedup_by_hand():
+    # a = 0.5, k = 2: 1.75 tokens; verify 1.2 steps + 3 draft steps of 0.1: round 1.5 steps
+    assert cost_model.speedup(0.5, 2, step_s=1.0, verify_s=1.2, draft_step_s=0.1) == pytest.approx(1.75 / 1.5)
+    assert cost_model.speedup(0.5, 2, step_s=1.0, verify_s=1.0, draft_steps=0) == pytest.approx(1.75)
+    assert cost_model.speedup(0.0, 4, step_s=1.0, verify_s=1.1) < 1        # a draft never right costs time
+
+
+def test_verify_cost_by_hand():
+    cfg = ModelConfig.preset("shakespeare_large")
+    assert costs.verify_cost(cfg, 2, 100, 1) == costs.decode_cost(cfg, 2, 100)
+    v = costs.verify_cost(cfg, 2, 100, 5)
+    d = costs.decode_cost(cfg, 2, 100)
+    assert v.parts["weights"] == d.parts["weights"]                       # read once
+    assert v.parts["matmul"] == pytest.approx(5 * d.parts["matmul"])
+    keys = 5 * 100 + 5 * 6 / 2                                            # 101 + 102 + ... + 105
+    assert v.parts["attention"] == pytest.approx(4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * keys * 2)
+
+
+def test_speculation_pays_at_small_batch_and_stops_at_large():
+    h100, cfg = hardware.PRESETS["H100_SXM"], ModelConfig.preset("llama3_8b")
+    assert cost_model.verify_over_step(cfg, h100, 4) < 1.05               # bandwidth-bound: nearly free
+    assert cost_model.predicted_speedup(0.7, 4, cfg, h100) > 2.5
+    stop = cost_model.batch_where_it_stops_paying(0.7, 4, cfg, h100, context=1024)
+    assert stop is not None and 32 <= stop <= 1024
+    assert cost_model.verify_over_step(cfg, h100, 4, batch=stop, context=1024) > 2
+    assert cost_model.best_k(0.9, cfg, h100) > cost_model.best_k(0.3, cfg, h100)
+    assert cost_model.compute_bound_tokens(cfg, h100) == pytest.approx(h100.ridge_point("bf16"), rel=0.05)
+
+
+# ----------------------------------------------------------------------------- claims on counter-data
+def _verify(batch, tokens, seconds, spread=1.0):
+    return VerifyRecord(preset="x", batch=batch, context=128, tokens=tokens, seconds=seconds, spread=spread,
+                        flops=1.0, bytes=1.0)
+
+
+def _gen(draft, seconds, *, k=4, tps=1.0, acc=None):
+    return GenerationRecord(preset="x", draft=draft, k=k if draft else 0, batch=1, new_tokens=96, seconds=seconds,
+                            spread=1.02, tokens_per_step=tps, acceptance=acc, tokens=(1, 2))
+
+
+def test_verify_claim_fails_when_each_token_costs_a_step():
+    assert claims.verify_costs_about_one_step([_verify(1, 1, 1.0), _verify(1, 5, 1.3)], 4, predicted=1.08).holds
+    assert claims.verify_costs_about_one_step([_verify(1, 1, 1.0), _verify(1, 5, 4.8)], 4, predicted=1.08).holds is False
+    noisy = [_verify(1, 1, 1.0, 3.0), _verify(1, 5, 2.4, 3.0)]
+    assert claims.verify_costs_about_one_step(noisy, 4, predicted=1.08).holds is None
+
+
+def test_speedup_claim_fails_for_a_draft_never_right():
+    plain = _gen(None, 1.0)
+    assert claims.speedup_as_predicted(plain, _gen("n-gram", 0.5, tps=2.6, acc=0.7), predicted=2.4).holds
+    never = _gen("n-gram", 1.15, tps=1.0, acc=0.0)
+    assert claims.speedup_as_predicted(plain, never, predicted=2.4).holds is False
+    assert claims.speedup_as_predicted(plain, never, predicted=1.1).holds is None
+    # a predicted slow-down: holds when slower, fails when the "slow" draft was as fast as plain
+    assert claims.speedup_as_predicted(plain, _gen("never right", 2.2, tps=1.0, acc=0.0), predicted=0.45).holds
+    assert claims.speedup_as_predicted(plain, _gen("never right", 1.0, tps=1.0, acc=0.0), predicted=0.45).holds is False
+
+
+def test_batch_claim_fails_when_the_verify_cost_does_not_grow():
+    grows = [_verify(1, 1, 1.0), _verify(1, 5, 1.2), _verify(16, 1, 2.0), _verify(16, 5, 7.0)]
+    flat = [_verify(1, 1, 1.0), _verify(1, 5, 1.2), _verify(16, 1, 2.0), _verify(16, 5, 2.4)]
+    kw = dict(predicted_small=1.08, predicted_large=4.0)
+    assert claims.verification_stops_being_free(grows, 4, **kw).holds
+    assert claims.verification_stops_being_free(flat, 4, **kw).holds is False
+    assert claims.verification_stops_being_free(flat, 4, predicted_small=1.0, predicted_large=1.1).holds is None
+    busy = [_verify(1, 1, 1.0), _verify(1, 5, 2.8), _verify(16, 1, 2.0), _verify(16, 5, 5.4)]
+    assert claims.verification_stops_being_free(busy, 4, **kw).holds is None    # not free even at batch 1
+
+
+
+def test_lesson_tables_readings_and_views():
+    from inference_lab.lessons import speculative_decoding as lesson
+    from inference_lab.plots import alt_text
+
+    spec = hardware.PRESETS["H100_SXM"]
+    cfg = ModelConfig.preset("shakespeare_large")
+    ks = (1, 2, 4)
+    verifies = [_verify(b, t, (1.0 + 0.1 * (t - 1)) * (1 if b == 1 else 1.5 + 0.3 * (t - 1)))
+                for b in (1, 16) for t in (1, 2, 3, 5)]
+    predicted_ratio = lesson.predicted_ratios(cfg, spec, ks)
+    assert "extra GFLOP/s" in lesson.verify_table(verifies, predicted_ratio)
+    assert "x1.40 a decode step" in lesson.verify_reading(verifies, predicted_ratio, 4, spec, "float32")
+    fig, text = lesson.batch_view(verifies, cfg, spec, 4, 16)
+    assert "batch 16" in text and "batch 16" in alt_text(fig)
+
+    acceptance = {"n-gram": 0.8, "shakespeare": 0.5}
+    predicted = lesson.predicted_from_steps(verifies, 0.8, 0.2, ks, acceptance)   # the loop's step 0.8 s
+    assert predicted[("n-gram", 4)] == pytest.approx(cost_model.expected_tokens(0.8, 4) * 0.8 / 1.4)
+    assert predicted[("shakespeare", 1)] == pytest.approx(cost_model.expected_tokens(0.5, 1) * 0.8 / (1.1 + 2 * 0.2))
+    assert lesson.best_predicted(predicted, "n-gram") == 4
+    roof = lesson.predicted_speedups(cfg, ModelConfig.preset("shakespeare"), spec, ks, acceptance)
+    assert "x" in lesson.prediction_table(ks, acceptance, predicted, roof)
+
+    plain = _gen(None, 1.0)
+    runs = {(n, k): _gen(n, 1.0 / (1 + 0.2 * k), k=k, tps=1 + 0.5 * k, acc=0.6) for n in acceptance for k in ks}
+    grid = lesson.Grid(plain=plain, runs=runs, ks=ks)
+    assert grid.speedup("n-gram", 4) == pytest.approx(1.8)
+    fig, text = lesson.speedup_view(grid, predicted, "n-gram", 2)
+    assert "k = 2" in text and "n-gram" in alt_text(fig)
+    reading = lesson.speedup_reading(grid, verifies, 0.8, predicted, roof, "n-gram", 4)
+    assert "measured x1.80" in reading and "as a call of its own costs 1000.00 ms" in reading
+    assert "stops paying at batch" in lesson.where_it_stops_paying(0.8, 4, spec)
+
+
+def test_verify_and_check_guesses_refuse_bad_input(target):
+    cache = KVCache.create(target.cfg, 2, 16)
+    with pytest.raises(ValueError, match="batch 1 but the cache holds 2"):
+        engine.verify(target, np.zeros((1, 3), np.int32), cache)
+    with pytest.raises(ValueError, match="past max_len"):
+        engine.verify(target, np.zeros((2, 17), np.int32), cache)
+    with pytest.raises(ValueError, match="active must be"):
+        engine.check_guesses(target, np.zeros((2, 3), np.int32), cache, active=[1, 0])
+    assert not cache.consumed                                            # refused before anything ran
