@@ -208,6 +208,23 @@ def _heldout_loss(eval_fn, params, windows, batch: int) -> float:
     return total / count
 
 
+def evaluate(corpus_path, model, *, heldout_fraction: float = 0.1, seq_len: int = 256, batch: int = 32) -> float:
+    """The held-out loss of ``model`` (a :class:`~inference_lab.model.transformer.Transformer`,
+    e.g. ``pretrained.load(...)``) on ``corpus_path``'s held-out end, split as :func:`train`
+    splits it: nats per byte over every held-out byte, as the end of a training run reports."""
+    import jax.numpy as jnp
+
+    data = read_corpus(corpus_path)
+    _, held = split_corpus(data, _finite("heldout_fraction", heldout_fraction, 0.0, 1.0, lo_open=True,
+                                         hi_open=True), _positive_int("seq_len", seq_len))
+    from inference_lab.model.weights import astype
+
+    params = astype(model.params(), jnp.float32)
+    f32 = dataclasses.replace(model.cfg, dtype="float32")
+    _, _, eval_fn, _ = _build(f32, lr=1e-3, warmup=0, steps=2, weight_decay=0.0)
+    return _heldout_loss(eval_fn, params, heldout_windows(held, seq_len), _positive_int("batch", batch))
+
+
 # ----------------------------------------------------------------------------- train
 def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int = 1200, batch: int = 32,
           seq_len: int = 256, lr: float = 2e-3, warmup: int = 100, weight_decay: float = 0.1,

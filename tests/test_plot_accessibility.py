@@ -211,6 +211,10 @@ FIGURES = {
         + [{"label": "27B on 4xH100 (quoted)", "ideal": 295.0, "measured": 30.4, "quoted": True}]),
     "cache_vs_recompute": lambda: plots.cache_vs_recompute(range(10, 30), [1e-3 * (1 + i / 10) for i in range(20)],
                                                            [8e-4] * 20),
+    "speedup_over_k": lambda: plots.speedup_over_k([1, 2, 3, 4, 6], [0.9, 1.2, 1.4, 1.5, 1.6], [1.0, 1.3, 1.5, 1.7, 1.9],
+                                                   draft="n-gram", highlight=4),
+    "verify_cost_over_batch": lambda: plots.verify_cost_over_batch([1, 2, 4, 8, 16], [1.3, 1.4, 1.9, 2.8, 4.1],
+                                                                   [1.1, 1.2, 1.6, 2.5, 4.5], k=4, highlight=8),
 }
 
 

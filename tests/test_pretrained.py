@@ -6,6 +6,7 @@ import json
 import math
 import os
 
+import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -167,3 +168,62 @@ def test_extra_tensor_and_missing_file_are_reported(mini_file, tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file at all")
     with pytest.raises(ValueError, match="not a readable safetensors file"):
         pretrained.load(path=tmp_path / "junk.safetensors")
+
+
+# ----------------------------------------------------------------------------- the second model
+# Greedy continuation of LARGE_PROMPT by the shipped shakespeare_large weights (reference kernels,
+# f32 on a CPU), as for GOLDEN above. Every step's top-1 logit leads the runner-up by more than
+# 0.024 (checked when it was stored; from "ROMEO:" the lead fell to 0.0017, too close to the last
+# bits of float32 rounding on another processor).
+LARGE_PROMPT = "MENENIUS:"
+GOLDEN_LARGE = "\nI will be so much a stand the state the state,\nAnd then the statue of the state"
+
+
+@pytest.fixture(scope="module")
+def large():
+    return pretrained.load(kernels="reference", preset="shakespeare_large")
+
+
+def test_large_model_matches_its_preset_and_is_stored_in_bf16(large):
+    from safetensors import safe_open
+
+    assert large.cfg == ModelConfig.preset("shakespeare_large") and large.cfg.dtype == "float32"
+    assert all(str(x.dtype) == "float32" for x in jax.tree.leaves(large.params()))
+    with safe_open(str(pretrained.SHIPPED["shakespeare_large"]), framework="numpy") as f:
+        assert {f.get_slice(n).get_dtype() for n in f.keys()} == {"BF16"}
+        assert json.loads(f.metadata()["config"])["dtype"] == "bfloat16"
+    # bigger than the first model, and past a 32 MiB last-level cache as float32
+    assert large.nbytes > 1.5 * 32 * 2**20 and large.cfg.num_params > 7 * ModelConfig.preset("shakespeare").num_params
+
+
+def test_large_model_greedy_text_is_golden(large):
+    assert generate(large, LARGE_PROMPT, len(GOLDEN_LARGE)) == GOLDEN_LARGE
+
+
+def test_heldout_prompts_come_from_text_neither_model_trained_on():
+    prompts = pretrained.heldout_prompts()
+    assert len(prompts) == 8 and all(48 <= len(p) <= 110 and p.endswith(":\n") for p in prompts)
+    source = json.loads(pretrained.HELDOUT_PROMPTS.read_text())
+    assert all(p["offset"] >= 1_003_855 for p in source["prompts"])      # the held-out 10% starts there
+
+
+def test_unknown_preset_and_cast_weights(tmp_path, mini_file):
+    from inference_lab.model import weights
+
+    with pytest.raises(ValueError, match="no shipped weights"):
+        pretrained.load(preset="small")
+    half = tmp_path / "half.safetensors"
+    weights.cast(mini_file, half, "bfloat16")
+    cfg, params = weights.read(half)
+    assert cfg == dataclasses.replace(MINI, dtype="bfloat16") and str(params["head"].dtype) == "bfloat16"
+    with pytest.raises(ValueError, match="dtype="):
+        weights.cast(mini_file, half, "float16")
+
+
+def test_evaluate_reads_the_held_out_end(tmp_path, mini_file):
+    from inference_lab import train
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"to be or not to be, that is the question. " * 40)
+    loss = train.evaluate(corpus, pretrained.load(path=mini_file, kernels="reference"), seq_len=32)
+    assert 0 < loss < 2 * math.log(259)                                   # an untrained model: about ln 259

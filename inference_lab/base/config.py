@@ -7,6 +7,8 @@
 |             |                             | any CPU cache, so decode is visibly bandwidth-bound |
 | ``shakespeare`` | a ~1.7M-parameter byte model | the trained weights the lab ships                 |
 |             |                             | (``inference_lab.model.pretrained.load()``): real text    |
+| ``shakespeare_large`` | a ~12.8M-parameter byte model | its trained sibling, 51 MB of f32 weights: the |
+|             |                             | target of speculative decoding (notebook 08)        |
 | ``base``    | Llama-3.2-1B                | GPU lessons                                         |
 | ``llama3_8b`` | Llama-3-8B                | H200-class GPUs                                     |
 """
@@ -117,6 +119,14 @@ PRESETS: dict[str, ModelConfig] = {
     "shakespeare": ModelConfig(
         name="shakespeare", vocab_size=259, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2,
         head_dim=32, d_ff=512, max_seq_len=256, rope_theta=10_000.0, tie_embeddings=False,
+        dtype="float32",
+    ),
+    # Trained on the same text with the same bytes (inference_lab/weights/README.md): the target of
+    # speculative decoding (notebook 08), with `shakespeare` as its draft. 51 MB of float32
+    # weights, past a laptop's last-level cache, so its batch-1 step is bound by reading them.
+    "shakespeare_large": ModelConfig(
+        name="shakespeare_large", vocab_size=259, d_model=384, n_layers=8, n_heads=6, n_kv_heads=2,
+        head_dim=64, d_ff=1024, max_seq_len=256, rope_theta=10_000.0, tie_embeddings=False,
         dtype="float32",
     ),
     "base": ModelConfig(

@@ -10,6 +10,7 @@
 | ``05_batching``                   | :mod:`.batching`, :mod:`.tensor_parallel` |
 | ``06_on_your_machine``            | :mod:`.on_your_machine`                 |
 | ``07_serving_economics``          | :mod:`.serving_economics`, :mod:`.serving_pools` |
+| ``08_speculative_decoding``       | :mod:`.speculative_decoding`            |
 
 :mod:`.machine` is what they share: this machine, its lesson sizes and model, record tables,
 and how the notebooks show code (a kernel's body, a function or an excerpt of one).

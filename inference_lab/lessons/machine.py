@@ -44,6 +44,8 @@ class LessonSizes:
     decode_steps: int = 8  # decode steps per timed loop
     regime_stream_bytes: tuple = (2**8, 2**16, 2**20, 2**24, 2**26, 2**28)  # the three regimes (04): sums
     regime_matmul_sizes: tuple = (32, 512, 2048)  # ... and square float32 matmuls (512+: at the peak)
+    speculation_ks: tuple = (1, 2, 3, 4, 6)  # guesses per round (08)
+    speculation_batches: tuple = (1, 2, 4, 8, 16)  # verify steps over the batch (08)
 
     def demands(self) -> list:
         """``(where, batch, tokens)`` of every measurement the notebooks make at these sizes: the
@@ -58,7 +60,8 @@ class LessonSizes:
                 ("04: the roofline points", max(self.roofline_batches), self.context + steps),
                 ("05: the batch sweep", max(self.batch_sizes), self.context + steps),
                 ("06: the probe", max(self.probe_batches), self.prompt_len + 8),
-                ("07: measured prices", max(self.probe_batches), self.prompt_len + DECODE_STEPS)]
+                ("07: measured prices", max(self.probe_batches), self.prompt_len + DECODE_STEPS),
+                ("08: verify steps over the batch", max(self.speculation_batches), 128 + max(self.speculation_ks) + 1)]
 
     def problems(self, cfg: ModelConfig, memory_bytes: float | None = None) -> list:
         """What at these sizes the model ``cfg`` cannot run: a sequence past its ``max_seq_len``,
@@ -85,7 +88,7 @@ GPU_SIZES = LessonSizes(prompt_len=512, prompt_lengths=(128, 256, 512, 1024, 204
                         rag_prompt=4000, roofline_batches=(1, 8, 32, 64, 256), new_tokens=(8, 16, 32, 64, 128),
                         kernel_rows=(1, 2, 4, 8, 16, 32, 64, 128), kernel_size=8192, decode_steps=32,
                         regime_stream_bytes=(2**8, 2**16, 2**24, 2**28, 2**30, 2**32),
-                        regime_matmul_sizes=(64, 2048, 8192))
+                        regime_matmul_sizes=(64, 2048, 8192), speculation_batches=(1, 8, 32, 64, 128, 256))
 
 
 DECODE_STEPS = 16  # the default of the lesson functions that take ``steps``

@@ -1,48 +1,79 @@
-"""The trained model the lab ships: a small byte-level model that writes Shakespeare-like text.
+"""The trained models the lab ships: two byte-level models that write Shakespeare-like text.
 
     from inference_lab import generate
     from inference_lab.model import pretrained
     model = pretrained.load()                      # kernels="auto", as Transformer
     print(generate(model, "ROMEO:", 200))
+    target = pretrained.load(preset="shakespeare_large")   # notebook 08's target; `shakespeare` drafts for it
 
-The weights live in the package (``inference_lab/weights/shakespeare.safetensors``, shape:
-the ``shakespeare`` preset); nothing is ever downloaded. ``weights/README.md`` says how they
-were trained (:mod:`inference_lab.train`), on what, and how well. The random-weight presets
-remain the lab's speed measurements' models: how long a matmul takes does not depend on the
-values in it. This one is for seeing the same prefill/decode machinery produce real text.
+The weights live in the package (``inference_lab/weights/*.safetensors``, shapes: the presets
+of :data:`SHIPPED`); nothing is ever downloaded. ``weights/README.md`` says how each was
+trained (:mod:`inference_lab.train`), on what, and how well. The random-weight presets remain
+the lab's speed measurements' models: how long a matmul takes does not depend on the values in
+it. These are for seeing the same prefill/decode machinery produce real text, and for
+speculative decoding, whose speed depends on how often one model guesses another's next byte.
 
-:func:`load` goes through :meth:`Transformer.load`, which checks the file before building the
-model (:mod:`inference_lab.model.weights`): every tensor the config needs must be there with the right
-shape and dtype, and nothing else, so a wrong or damaged file fails with a message naming the
-tensor rather than deep inside a forward pass.
+``shakespeare_large`` is stored in bfloat16 (half the bytes in the repository) and loaded as
+the float32 its preset computes in: every bf16 value is exactly a float32 one, so nothing is
+lost in loading (the README gives its held-out loss as stored).
+
+:func:`load` checks the file before building the model (:mod:`inference_lab.model.weights`):
+every tensor the config needs must be there with the right shape and dtype, and nothing else,
+so a wrong or damaged file fails with a message naming the tensor rather than deep inside a
+forward pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from inference_lab.base.config import ModelConfig
+from inference_lab.model import weights
 
 PRESET = "shakespeare"
-WEIGHTS_PATH = Path(__file__).resolve().parents[1] / "weights" / "shakespeare.safetensors"
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
+SHIPPED = {"shakespeare": WEIGHTS_DIR / "shakespeare.safetensors",
+           "shakespeare_large": WEIGHTS_DIR / "shakespeare_large.safetensors"}
+WEIGHTS_PATH = SHIPPED[PRESET]
+HELDOUT_PROMPTS = WEIGHTS_DIR / "heldout_prompts.json"
 
-def load(kernels: str = "auto", path=None):
-    """The trained model as a :class:`~inference_lab.model.transformer.Transformer` (``kernels`` as there).
 
-    ``path=None`` loads the weights shipped in the package; another path loads any file
-    written by ``Transformer.save`` or ``python -m inference_lab train``. Never downloads.
+def heldout_prompts() -> list[str]:
+    """Eight prompts from the held-out end of the corpus (never trained on): a speech and the
+    next speaker's name, so the model is asked for the next speech. ``heldout_prompts.json``
+    says where each comes from."""
+    import json
+
+    return [p["text"] for p in json.loads(HELDOUT_PROMPTS.read_text())["prompts"]]
+
+
+def load(kernels: str = "auto", path=None, *, preset: str = PRESET):
+    """A trained model as a :class:`~inference_lab.model.transformer.Transformer` (``kernels`` as there).
+
+    ``path=None`` loads the weights the package ships for ``preset`` (a key of :data:`SHIPPED`);
+    another path loads any file written by ``Transformer.save`` or ``python -m inference_lab
+    train``. A file stored in another dtype than its preset computes in is cast to the preset's.
+    Never downloads.
     """
     from inference_lab.model.transformer import Transformer
 
+    if preset not in SHIPPED:
+        raise ValueError(f"preset={preset!r} has no shipped weights; choose one of {', '.join(SHIPPED)}")
     shipped = path is None
-    path = WEIGHTS_PATH if shipped else Path(path)
+    path = SHIPPED[preset] if shipped else Path(path)
     if shipped and not path.is_file():
         raise ValueError(
             f"the shipped weights {str(path)!r} are missing: this copy of inference_lab was installed "
             "without its package data, or the file was deleted. Reinstall the package, or train them "
             "again with the command in inference_lab/weights/README.md (nothing is downloaded)")
-    model = Transformer.load(path, kernels=kernels)   # every tensor checked against the file's config
-    if shipped and model.cfg != ModelConfig.preset(PRESET):
-        raise ValueError(f"the shipped weights {str(path)!r} were trained for {model.cfg}, but the "
-                         f"{PRESET!r} preset is now {ModelConfig.preset(PRESET)}; make them agree")
-    return model
+    if not shipped:
+        return Transformer.load(path, kernels=kernels)   # every tensor checked against the file's config
+    cfg, params = weights.read(path)                    # checked against the file's config
+    want = ModelConfig.preset(preset)
+    if dataclasses.replace(cfg, dtype=want.dtype) != want:
+        raise ValueError(f"the shipped weights {str(path)!r} were trained for {cfg}, but the "
+                         f"{preset!r} preset is now {want}; make them agree")
+    if cfg.dtype != want.dtype:
+        params = weights.astype(params, want.dtype)
+    return Transformer(want, kernels=kernels, params=params)

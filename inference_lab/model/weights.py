@@ -148,3 +148,22 @@ def read(path) -> tuple[ModelConfig, dict]:
         raise ValueError(f"{source}: the config in its metadata is not a valid ModelConfig ({str(err)[:160]})") from None
     check(cfg, found, source)
     return cfg, nest(load_file(str(path)), cfg)
+
+
+def cast(src, dst, dtype: str) -> None:
+    """Write the model in ``src`` to ``dst`` with every tensor (and the config's ``dtype``) in
+    ``dtype``: how a model trained in float32 is stored in bfloat16 (half the bytes)."""
+    from inference_lab.base.config import DTYPES
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
+    cfg, params = read(src)
+    save(dst, dataclasses.replace(cfg, dtype=dtype), astype(params, dtype))
+
+
+def astype(params: dict, dtype) -> dict:
+    """A :meth:`Transformer.params` dict with every array in ``dtype`` (new arrays)."""
+    import jax.numpy as jnp
+
+    return {k: ([{n: jnp.asarray(x, dtype) for n, x in layer.items()} for layer in v] if k == "layers"
+                else jnp.asarray(v, dtype)) for k, v in params.items()}

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-# The fixed list of lessons (docs/architecture.md): three run end to end, five opened.
+# The fixed list of lessons (docs/architecture.md): three run end to end, six opened.
 RUN_END_TO_END = ["00_setup_check", "01_one_model_two_speeds", "05_batching"]
 OPEN_ONLY = [
     "02_prefill_is_compute_bound",
@@ -38,6 +38,7 @@ OPEN_ONLY = [
     "04_arithmetic_intensity",
     "06_on_your_machine",
     "07_serving_economics",
+    "08_speculative_decoding",
 ]
 RUN_ALL_TIMEOUT_S = 150  # a lesson takes ~30 s on the 2-core CPU; margin for a noisy machine
 

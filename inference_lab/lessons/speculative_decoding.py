@@ -1,0 +1,350 @@
+"""Notebook 08, speculative decoding: the trained pair (a 12.8M-parameter target, the 1.7M
+``shakespeare`` model as its draft), the cost model's predictions on this machine's ceilings,
+what a verify step costs against a decode step (over ``k`` and over the batch), acceptance on
+held-out prompts, and the speed-up over ``k`` for four drafts, predicted and then measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from inference_lab import plots
+from inference_lab.analytic import costs, roofline, speculation as cost_model
+from inference_lab.base import hardware, tokenizer
+from inference_lab.base.config import ModelConfig
+from inference_lab.measure import speculation as measure, timing
+from inference_lab.model import pretrained
+from inference_lab.runtime import engine
+from inference_lab.runtime.speculative import ConstantDraft, ModelDraft, NgramDraft, speculative_generate
+
+TARGET, DRAFT = "shakespeare_large", "shakespeare"
+NEW_TOKENS = 64      # new tokens per prompt in the timed generations
+CONTEXT = 128        # cached tokens of the verify measurements: a prompt and half an answer
+LESSON_K = 4         # the k the batch experiment and the acceptance runs use
+
+
+@functools.lru_cache(maxsize=None)
+def trained_pair(kernels: str = "auto"):
+    """(target, draft): the two shipped models, loaded once per process."""
+    return pretrained.load(kernels, preset=TARGET), pretrained.load(kernels, preset=DRAFT)
+
+
+def prompts() -> list:
+    """The held-out prompts as token rows (BOS first)."""
+    return [tokenizer.encode(p) for p in pretrained.heldout_prompts()]
+
+
+def drafts(target, draft_model) -> dict:
+    """The four drafts of the lesson, from no help to perfect help: name -> draft."""
+    return {"never right": ConstantDraft(), "n-gram": NgramDraft(), "shakespeare": ModelDraft(draft_model),
+            "the target itself": ModelDraft(target)}
+
+
+def where_the_weights_live(cfg: ModelConfig) -> str:
+    """The target's weights against this processor's last-level cache: streamed from memory (the
+    bandwidth-bound step of notebook 03) or re-read from the cache (then the numbers below are
+    faster than a laptop's and the verify ratios flatter)."""
+    nbytes = costs.weight_bytes(cfg)
+    llc = hardware.last_level_cache_bytes()
+    if not llc:
+        return f"{cfg.name}: {nbytes / 1e6:,.1f} MB of weights per step (this processor reports no cache size)"
+    times = nbytes / llc
+    where = ("so every step streams them from memory, as the lesson model's do" if times >= 1.5 else
+             "so a step may re-read part of them from the cache: faster than from memory, and faster than on a laptop")
+    return (f"{cfg.name}: {nbytes / 1e6:,.1f} MB of weights per step, {times:,.1f}x this processor's "
+            f"{llc / 2**20:,.0f} MiB last-level cache, {where}")
+
+
+# ----------------------------------------------------------------------------- predictions
+def predicted_ratios(cfg, spec, ks, *, batch: int = 1, context: int = CONTEXT) -> dict:
+    """k -> the roofline's verify of ``k + 1`` tokens over one decode step."""
+    return {k: cost_model.verify_over_step(cfg, spec, k, batch=batch, context=context) for k in ks}
+
+
+def prediction_table(ks, acceptance: dict, predicted: dict, roofline: dict) -> str:
+    """Before timing any generation: per k and draft, the speed-up predicted from the measured
+    steps and (in brackets) from the roofline alone."""
+    lines = ["acceptance (held out): " + ", ".join(f"{n} {a:.0%}" for n, a in acceptance.items()),
+             "predicted speed-up, from the measured steps (from the roofline):",
+             f"{'k':>3}" + "".join(f"{name:>22}" for name in acceptance)]
+    for k in ks:
+        lines.append(f"{k:>3}" + "".join(f"{f'x{predicted[(n, k)]:.2f} (x{roofline[(n, k)]:.2f})':>22}"
+                                         for n in acceptance))
+    return "\n".join(lines)
+
+
+def predicted_speedups(target_cfg, draft_cfg, spec, ks, acceptance: dict) -> dict:
+    """(draft name, k) -> the cost model's speed-up on this machine's ceilings."""
+    draft_cfgs = {"shakespeare": draft_cfg, "the target itself": target_cfg}
+    return {(name, k): cost_model.predicted_speedup(a, k, target_cfg, spec, draft_cfg=draft_cfgs.get(name))
+            for name, a in acceptance.items() for k in ks}
+
+
+def predicted_from_steps(verifies, plain_step_s: float, draft_step_s: float, ks, acceptance: dict) -> dict:
+    """(draft name, k) -> the cost model's speed-up with times measured here in place of the
+    roofline's: plain decode's step inside its compiled loop (``plain_step_s``, what plain decode
+    pays per token), the verify steps (``verifies``, batch 1, each a call of its own, as a round's
+    is) and the draft model's step as a call (``draft_step_s``). Still a prediction: no
+    generation has been timed."""
+    by = {r.tokens: r.seconds for r in verifies if r.batch == 1}
+    draft_s = {"shakespeare": draft_step_s, "the target itself": by[1]}
+    return {(name, k): cost_model.speedup(a, k, step_s=plain_step_s, verify_s=by[k + 1],
+                                          draft_step_s=draft_s.get(name, 0.0))
+            for name, a in acceptance.items() for k in ks}
+
+
+def plain_step_seconds(target, steps: int = 16) -> float:
+    """Plain decode's batch-1 step inside its compiled loop, at :data:`CONTEXT` (timing.decode_points)."""
+    return timing.decode_points(target, [(1, CONTEXT)], steps)[0].step_seconds
+
+
+def draft_step_seconds(draft_model, context: int = CONTEXT) -> float:
+    """The draft model's one-token step, timed as the target's were."""
+    return measure.verify_sweep(draft_model, tokens=(1,), context=context)[0].seconds
+
+
+def best_predicted(predicted: dict, name: str) -> int:
+    """The k the cost model picks for one draft."""
+    return max((k for n, k in predicted if n == name), key=lambda k: predicted[(name, k)])
+
+
+# ----------------------------------------------------------------------------- measurements
+def verify_steps(model, ks, *, batches=(1,), max_len: int | None = None) -> list:
+    """A one-token step and a verify of ``k + 1`` tokens for each ``k``, at each batch, after
+    :data:`CONTEXT` cached tokens, side by side (:func:`measure.verify_sweep`)."""
+    return measure.verify_sweep(model, tokens=(1,) + tuple(k + 1 for k in ks), batches=batches, context=CONTEXT,
+                                max_len=max_len)
+
+
+def answer_text(tokens) -> str:
+    """Token ids as text (the byte tokenizer's decode)."""
+    return tokenizer.decode(tokens)
+
+
+def acceptance_runs(target, drafts_by_name: dict, k: int = LESSON_K) -> dict:
+    """Every draft on all the held-out prompts at once (a ragged batch), untimed: name -> result.
+    Each result's text is also checked against plain greedy decode."""
+    rows = prompts()
+    plain = engine.generate(target, rows, NEW_TOKENS)
+    out = {}
+    for name, draft in drafts_by_name.items():
+        res = speculative_generate(target, draft, rows, NEW_TOKENS, k=k)
+        if res.tokens != plain:
+            raise AssertionError(f"the {name} draft changed the text: speculation must never do that")
+        out[name] = res
+    return out
+
+
+def acceptance_table(results: dict) -> str:
+    lines = [f"{'draft':<20}{'acceptance':>12}{'tokens/step':>13}{'target steps':>14}"]
+    for name, r in results.items():
+        lines.append(f"{name:<20}{r.acceptance_rate:>12.0%}{r.tokens_per_step:>13.2f}{int(r.target_steps.sum()):>14}")
+    return "\n".join(lines)
+
+
+def show_rounds(result, row: int = 0, width: int = 96) -> str:
+    """One row's answer with a ``|`` after each round: the pieces one target step wrote."""
+    text, pos = [], 0
+    for n in result.round_tokens[row]:
+        text.append(tokenizer.decode(result.tokens[row][pos:pos + n]))
+        pos += n
+    joined = "|".join(text)
+    return "\n".join(joined[i:i + width] for i in range(0, len(joined), width))
+
+
+@dataclasses.dataclass
+class Grid:
+    """The timed generations at batch 1: plain decode and each (draft, k)."""
+
+    plain: measure.GenerationRecord
+    runs: dict          # (draft name, k) -> GenerationRecord
+    ks: tuple
+
+    def speedup(self, name: str, k: int) -> float:
+        return self.plain.seconds / self.runs[(name, k)].seconds
+
+    def table(self, predicted: dict, roofline: dict) -> str:
+        """Measured speed-up, then the predictions from the measured steps and from the roofline."""
+        names = list(dict.fromkeys(n for n, _ in self.runs))
+        lines = [f"plain decode: {self.plain.tokens_per_s:,.1f} tok/s ({self.plain.new_tokens} tokens, batch 1)",
+                 "speed-up measured (predicted from the measured steps / from the roofline):",
+                 f"{'k':>3}" + "".join(f"{n:>26}" for n in names)]
+        for k in self.ks:
+            cells = [f"x{self.speedup(n, k):.2f} ({predicted[(n, k)]:.2f} / {roofline[(n, k)]:.2f})" for n in names]
+            lines.append(f"{k:>3}" + "".join(f"{c:>26}" for c in cells))
+        return "\n".join(lines)
+
+
+def speedup_grid(target, drafts_by_name: dict, ks, *, prompt: int = 0, repeats: int = 3,
+                 new_tokens: int = NEW_TOKENS) -> Grid:
+    """Plain decode and every (draft, k) on one held-out prompt at batch 1, side by side."""
+    configs = [(d, k) for d in drafts_by_name.values() for k in ks]
+    recs = measure.generation_sweep(target, [prompts()[prompt]], new_tokens, configs, repeats=repeats)
+    if not measure.same_text(recs):
+        raise AssertionError("a speculative run wrote other tokens than plain decode")
+    names = [n for n in drafts_by_name for _ in ks]
+    return Grid(plain=recs[0], runs={(n, k): r for n, (_, k), r in zip(names, configs, recs[1:])}, ks=tuple(ks))
+
+
+def speedup_view(grid: Grid, predicted: dict, draft: str, k: int):
+    """Dashboard: the speed-up over k for one draft, measured and predicted, k highlighted."""
+    fig = plots.speedup_over_k(grid.ks, [grid.speedup(draft, j) for j in grid.ks],
+                               [predicted[(draft, j)] for j in grid.ks], draft=draft, highlight=k,
+                               predicted_label="predicted from the measured steps")
+    r = grid.runs[(draft, k)]
+    text = (f"{draft}, k = {k}: x{grid.speedup(draft, k):.2f} the tokens/s of plain decode (predicted "
+            f"x{predicted[(draft, k)]:.2f}); {r.tokens_per_step:.2f} tokens per target step, acceptance "
+            f"{r.acceptance:.0%}; the same {r.new_tokens} tokens as plain decode")
+    return fig, text
+
+
+def independence_line(grid: Grid, acceptance: dict, name: str) -> str:
+    """The cost model assumes each guess is right independently (probability ``a``); measured
+    tokens per target step at each k beside what that assumption gives."""
+    a = acceptance[name]
+    pairs = ", ".join(f"k={k}: {grid.runs[(name, k)].tokens_per_step:.2f} vs {cost_model.expected_tokens(a, k):.2f}"
+                      for k in grid.ks)
+    k = max(grid.ks)
+    ratio = grid.runs[(name, k)].tokens_per_step / cost_model.expected_tokens(a, k)
+    if ratio > 1.1:
+        why = ("more than the formula at the largest k: the guesses are right or wrong together (prompt lookup copies "
+               "a repeated line whole), which the independent-guess formula does not know")
+    elif ratio < 1 / 1.1:
+        why = ("fewer than the formula at the largest k: later guesses are wrong more often than early ones (the draft "
+               "drifts from the target the further it guesses)")
+    else:
+        why = "within 10% of the formula at the largest k: the guesses behave as independent ones"
+    return f"{name}: tokens per target step measured vs (1 - a^(k+1)) / (1 - a) at a = {a:.0%}: {pairs}; {why}."
+
+
+def verify_batches(verifies, k: int) -> tuple:
+    """(batches, measured verify/step at each) for ``k + 1`` tokens."""
+    batches = sorted({r.batch for r in verifies})
+    by = {(r.batch, r.tokens): r.seconds for r in verifies}
+    return batches, [by[(b, k + 1)] / by[(b, 1)] for b in batches]
+
+
+def batch_view(verifies, cfg, spec, k: int, batch: int, *, where: str = "here"):
+    """Dashboard: verify / step over the batch, measured and on the roofline, one batch
+    highlighted; the readout adds the cost model's speed-up there for an acceptance of 60%."""
+    batches, measured = verify_batches(verifies, k)
+    predicted = [cost_model.verify_over_step(cfg, spec, k, batch=b, context=CONTEXT) for b in batches]
+    fig = plots.verify_cost_over_batch(batches, measured, predicted, k=k, highlight=batch, where=where)
+    i = batches.index(batch)
+    a = 0.6
+    gain = cost_model.expected_tokens(a, k) / measured[i]
+    text = (f"batch {batch}: a verify of {k + 1} tokens costs x{measured[i]:.2f} a decode step (roofline "
+            f"x{predicted[i]:.2f}); at an acceptance of {a:.0%} a round makes {cost_model.expected_tokens(a, k):.2f} "
+            f"tokens, so a draft that costs nothing would give x{gain:.2f}"
+            + (" : speculation no longer pays" if gain < 1 else ""))
+    return fig, text
+
+
+def batch_speedups(target, draft, k: int, batches, *, repeats: int = 3) -> dict:
+    """batch -> (plain record, speculative record): the held-out prompts tiled to each batch, plain
+    decode beside speculation with ``draft`` and ``k``, side by side per batch."""
+    rows = prompts()
+    out = {}
+    for b in batches:
+        tiled = [rows[i % len(rows)] for i in range(b)]
+        plain, spec = measure.generation_sweep(target, tiled, NEW_TOKENS, [(draft, k)], repeats=repeats)
+        if not measure.same_text([plain, spec]):
+            raise AssertionError(f"speculation changed the text at batch {b}")
+        out[b] = (plain, spec)
+    return out
+
+
+def batch_speedup_lines(runs: dict, verifies, k: int) -> str:
+    """Measured speed-up at each batch beside what that batch's measured verify / step predicts."""
+    ratios = dict(zip(*verify_batches(verifies, k)))
+    lines = []
+    for b, (plain, spec) in runs.items():
+        pred = spec.tokens_per_step / ratios[b] if b in ratios else float("nan")
+        lines.append(f"batch {b:>3}: plain {plain.tokens_per_s:,.0f} tok/s, {spec.draft} k={k} {spec.tokens_per_s:,.0f} "
+                     f"tok/s: x{plain.seconds / spec.seconds:.2f} ({spec.tokens_per_step:.2f} tokens per target step "
+                     f"over a verify of x{ratios.get(b, float('nan')):.2f} a step predicts x{pred:.2f})")
+    return "\n".join(lines)
+
+
+def where_it_stops_paying(acceptance: float, k: int, spec) -> str:
+    """The batch at which the cost model's speed-up falls below 1: this machine with the target,
+    and an H100 and an H200 with the Llama-3-8B shape at a 1k context (a draft with no device work)."""
+    lines = [f"acceptance {acceptance:.0%}, k = {k}, a draft with no device work (prompt lookup):"]
+    cases = [(f"this machine, {TARGET}", ModelConfig.preset(TARGET), spec, CONTEXT)]
+    cases += [(f"{name}, llama3_8b", ModelConfig.preset("llama3_8b"), hardware.PRESETS[name], 1024)
+              for name in ("H100_SXM", "H200")]
+    for label, cfg, s, context in cases:
+        at = cost_model.batch_where_it_stops_paying(acceptance, k, cfg, s, context=context)
+        knee = roofline.predicted_knee(cfg, s, context)
+        lines.append(f"  {label:<28} stops paying at batch {at if at else '> 1024'}; "
+                     f"compute fills at {cost_model.compute_bound_tokens(cfg, s):,.0f} tokens per step; "
+                     f"05's knee (roofline) at batch {knee}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- readings
+def verify_table(verifies, predicted: dict) -> str:
+    """Batch-1 verify steps: time, x a decode step, the roofline's x, and the extra tokens' rate."""
+    one = next(r for r in verifies if r.batch == 1 and r.tokens == 1)
+    lines = [f"{'tokens':>7}{'ms':>9}{'x step':>9}{'roofline x':>12}{'extra GFLOP/s':>15}"]
+    for r in sorted((r for r in verifies if r.batch == 1), key=lambda r: r.tokens):
+        extra = ((r.flops - one.flops) / (r.seconds - one.seconds) / 1e9
+                 if r.tokens > 1 and r.seconds > one.seconds else float("nan"))
+        roof = predicted.get(r.tokens - 1, 1.0) if r.tokens > 1 else 1.0
+        lines.append(f"{r.tokens:>7}{r.seconds * 1e3:>9.3f}{r.seconds / one.seconds:>9.2f}{roof:>12.2f}"
+                     + (f"{extra:>15.1f}" if r.tokens > 1 else f"{'-':>15}"))
+    return "\n".join(lines)
+
+
+def verify_reading(verifies, predicted: dict, k: int, spec, dtype) -> str:
+    """Why the measured verify ratio sits where it does against the roofline's, from the numbers."""
+    ratio, one, many = claims_ratio(verifies, k)
+    roof = predicted[k]
+    extra = (many.flops - one.flops) / max(many.seconds - one.seconds, 1e-12)
+    peak = spec.peak_flops(dtype)
+    if ratio <= 1.25 * roof:
+        return (f"A verify of {k + 1} tokens costs x{ratio:.2f} a decode step here, close to the roofline's "
+                f"x{roof:.2f}: the extra tokens ride on the weight bytes the step reads anyway.")
+    return (f"A verify of {k + 1} tokens costs x{ratio:.2f} a decode step here, more than the roofline's x{roof:.2f}. "
+            f"The roofline charges the extra {k} tokens' FLOPs at this machine's matmul peak, {peak / 1e9:,.0f} "
+            f"GFLOP/s, measured on one large square matmul; the matmuls of a few rows that a verify runs do "
+            f"{extra / 1e9:,.1f} GFLOP/s for the extra work ({extra / peak:.0%} of that peak), so those FLOPs cost "
+            f"time the bytes do not hide. It is notebook 05's knee again: there the model's own matmuls, timed "
+            f"alone, slowed down at a few rows long before the roofline said they would, because the matmul kernel "
+            f"here is built for one row (a matrix-vector product) or for many, and a verify step is {k + 1}. The verdict "
+            f"below allows "
+            f"for it: it asks only that checking {k} guesses cost far less than {k} more steps.")
+
+
+def claims_ratio(verifies, k: int):
+    """(measured verify / step at batch 1, the 1-token record, the (k+1)-token record)."""
+    by = {(r.batch, r.tokens): r for r in verifies}
+    one, many = by[(1, 1)], by[(1, k + 1)]
+    return many.seconds / one.seconds, one, many
+
+
+def speedup_reading(grid: Grid, verifies, plain_step_s: float, predicted: dict, roofline: dict, name: str, k: int) -> str:
+    """Measured speed-up against the two predictions, and where a round's time goes: the verify
+    step (a call of its own, as plain decode's steps are not) and the rest (the draft, the host)."""
+    run = grid.runs[(name, k)]
+    by = {r.tokens: r.seconds for r in verifies if r.batch == 1}
+    if k + 1 not in by:
+        return ""
+    rounds = (run.new_tokens - 1) / run.tokens_per_step
+    prefill = max(grid.plain.seconds - (run.new_tokens - 1) * plain_step_s, 0.0)
+    per_round = (run.seconds - prefill) / rounds
+    return (f"{name}, k = {k}: measured x{grid.speedup(name, k):.2f}; predicted x{predicted[(name, k)]:.2f} from the "
+            f"steps measured here, x{roofline[(name, k)]:.2f} from the roofline alone. A round wrote "
+            f"{run.tokens_per_step:.2f} tokens in {per_round * 1e3:.2f} ms ({by[k + 1] * 1e3:.2f} ms of it the verify "
+            f"step); plain decode writes one per {plain_step_s * 1e3:.2f} ms. Two costs the roofline leaves out: "
+            f"a step as a call of its own costs {by[1] * 1e3:.2f} ms, {(by[1] - plain_step_s) * 1e3:.2f} ms more than a "
+            f"step inside plain decode's compiled loop (the fixed cost of one program run, paid once per round, "
+            f"once per answer by plain decode), and the verify's few-row matmuls above.")
+
+def verify_model(here, target):
+    """The model whose verify steps are timed: the trained target on a CPU (its step streams its
+    weights, as the lesson model's does), the lesson model on a GPU (there the 51 MB target is
+    too small: its steps are launch overhead, and the lesson is about bytes)."""
+    from inference_lab.lessons import machine
+
+    return machine.lesson_model(here) if here.on_gpu else target
