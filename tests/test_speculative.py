@@ -43,18 +43,21 @@ def plain(target):
 
 
 @pytest.mark.parametrize("k", range(1, 9))
-def test_ngram_draft_writes_plain_greedy_text(target, plain, k):
-    one = speculative_generate(target, NgramDraft(), PROMPTS[0], NEW, k=k)
-    assert one.text == [plain["one"]]
-    ragged = speculative_generate(target, NgramDraft(), PROMPTS, NEW, k=k)
-    assert ragged.text == plain["ragged"]
-    assert all(len(t) == NEW for t in ragged.tokens)
-    assert ragged.accepted.sum() > 0            # the greedy text repeats itself: some guesses are kept
+def test_ngram_and_never_right_drafts_write_plain_greedy_text(target, plain, k):
+    for draft in (NgramDraft(), ConstantDraft()):
+        one = speculative_generate(target, draft, PROMPTS[0], NEW, k=k)
+        assert one.text == [plain["one"]], (draft.name, k)
+        ragged = speculative_generate(target, draft, PROMPTS, NEW, k=k)
+        assert ragged.text == plain["ragged"], (draft.name, k)
+        assert all(len(t) == NEW for t in ragged.tokens)
+    assert ragged.accepted.sum() == 0 and one.accepted.sum() == 0          # never right: nothing kept
+    ngram = speculative_generate(target, NgramDraft(), PROMPTS, NEW, k=k)
+    assert ngram.accepted.sum() > 0            # the greedy text repeats itself: some guesses are kept
 
 
-@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_draft_models_write_plain_greedy_text(target, weak_draft, plain, k):
-    for draft in (ModelDraft(weak_draft), ModelDraft(target), ConstantDraft()):
+    for draft in (ModelDraft(weak_draft), ModelDraft(target)):
         for prompts, want in ((PROMPTS[0], [plain["one"]]), (PROMPTS, plain["ragged"])):
             assert speculative_generate(target, draft, prompts, NEW, k=k).text == want, (draft.name, k)
 
@@ -237,3 +240,18 @@ def test_verify_and_check_guesses_refuse_bad_input(target):
     with pytest.raises(ValueError, match="active must be"):
         engine.check_guesses(target, np.zeros((2, 3), np.int32), cache, active=[1, 0])
     assert not cache.consumed                                            # refused before anything ran
+
+
+def test_verify_through_the_interpreted_pallas_kernels_equals_the_reference():
+    """verify_attention's one decode-attention call over B x T rows, in the Pallas kernels' mode."""
+    interp = pretrained.load(kernels="interpret")
+    ref = pretrained.load(kernels="reference")
+    rows = [tokenizer.encode("ROMEO:"), tokenizer.encode("JULIET:\nO")]
+    tokens, lengths = engine.padded(rows)
+    feed = np.array([[10, 32, 116], [97, 110, 100]], np.int32)
+    out = []
+    for m in (interp, ref):
+        _, cache = engine.prefill(m, tokens, KVCache.create(m.cfg, 2, 32), lengths)
+        logits, _ = engine.verify(m, feed, cache)
+        out.append(np.asarray(logits))
+    np.testing.assert_allclose(out[0], out[1], rtol=1e-4, atol=1e-4)

@@ -18,7 +18,7 @@ from inference_lab.runtime import engine
 from inference_lab.runtime.speculative import ConstantDraft, ModelDraft, NgramDraft, speculative_generate
 
 TARGET, DRAFT = "shakespeare_large", "shakespeare"
-NEW_TOKENS = 64      # new tokens per prompt in the timed generations
+NEW_TOKENS = 48      # new tokens per prompt in the timed generations
 CONTEXT = 128        # cached tokens of the verify measurements: a prompt and half an answer
 LESSON_K = 4         # the k the batch experiment and the acceptance runs use
 
@@ -100,7 +100,8 @@ def plain_step_seconds(target, steps: int = 16) -> float:
 
 def draft_step_seconds(draft_model, context: int = CONTEXT) -> float:
     """The draft model's one-token step, timed as the target's were."""
-    return measure.verify_sweep(draft_model, tokens=(1,), context=context)[0].seconds
+    return measure.verify_sweep(draft_model, tokens=(1,), context=context,
+                                max_len=min(CACHE_LEN, draft_model.cfg.max_seq_len))[0].seconds
 
 
 def best_predicted(predicted: dict, name: str) -> int:
@@ -109,11 +110,15 @@ def best_predicted(predicted: dict, name: str) -> int:
 
 
 # ----------------------------------------------------------------------------- measurements
-def verify_steps(model, ks, *, batches=(1,), max_len: int | None = None) -> list:
+CACHE_LEN = 256      # positions of every cache the lesson times: the trained models' whole context
+
+
+def verify_steps(model, ks, *, batches=(1,)) -> list:
     """A one-token step and a verify of ``k + 1`` tokens for each ``k``, at each batch, after
-    :data:`CONTEXT` cached tokens, side by side (:func:`measure.verify_sweep`)."""
+    :data:`CONTEXT` cached tokens, side by side (:func:`measure.verify_sweep`). The caches hold
+    :data:`CACHE_LEN` positions, as the generations' do, so both run the same compiled programs."""
     return measure.verify_sweep(model, tokens=(1,) + tuple(k + 1 for k in ks), batches=batches, context=CONTEXT,
-                                max_len=max_len)
+                                max_len=min(CACHE_LEN, model.cfg.max_seq_len))
 
 
 def answer_text(tokens) -> str:
@@ -240,18 +245,21 @@ def batch_view(verifies, cfg, spec, k: int, batch: int, *, where: str = "here"):
     return fig, text
 
 
-def batch_speedups(target, draft, k: int, batches, *, repeats: int = 3) -> dict:
+def batch_speedups(target, draft, k: int, batches, *, repeats: int = 3, measured: dict | None = None) -> dict:
     """batch -> (plain record, speculative record): the held-out prompts tiled to each batch, plain
-    decode beside speculation with ``draft`` and ``k``, side by side per batch."""
+    decode beside speculation with ``draft`` and ``k``, side by side per batch. ``measured``: batches
+    already timed (batch -> the two records), not timed again."""
     rows = prompts()
-    out = {}
+    out = dict(measured or {})
     for b in batches:
+        if b in out:
+            continue
         tiled = [rows[i % len(rows)] for i in range(b)]
         plain, spec = measure.generation_sweep(target, tiled, NEW_TOKENS, [(draft, k)], repeats=repeats)
         if not measure.same_text([plain, spec]):
             raise AssertionError(f"speculation changed the text at batch {b}")
         out[b] = (plain, spec)
-    return out
+    return dict(sorted(out.items()))
 
 
 def batch_speedup_lines(runs: dict, verifies, k: int) -> str:

@@ -2,9 +2,9 @@
 and without guesses. Both go through the measuring core (:func:`timing.measure_points`: warm-up,
 ``block_until_ready``, medians, points side by side), so a burst of load bends every point alike.
 
-- :class:`VerifyPoint`: one :func:`engine.verify` of ``tokens`` tokens per row after ``context``
-  cached ones (``tokens=1`` is a decode step), from a cache of random keys and values rewound
-  between runs. Its record says how many decode steps' time the check of ``tokens - 1``
+- :class:`VerifyPoint`: one verify step of ``tokens`` tokens per row after ``context`` cached ones
+  (``tokens=1`` is a decode step) as speculative decoding runs it (:func:`engine.check_guesses`),
+  from a cache of random keys and values rewound between runs. Its record says how many decode steps' time the check of ``tokens - 1``
   guesses costs.
 - :class:`GenerationPoint`: ``max_new_tokens`` greedy tokens for a batch of prompts, by plain
   :func:`engine.generate` (``draft=None``) or by :func:`speculative.speculative_generate` with a
@@ -63,7 +63,8 @@ class GenerationRecord:
 
 
 class VerifyPoint:
-    """``engine.verify`` of ``tokens`` random tokens per row of ``batch``, ``context`` cached."""
+    """A verify step (``engine.check_guesses``) of ``tokens`` random tokens per row of ``batch``,
+    ``context`` cached."""
 
     phase = "verify"
     dtype = None   # no MFU/MBU on the record: it is compared with a decode step's time
@@ -99,8 +100,11 @@ class VerifyPoint:
         return seconds
 
     def _verify(self, cache):
-        logits, cache = engine.verify(self.model, self.feed, cache)
-        return logits, cache
+        # What a round of speculative decoding pays for its target step: engine.check_guesses (the
+        # forward of ``tokens`` tokens, the argmax, the rollback and the copy of the checked tokens
+        # to the host), the program the generations run, so the two share their compiled code.
+        chosen, _, cache = engine.check_guesses(self.model, self.feed, cache)
+        return chosen, cache
 
     def release(self) -> None:
         self.cache = self.feed = None

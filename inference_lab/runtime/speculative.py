@@ -186,9 +186,9 @@ def room_needed(longest_prompt: int, max_new_tokens: int, k: int) -> int:
 
 def speculative_generate(target, draft, prompts, max_new_tokens: int = 16, *, k: int = 4) -> SpeculativeResult:
     """Greedy decoding of ``target`` with ``k`` guesses per round from ``draft`` (an
-    :class:`NgramDraft`, a :class:`ModelDraft` or a :class:`ConstantDraft`). ``prompts`` as :func:`engine.generate` takes
-    them. The tokens equal ``engine.generate(target, prompts, max_new_tokens)``'s; the result says
-    how many target steps they took."""
+    :class:`NgramDraft`, a :class:`ModelDraft` or a :class:`ConstantDraft`); ``prompts`` as
+    :func:`engine.generate` takes them. The tokens equal ``engine.generate(target, prompts,
+    max_new_tokens)``'s; the result says how many target steps they took."""
     if not isinstance(draft, DRAFTS):
         raise ValueError(f"draft={draft!r} must be an NgramDraft(), a ModelDraft(model) or a ConstantDraft()")
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= 16:
