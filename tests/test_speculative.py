@@ -3,6 +3,7 @@ batch 1 and ragged batches, a draft always wrong and one always right), the veri
 decode steps, the cost model against hand-computed values, and its claims fail on counter-data."""
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
@@ -229,6 +230,9 @@ def test_lesson_tables_readings_and_views():
     reading = lesson.speedup_reading(grid, verifies, 0.8, predicted, roof, "n-gram", 4)
     assert "measured x1.80" in reading and "as a call of its own costs 1000.00 ms" in reading
     assert "stops paying at batch" in lesson.where_it_stops_paying(0.8, 4, spec)
+    step = types.SimpleNamespace(step_seconds=2e-3, bytes_per_step=50e6, mbu=0.81)
+    assert lesson.streaming_line(step) == ("its batch-1 decode step: 2.00 ms for 50.0 MB, 25.0 GB/s, "
+                                           "MBU 81% of the read ceiling")
 
 
 def test_verify_and_check_guesses_refuse_bad_input(target):

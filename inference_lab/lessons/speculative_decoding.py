@@ -93,9 +93,16 @@ def predicted_from_steps(verifies, plain_step_s: float, draft_step_s: float, ks,
             for name, a in acceptance.items() for k in ks}
 
 
-def plain_step_seconds(target, steps: int = 16) -> float:
-    """Plain decode's batch-1 step inside its compiled loop, at :data:`CONTEXT` (timing.decode_points)."""
-    return timing.decode_points(target, [(1, CONTEXT)], steps)[0].step_seconds
+def plain_step(target, steps: int = 16):
+    """Plain decode's batch-1 step inside its compiled loop, at :data:`CONTEXT`: a DecodeRecord
+    (``step_seconds``, ``mbu`` against this machine's read ceiling), as notebook 01 measures."""
+    return timing.decode_points(target, [(1, CONTEXT)], steps)[0]
+
+
+def streaming_line(rec) -> str:
+    """How fast the target's batch-1 step streams its bytes, against the read ceiling."""
+    return (f"its batch-1 decode step: {rec.step_seconds * 1e3:.2f} ms for {rec.bytes_per_step / 1e6:.1f} MB, "
+            f"{rec.bytes_per_step / rec.step_seconds / 1e9:.1f} GB/s, MBU {rec.mbu:.0%} of the read ceiling")
 
 
 def draft_step_seconds(draft_model, context: int = CONTEXT) -> float:
