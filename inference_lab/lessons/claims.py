@@ -479,8 +479,9 @@ def decode_memory_bound_predicted(cfg, spec, dtype=None, *, batch: int = 1, cont
 
 
 # ----------------------------------------------------------------------------- 08
-def _verify_ratio(verifies, batch, tokens):
-    """Measured verify-of-``tokens`` over one-token step at ``batch``, and the two records."""
+def verify_ratio(verifies, batch: int, tokens: int):
+    """(a verify of ``tokens`` tokens over a one-token step at ``batch``, measured; the one-token
+    record; the ``tokens`` record), from verify records (``batch``, ``tokens``, ``seconds``)."""
     by = {(r.batch, r.tokens): r for r in verifies}
     _need((batch, 1) in by and (batch, tokens) in by,
           f"pass verify records at batch {batch} for 1 and {tokens} tokens")
@@ -496,7 +497,7 @@ def verify_costs_about_one_step(verifies, k: int, *, predicted: float) -> Verdic
     token cost a step of its own: a step bound by its FLOPs, or by work done per token)."""
     _need(k >= 1, "k must be at least 1")
     _need(1.0 <= predicted < k + 1, "predicted must be the roofline's ratio, in 1..k+1")
-    ratio, one, many = _verify_ratio(verifies, 1, k + 1)
+    ratio, one, many = verify_ratio(verifies, 1, k + 1)
     need, u = log_midpoint(predicted, k + 1), noise(one, many)
     return Verdict(f"a verify of {k + 1} tokens costs at most {need:.2f} decode steps (between the roofline's "
                    f"{predicted:.2f} and the {k + 1} of a step per token, on a log scale)",
@@ -545,8 +546,8 @@ def verification_stops_being_free(verifies, k: int, *, predicted_small: float, p
     ``nearly_free`` times the roofline's): then there is no idle compute to use up."""
     batches = sorted({r.batch for r in verifies})
     _need(len(batches) >= 2, "pass verify records at two batches or more")
-    small, _, s_many = _verify_ratio(verifies, batches[0], k + 1)
-    large, _, l_many = _verify_ratio(verifies, batches[-1], k + 1)
+    small = verify_ratio(verifies, batches[0], k + 1)[0]
+    large = verify_ratio(verifies, batches[-1], k + 1)[0]
     growth, predicted = large / small, predicted_large / predicted_small
     u = noise(*[r for r in verifies if r.batch in (batches[0], batches[-1]) and r.tokens in (1, k + 1)])
     evidence = (f"verify of {k + 1} tokens / step: x{small:.2f} at batch {batches[0]}, x{large:.2f} at batch "

@@ -12,6 +12,7 @@ from inference_lab import plots
 from inference_lab.analytic import costs, roofline, speculation as cost_model
 from inference_lab.base import hardware, tokenizer
 from inference_lab.base.config import ModelConfig
+from inference_lab.lessons import claims
 from inference_lab.measure import speculation as measure, timing
 from inference_lab.model import pretrained
 from inference_lab.runtime import engine
@@ -313,7 +314,7 @@ def verify_table(verifies, predicted: dict) -> str:
 
 def verify_reading(verifies, predicted: dict, k: int, spec, dtype) -> str:
     """Why the measured verify ratio sits where it does against the roofline's, from the numbers."""
-    ratio, one, many = claims_ratio(verifies, k)
+    ratio, one, many = claims.verify_ratio(verifies, 1, k + 1)
     roof = predicted[k]
     extra = (many.flops - one.flops) / max(many.seconds - one.seconds, 1e-12)
     peak = spec.peak_flops(dtype)
@@ -329,13 +330,6 @@ def verify_reading(verifies, predicted: dict, k: int, spec, dtype) -> str:
             f"here is built for one row (a matrix-vector product) or for many, and a verify step is {k + 1}. The verdict "
             f"below allows "
             f"for it: it asks only that checking {k} guesses cost far less than {k} more steps.")
-
-
-def claims_ratio(verifies, k: int):
-    """(measured verify / step at batch 1, the 1-token record, the (k+1)-token record)."""
-    by = {(r.batch, r.tokens): r for r in verifies}
-    one, many = by[(1, 1)], by[(1, k + 1)]
-    return many.seconds / one.seconds, one, many
 
 
 def speedup_reading(grid: Grid, verifies, plain_step_s: float, predicted: dict, roofline: dict, name: str, k: int) -> str:

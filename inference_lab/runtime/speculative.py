@@ -175,9 +175,6 @@ class SpeculativeResult:
         return made / float(self.target_steps.sum()) if self.target_steps.sum() else 1.0
 
 
-_argmax = jax.jit(lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32))
-
-
 def room_needed(longest_prompt: int, max_new_tokens: int, k: int) -> int:
     """Cache positions a run needs: an unfinished row holds at most ``prompt + max_new - 2``
     tokens and a round writes ``k + 1`` more past them (finished rows stop advancing)."""
@@ -214,7 +211,7 @@ def speculative_generate(target, draft, prompts, max_new_tokens: int = 16, *, k:
     b = len(rows)
     logits, cache = engine.prefill(target, tokens, KVCache.create(target.cfg, b, max_len), lengths)
     draft.start(tokens, lengths, max_len)
-    last = np.array(_argmax(logits))                            # [B]: emitted, not yet in a cache
+    last = np.array(engine.sample(logits, jax.random.key(0)))   # greedy [B]: emitted, not yet in a cache
     new = [[int(t)] for t in last]
     pieces = [[1] for _ in rows]
     histories = [r + [int(t)] for r, t in zip(rows, last)]
