@@ -1,8 +1,10 @@
-"""``python -m inference_lab env | probe ... | train ...``: the lab's command line.
+"""``python -m inference_lab env | probe | train | serve | bench-serve``: the lab's command line.
 
 ``env`` says what this machine is and how the kernels will run on it; ``probe`` measures
 prefill and decode tokens/s on it (see :mod:`inference_lab.measure.probe`); ``train`` trains the
-model on a text file (see :mod:`inference_lab.train`).
+model on a text file (see :mod:`inference_lab.train`); ``serve`` serves it behind an
+OpenAI-compatible API (:mod:`inference_lab.serving.server`) and ``bench-serve`` times any such
+server with a trace of requests (:mod:`inference_lab.serving.load`).
 """
 
 from __future__ import annotations
@@ -89,11 +91,15 @@ def cmd_env(args) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m inference_lab", description="Inference Lab: what this machine is (env), how fast it reads and writes tokens (probe), "
-                                     "and training the model on a text file (train).")
+                                     "training the model on a text file (train), serving it (serve) and timing a "
+                                     "server (bench-serve).")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("env", help="what this machine is and how the kernels run here")
     sub.add_parser("probe", help="measure prefill and decode tok/s here (probe --help)", add_help=False)
     sub.add_parser("train", help="train the model on a text file (train --help)", add_help=False)
+    sub.add_parser("serve", help="serve the model with an OpenAI-compatible API (serve --help)", add_help=False)
+    sub.add_parser("bench-serve", help="send a trace to an OpenAI-compatible server and time it (bench-serve --help)",
+                   add_help=False)
     if argv[:1] == ["probe"]:
         from inference_lab.measure import probe
 
@@ -102,6 +108,14 @@ def main(argv=None) -> int:
         from inference_lab import train  # lazy: optax and tqdm load only for training
 
         return train.main(argv[1:])
+    if argv[:1] == ["serve"]:
+        from inference_lab.serving import server
+
+        return server.main(argv[1:])
+    if argv[:1] == ["bench-serve"]:
+        from inference_lab.serving import load
+
+        return load.main(argv[1:])
     args = parser.parse_args(argv)
     return cmd_env(args)
 

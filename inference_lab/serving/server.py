@@ -1,0 +1,220 @@
+"""``python -m inference_lab serve``: the engine behind the OpenAI-compatible API, on uvicorn.
+
+    python -m inference_lab serve                        # shakespeare_large, chunked, 127.0.0.1:8000
+    python -m inference_lab serve --policy disaggregated --slots 8
+    python -m inference_lab serve --host 0.0.0.0 --api-key "$KEY"    # a classroom server
+
+Loopback by default. Any other address needs ``--api-key`` (or ``INFERENCE_LAB_API_KEY``),
+checked on every request: a server reachable from a network answers only who has the key.
+The programs are compiled before the port opens (``warm-up``), so the first request waits for
+no compiler. SIGINT or SIGTERM stops it cleanly: the engine thread or both worker processes
+with it.
+
+From Python (a notebook, a test) :class:`ServerProcess` runs the same command as a child
+process on a free port and stops it with the notebook: the child exits when its parent goes
+away, whether the parent exits, is killed, or is a notebook kernel being restarted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+from inference_lab.serving.scheduler import DEFAULT_CHUNK_TOKENS, POLICIES
+
+LOOPBACK = "127.0.0.1"
+READY_LINE = "inference-lab serving on "
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    from inference_lab.base.config import PRESETS
+
+    p = argparse.ArgumentParser(prog="python -m inference_lab serve",
+                                description="Serve the lab's model with an OpenAI-compatible API "
+                                            "(/v1/completions, /v1/chat/completions, /v1/models, /health).")
+    p.add_argument("--preset", default="shakespeare_large", choices=list(PRESETS),
+                   help="the model: the trained shakespeare / shakespeare_large, or any preset with "
+                        "random weights (default: %(default)s)")
+    p.add_argument("--weights", default=None, help="a .safetensors file to serve instead of the shipped weights")
+    p.add_argument("--policy", default="chunked", choices=POLICIES, help="the scheduler (default: %(default)s)")
+    p.add_argument("--slots", type=int, default=8, help="decode slots: the largest decode batch (default: 8)")
+    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
+                   help="chunked: tokens per iteration, decode rows and prompt chunk together (default: %(default)s)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for a slot; more are answered 429 (default: %(default)s)")
+    p.add_argument("--host", default=LOOPBACK, help="address to bind (default: %(default)s, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks a free one)")
+    p.add_argument("--api-key", default=os.environ.get("INFERENCE_LAB_API_KEY"),
+                   help="required on every request as `Authorization: Bearer KEY`; needed to bind a "
+                        "non-loopback address (default: $INFERENCE_LAB_API_KEY)")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the preset)")
+    args = p.parse_args(argv)
+    for name in ("slots", "max_queue"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port={args.port} must be in 0..65535")
+    if args.chunk_tokens <= args.slots:
+        p.error(f"--chunk-tokens={args.chunk_tokens} must be larger than --slots={args.slots} "
+                "(the budget holds a token per decode row and a prompt chunk)")
+    if args.api_key is not None and not args.api_key.strip():
+        p.error("--api-key is empty: give a real key, or none on loopback")
+    if not _is_loopback(args.host) and not args.api_key:
+        p.error(f"--host={args.host} is reachable from other machines: give --api-key KEY (or set "
+                "INFERENCE_LAB_API_KEY) so only the class can use it, or serve on 127.0.0.1")
+    return args
+
+
+def build_backend(args):
+    """The engine ``args`` ask for, warmed up: (backend, model config)."""
+    from inference_lab.serving.models import load_model
+
+    if args.policy == "disaggregated":
+        from inference_lab.base.config import ModelConfig
+        from inference_lab.serving.disaggregated import TwoPoolEngine
+
+        cfg = load_model(args.preset, args.weights).cfg if args.weights else ModelConfig.preset(args.preset)
+        return TwoPoolEngine(args.preset, args.weights, n_slots=args.slots, max_queue=args.max_queue).start(), cfg
+    from inference_lab.serving.scheduler import Engine
+
+    model = load_model(args.preset, args.weights)
+    engine = Engine(model, policy=args.policy, n_slots=args.slots, chunk_tokens=args.chunk_tokens,
+                    max_queue=args.max_queue)
+    engine.warmup()
+    return engine.start(), model.cfg
+
+
+def _watch_parent() -> None:
+    """Stop when the parent process goes away (INFERENCE_LAB_PARENT_PID set by ServerProcess)."""
+    parent = os.environ.get("INFERENCE_LAB_PARENT_PID")
+    if not parent:
+        return
+
+    def watch():
+        while os.getppid() == int(parent):
+            threading.Event().wait(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import uvicorn
+
+    from inference_lab.serving.api import Served, create_app
+
+    _watch_parent()
+    try:
+        backend, cfg = build_backend(args)
+    except (ValueError, RuntimeError) as e:
+        print(f"serve: {e}", file=sys.stderr)
+        return 2
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        backend.stop()
+
+    served = Served(backend, model_name=args.served_model_name or cfg.name, max_seq_len=cfg.max_seq_len,
+                    vocab_size=cfg.vocab_size, api_key=args.api_key)
+    app = create_app(served, lifespan=lifespan)
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as e:
+        backend.stop()
+        print(f"serve: cannot bind {args.host}:{args.port} ({e.strerror}); choose another --port", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    print(f"{READY_LINE}http://{'[' + host + ']' if family == socket.AF_INET6 else host}:{port} "
+          f"(model {served.model_name}, policy {args.policy}, {args.slots} slots)", flush=True)
+    server.run(sockets=[sock])
+    backend.stop()
+    return 0
+
+
+class ServerProcess:
+    """``python -m inference_lab serve`` as a child process on a free loopback port.
+
+    ``with ServerProcess(policy="chunked") as server: server.url`` (``.../v1`` is the
+    OpenAI base URL). :meth:`stop` sends SIGINT and waits; the child also stops by itself
+    when this process goes away. ``args`` are more ``serve`` flags."""
+
+    def __init__(self, *args: str, policy: str = "chunked", preset: str = "shakespeare_large",
+                 start_timeout: float = 600.0):
+        cmd = [sys.executable, "-m", "inference_lab", "serve", "--port", "0", "--policy", policy,
+               "--preset", preset, *args]
+        env = {**os.environ, "INFERENCE_LAB_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        self.log: list[str] = []
+        self.url = self._wait_ready(start_timeout)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _wait_ready(self, timeout: float) -> str:
+        timer = threading.Timer(timeout, self.process.kill)
+        timer.start()
+        try:
+            for line in self.process.stdout:
+                self.log.append(line.rstrip())
+                if line.startswith(READY_LINE):
+                    return line[len(READY_LINE):].split()[0]
+        finally:
+            timer.cancel()
+        self.process.wait()
+        raise RuntimeError(f"the server did not start (exit code {self.process.returncode}):\n"
+                           + "\n".join(self.log[-20:]))
+
+    def _drain(self) -> None:
+        for line in self.process.stdout:
+            self.log.append(line.rstrip())
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI client's ``base_url``."""
+        return self.url + "/v1"
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGINT, as Ctrl-C would; SIGKILL if it has not stopped within ``timeout``. Returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
