@@ -93,7 +93,7 @@ def decide(value: float, need: float, u: float = 1.0, *, at_least: bool = True):
     return None
 
 
-def _all(*results):
+def all_hold(*results):
     """Every part holds: False if any fails, None if none fails but one cannot decide."""
     if any(r is False for r in results):
         return False
@@ -222,7 +222,7 @@ def prefill_compute_bound(records, *, min_mfu: float = 0.25) -> Verdict:
     short, long_ = growth(0, j), growth(-2, -1)
     mfu = recs[-1].mfu
     u_short, u_long = noise(recs[0], recs[j]), noise(recs[-2], recs[-1])
-    holds = _all(decide(short, 0.5, u_short, at_least=False), decide(long_, 0.6, u_long),
+    holds = all_hold(decide(short, 0.5, u_short, at_least=False), decide(long_, 0.6, u_long),
                  None if mfu is None else decide(mfu, min_mfu, math.sqrt(getattr(recs[-1], "spread", None) or 1)))
     return Verdict("prefill is bound by its weight bytes (or overhead) for short prompts and by compute for long ones",
                    holds,
@@ -391,7 +391,7 @@ def phases_sit_under_their_roofs(prefill, decode, spec, dtype, *, prefill_reach:
     d_rate = decode.flops_per_step / decode.step_seconds
     d_roof = min(peak, decode.flops_per_step / decode.bytes_per_step * bw)
     u = noise(prefill, decode)
-    holds = _all(decide(p_rate / peak, prefill_reach, u), decide(d_rate / d_roof, decode_reach, u),
+    holds = all_hold(decide(p_rate / peak, prefill_reach, u), decide(d_rate / d_roof, decode_reach, u),
                  decide(d_rate / peak, below_peak, u, at_least=False))
     return Verdict(f"prefill runs at >= {prefill_reach:.0%} of the compute peak; decode at >= {decode_reach:.0%} of "
                    f"its memory roof and below {below_peak:.0%} of the peak", holds,

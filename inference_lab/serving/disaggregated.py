@@ -221,6 +221,7 @@ class TwoPoolEngine:
         return max(self.warmup_s.values(), default=0.0)
 
     def pids(self) -> list[int]:
+        """The two workers' process ids (a test checks that none outlives the server)."""
         return [p.pid for p in self._procs]
 
     def submit(self, request: Request, emit) -> None:
@@ -249,7 +250,7 @@ class TwoPoolEngine:
         while True:
             try:
                 message = self._events.get()
-            except (EOFError, OSError, ValueError):
+            except (EOFError, OSError, ValueError, TypeError):   # the queue closed under us at exit
                 return
             if message is None:
                 return
@@ -273,7 +274,7 @@ class TwoPoolEngine:
             waiting, active = len(self._waiting_first), len(self._emit) - len(self._waiting_first)
         sent = np.array(self.transfers, dtype=np.float64).reshape(-1, 2)
         return {"policy": self.policy, "slots": self.n_slots, "active": active, "waiting": waiting,
-                "error": self.error, "cores": list(self.cores), "kv_transfers": len(sent),
+                "error": self.error, "cores": list(self.cores), "worker_pids": self.pids(), "kv_transfers": len(sent),
                 "kv_bytes_mean": float(sent[:, 0].mean()) if len(sent) else None,
                 "kv_seconds_median": float(np.median(sent[:, 1])) if len(sent) else None}
 
@@ -288,3 +289,6 @@ class TwoPoolEngine:
                 p.join(timeout)
         if getattr(self, "_events", None) is not None:
             self._events.put(None)
+            dispatcher = getattr(self, "_dispatcher", None)
+            if dispatcher is not None:
+                dispatcher.join(timeout)

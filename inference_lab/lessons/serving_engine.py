@@ -1,0 +1,153 @@
+"""Notebook 09: a real serving engine, driven the way a benchmark drives vLLM.
+
+Part one starts the lab's server (:mod:`inference_lab.serving.server`) and streams one request
+from it. Part two sends the same two traces (a light one, and one heavy with prompts) through
+the engine under each policy and through the simulator configured with this machine's measured
+step costs, and checks the two claims the simulator made in notebook 07 on the real thing:
+
+* :func:`chunking_bounds_the_stall`: under prompt load, chunked prefill's worst inter-token
+  gaps (ITL p99) are shorter than prefill-first's;
+* :func:`two_pools_hold_tpot`: under the same load, the two-pool server's time per output token
+  stays near its unloaded value while the colocated server's does not.
+
+Both are decided against a margin, and both can say CANNOT DECIDE HERE: the noise allowance
+is the unloaded run's own jitter (its ITL p90 over p50), so a busy laptop widens the band
+instead of failing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from inference_lab.analytic.phases import PhaseModel
+from inference_lab.analytic.serving_metrics import ServingTrace
+from inference_lab.analytic.simulator import simulate_requests
+from inference_lab.analytic.workload import Requests, sample_requests
+from inference_lab.lessons.claims import Verdict, all_hold, decide, log_midpoint
+from inference_lab.serving.load import drive_engine
+
+PRESET = "shakespeare_large"
+N_SLOTS = 8
+CHUNK_TOKENS = 64
+
+
+def _p(trace: ServingTrace, metric: str, q: int) -> float:
+    return trace.percentiles()[metric][q]
+
+
+def jitter(light: ServingTrace) -> float:
+    """The noise allowance of a comparison: the unloaded run's ITL p90 over p50 (>= 1), square-rooted
+    (a percentile of a run is trusted to about half that spread either way, in log terms)."""
+    p50, p90 = _p(light, "itl", 50), _p(light, "itl", 90)
+    return math.sqrt(max(p90 / p50, 1.0)) if p50 > 0 else 1.0
+
+
+def chunking_bounds_the_stall(prefill_first: ServingTrace, chunked: ServingTrace, *, predicted: float,
+                              u: float = 1.0) -> Verdict:
+    """Under the same prompt-heavy trace, prefill-first's ITL p99 is at least the log midpoint
+    of 1 and ``predicted`` (the stall ratio the step costs predict) times chunked prefill's."""
+    a, b = _p(prefill_first, "itl", 99), _p(chunked, "itl", 99)
+    need = log_midpoint(predicted)
+    ratio = a / b
+    holds = decide(ratio, need, u)
+    return Verdict("chunked prefill keeps the worst inter-token gaps shorter than prefill-first under prompt load",
+                   holds, f"ITL p99 prefill-first {1e3 * a:.1f} ms vs chunked {1e3 * b:.1f} ms: x{ratio:.2f} "
+                          f"(predicted x{predicted:.2f}, needed x{need:.2f}; noise x{u:.2f})")
+
+
+def two_pools_hold_tpot(colocated_light: ServingTrace, colocated_heavy: ServingTrace,
+                        pools_light: ServingTrace, pools_heavy: ServingTrace, *, factor: float = 1.3,
+                        u: float = 1.0) -> Verdict:
+    """Prompt load raises the two-pool server's TPOT p50 by less than ``factor`` and the colocated
+    server's by more."""
+    rc = _p(colocated_heavy, "tpot", 50) / _p(colocated_light, "tpot", 50)
+    rd = _p(pools_heavy, "tpot", 50) / _p(pools_light, "tpot", 50)
+    holds = all_hold(decide(rd, factor, u, at_least=False), decide(rc, factor, u))
+    return Verdict(f"two pools hold time per output token under prompt load (within x{factor:g}); one pool does not",
+                   holds, f"TPOT p50 heavy/light: two pools x{rd:.2f}, colocated x{rc:.2f} "
+                          f"(two pools {1e3 * _p(pools_light, 'tpot', 50):.1f} -> "
+                          f"{1e3 * _p(pools_heavy, 'tpot', 50):.1f} ms, colocated "
+                          f"{1e3 * _p(colocated_light, 'tpot', 50):.1f} -> "
+                          f"{1e3 * _p(colocated_heavy, 'tpot', 50):.1f} ms; noise x{u:.2f})")
+
+
+# ----------------------------------------------------------------------------- the traces
+def traces(seed: int = 0) -> dict[str, Requests]:
+    """The two traces: ``light`` (four short prompts at once: decode alone) and ``heavy`` (long
+    prompts arriving faster than one pool prefills them while it also decodes)."""
+    light = sample_requests(4, 1000.0, prompt_len=16, output_len=40, seed=seed)
+    heavy = sample_requests(20, 6.0, prompt_len=(160, 220), output_len=(24, 40), seed=seed + 1)
+    return {"light": light, "heavy": heavy}
+
+
+@dataclasses.dataclass
+class StepCosts:
+    """This machine's measured engine costs: a decode step of all slots, a prefill per padded
+    width, a chunk per width (seconds)."""
+
+    decode: float
+    prefill: dict
+    chunk: dict
+
+    def phases(self, kv_bytes_per_token: float, transfer_s_per_byte: float = 0.0) -> PhaseModel:
+        """A :class:`PhaseModel` for the simulator from these costs (the static slots make a decode
+        step cost the same at any batch)."""
+        widths = np.array(sorted(self.prefill))
+        times = np.array([self.prefill[w] for w in widths])
+
+        def prefill_seconds(prompt_lens):
+            return float(sum(np.interp(n, widths, times) for n in prompt_lens))
+
+        chunk_w = np.array(sorted(self.chunk))
+        chunk_t = np.array([self.chunk[w] for w in chunk_w])
+
+        def mixed_seconds(batch, total_context, chunks=()):
+            return (self.decode if batch else 0.0) + sum(float(np.interp(c, chunk_w, chunk_t)) for c, _ in chunks)
+
+        return PhaseModel(prefill_seconds=prefill_seconds, decode_seconds=lambda b, c: self.decode,
+                          kv_bytes_per_token=kv_bytes_per_token, mixed_seconds=mixed_seconds,
+                          description="measured engine step costs")
+
+
+def measure_step_costs(engine, repeats: int = 5) -> StepCosts:
+    """Time the engine's own calls (after its warm-up), interleaved: a decode step of all slots,
+    a prefill per padded width, a chunk per width."""
+    from inference_lab.base import tokenizer
+    from inference_lab.serving.slots import chunk_widths, prefill_widths
+    from pallas_kernels.timing import round_robin, timed
+
+    slots = engine.slots
+    names = ["decode"] + [("prefill", w) for w in prefill_widths(slots.max_len)] + \
+            [("chunk", w) for w in chunk_widths(engine.chunk_tokens)]
+
+    def run(name):
+        if name == "decode":
+            return lambda: timed(slots.step)
+        kind, w = name
+        if kind == "prefill":
+            return lambda: timed(lambda: slots.prefill([tokenizer.BOS] * w)[0])
+        return lambda: timed(lambda: slots.prefill_chunk(slots.new_row(), [tokenizer.BOS] * w, w)[0])
+
+    samples = dict(zip(names, round_robin([run(n) for n in names], repeats)))
+    return StepCosts(decode=samples["decode"].median,
+                     prefill={k[1]: s.median for k, s in samples.items() if k[0] == "prefill"},
+                     chunk={k[1]: s.median for k, s in samples.items() if k[0] == "chunk"})
+
+
+def simulated(requests: Requests, costs: StepCosts, mode: str, *, kv_bytes_per_token: float,
+              transfer_bytes_per_s: float | None = None) -> ServingTrace:
+    """The simulator's run of ``requests`` on this machine's step costs (``mode`` as there)."""
+    phases = costs.phases(kv_bytes_per_token)
+    kw = {"chunk_tokens": CHUNK_TOKENS} if mode == "chunked" else {}
+    if mode == "disaggregated":
+        kw = {"prefill_gpus": 1, "decode_gpus": 1, "interconnect_bandwidth": transfer_bytes_per_s or 1e9}
+    return simulate_requests(requests, phases, mode=mode, max_batch=N_SLOTS, **kw)
+
+
+def run_policies(engines: dict, trace_set: dict) -> dict:
+    """{(policy, trace name): ServingTrace} for each engine on each trace (in-process, no HTTP)."""
+    return {(policy, name): drive_engine(e, requests, label=f"{policy} ({name})")
+            for policy, e in engines.items() for name, requests in trace_set.items()}
