@@ -101,10 +101,16 @@ def build_backend(args):
 
 
 def _watch_parent() -> None:
-    """Stop when the parent process goes away (INFERENCE_LAB_PARENT_PID set by ServerProcess)."""
+    """Stop when the parent process goes away (INFERENCE_LAB_PARENT_PID, set by ServerProcess):
+    SIGTERM from the kernel when it dies (Linux's PR_SET_PDEATHSIG), and a thread that checks."""
     parent = os.environ.get("INFERENCE_LAB_PARENT_PID")
     if not parent:
         return
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM)
 
     def watch():
         while os.getppid() == int(parent):
@@ -148,8 +154,13 @@ def main(argv=None) -> int:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     print(f"{READY_LINE}http://{'[' + host + ']' if family == socket.AF_INET6 else host}:{port} "
           f"(model {served.model_name}, policy {args.policy}, {args.slots} slots)", flush=True)
-    server.run(sockets=[sock])
-    backend.stop()
+    try:
+        server.run(sockets=[sock])   # uvicorn stops on SIGINT/SIGTERM, then raises the signal again
+    except KeyboardInterrupt:
+        pass
+    finally:
+        backend.stop()
+    print("inference-lab server stopped", flush=True)
     return 0
 
 
@@ -165,8 +176,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "inference_lab", "serve", "--port", "0", "--policy", policy,
                "--preset", preset, *args]
         env = {**os.environ, "INFERENCE_LAB_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.log: list[str] = []
         self.url = self._wait_ready(start_timeout)
         threading.Thread(target=self._drain, daemon=True).start()
@@ -211,10 +221,3 @@ class ServerProcess:
     def __exit__(self, *exc):
         self.stop()
 
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG)."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)

@@ -1,0 +1,384 @@
+"""The serving engine and its server: text equal to generate() under every policy, through the
+official OpenAI client; every bad request its 4xx; the key; the queue bound; a disconnect frees
+its slot; the server and its workers stop cleanly; the load generator's file reads back.
+
+Servers start once for the module (the trained 1.7M-parameter `shakespeare` model: quick to
+compile, same code as the larger one) and every test keeps its request count small. The
+module runs on one xdist worker (its group), so the servers are started once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from inference_lab.analytic.serving_metrics import trace_from_token_times
+from inference_lab.analytic.workload import Requests
+from inference_lab.base import tokenizer
+from inference_lab.lessons import serving_engine as lesson
+from inference_lab.serving import server as serving_server
+from inference_lab.serving.scheduler import Engine, QueueFull, Request
+
+pytestmark = pytest.mark.xdist_group("serving")
+
+PRESET = "shakespeare"
+KEY = "test-key-123"
+PROMPTS = ["MENENIUS:\n", "ROMEO:\nBut soft, what light", "First Citizen:\nBefore we proceed any further, hear me speak.\n"]
+LENGTHS = [30, 12, 45]
+
+
+@pytest.fixture(scope="module")
+def model():
+    from inference_lab.model import pretrained
+    return pretrained.load(preset=PRESET)
+
+
+@pytest.fixture(scope="module")
+def expected(model):
+    from inference_lab.runtime import engine
+    return [engine.generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """One server per policy: chunked with a key, prefill-first with two slots and a queue of three
+    (for the 429), disaggregated (two worker processes)."""
+    started = {}
+    try:
+        started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--chunk-tokens", "32", policy="chunked",
+                                                          preset=PRESET)
+        started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--max-queue", "3",
+                                                                policy="prefill-first", preset=PRESET)
+        started["disaggregated"] = serving_server.ServerProcess(policy="disaggregated", preset=PRESET)
+        yield started
+    finally:
+        for s in started.values():
+            s.stop()
+
+
+def _headers(policy):
+    return {"Authorization": f"Bearer {KEY}"} if policy == "chunked" else {}
+
+
+def _client(servers, policy):
+    import openai
+    return openai.OpenAI(base_url=servers[policy].base_url, api_key=KEY if policy == "chunked" else "none",
+                         max_retries=0, timeout=60)
+
+
+# ----------------------------------------------------------------------------- the engine alone
+@pytest.mark.parametrize("policy", ["prefill-first", "chunked"])
+def test_engine_text_equals_generate(model, expected, policy):
+    engine = Engine(model, policy=policy, n_slots=2, chunk_tokens=32)   # 3 requests, 2 slots: one waits
+    engine.warmup()
+    engine.start()
+    got, done = {}, threading.Semaphore(0)
+
+    def emit(e):
+        got.setdefault(e.rid, []).append(e.token)
+        if e.finish:
+            done.release()
+    try:
+        for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS)):
+            engine.submit(Request(str(i), tokenizer.encode(p), n, stop_at_eos=False), emit)
+        assert all(done.acquire(timeout=60) for _ in PROMPTS)
+    finally:
+        engine.stop()
+    assert [tokenizer.decode(got[str(i)]) for i in range(3)] == expected
+
+
+def test_engine_seeded_sampling_equals_generate(model):
+    from inference_lab.runtime import engine as runtime
+    want = runtime.generate(model, PROMPTS[0], max_new_tokens=20, temperature=0.9, seed=7)
+    engine = Engine(model, policy="chunked", n_slots=2, chunk_tokens=32).start()
+    got, done = [], threading.Event()
+    try:
+        engine.submit(Request("s", tokenizer.encode(PROMPTS[0]), 20, temperature=0.9, seed=7, stop_at_eos=False),
+                      lambda e: (got.append(e.token), e.finish and done.set()))
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    assert tokenizer.decode(got) == want
+
+
+def test_engine_queue_bound_and_cancel(model):
+    engine = Engine(model, policy="prefill-first", n_slots=1, max_queue=2)
+    events = []
+    engine.submit(Request("a", [tokenizer.BOS] * 4, 200), events.append)
+    engine.submit(Request("b", [tokenizer.BOS] * 4, 200), events.append)
+    with pytest.raises(QueueFull):
+        engine.submit(Request("c", [tokenizer.BOS] * 4, 200), events.append)
+    engine.start()
+    try:
+        deadline = time.time() + 30
+        while not any(e.rid == "a" for e in events) and time.time() < deadline:
+            time.sleep(0.01)
+        engine.cancel("a")
+        engine.cancel("b")
+        while engine.stats()["active"] or engine.stats()["waiting"]:
+            assert time.time() < deadline, engine.stats()
+            time.sleep(0.01)
+    finally:
+        engine.stop()
+    ends = {e.rid: e.finish for e in events if e.finish}
+    assert ends == {"a": "abort", "b": "abort"}
+
+
+def test_engine_refuses_bad_settings(model):
+    for kwargs, word in (({"policy": "fastest"}, "policy"), ({"n_slots": 0}, "n_slots"),
+                         ({"chunk_tokens": 8}, "chunk_tokens"), ({"policy": "disaggregated"}, "TwoPoolEngine")):
+        with pytest.raises(ValueError, match=word):
+            Engine(model, **kwargs)
+
+
+def test_cache_insert_copies_one_row(model):
+    from inference_lab.model.kv_cache import KVCache
+    cfg = model.cfg
+    big = KVCache.create(cfg, 3, 32)
+    row = KVCache.random(cfg, 1, 16, context=9, seed=1)
+    want = np.asarray(row.k[0][0])
+    big = big.inserted(2, row)
+    assert big.host_lengths.tolist() == [0, 0, 9]
+    np.testing.assert_array_equal(np.asarray(big.k[0][2, :16]), want)
+    assert not np.asarray(big.k[0][:2]).any() and row.consumed
+    with pytest.raises(ValueError, match="slot"):
+        big.inserted(3, KVCache.create(cfg, 1, 16))
+    with pytest.raises(ValueError, match="one-row"):
+        big.inserted(0, KVCache.create(cfg, 2, 16))
+
+
+# ----------------------------------------------------------------------------- through the OpenAI client
+@pytest.mark.parametrize("policy", ["chunked", "prefill-first", "disaggregated"])
+def test_openai_client_streams_the_text_generate_writes(servers, expected, policy):
+    """Three concurrent streams of different lengths (the prefill-first server has two slots:
+    one waits): continuous batching changes timing, never text."""
+    client = _client(servers, policy)
+    out = [None] * 3
+
+    def one(i):
+        pieces, usage = [], None
+        for chunk in client.completions.create(model=PRESET, prompt=PROMPTS[i], max_tokens=LENGTHS[i], temperature=0,
+                                               stream=True, stream_options={"include_usage": True},
+                                               extra_body={"ignore_eos": True}):
+            if chunk.choices:
+                pieces.append(chunk.choices[0].text)
+            if chunk.usage:
+                usage = chunk.usage
+        out[i] = ("".join(pieces), usage)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [o[0] for o in out] == expected
+    assert [o[1].completion_tokens for o in out] == LENGTHS
+    assert out[0][1].prompt_tokens == len(tokenizer.encode(PROMPTS[0]))
+
+
+def test_openai_client_without_streaming_and_chat(servers, expected):
+    client = _client(servers, "chunked")
+    done = client.completions.create(model=PRESET, prompt=PROMPTS[1], max_tokens=LENGTHS[1], temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert done.choices[0].text == expected[1] and done.choices[0].finish_reason == "length"
+    assert done.usage.completion_tokens == LENGTHS[1]
+    chat = client.chat.completions.create(model=PRESET, messages=[{"role": "romeo", "content": "But soft!"}],
+                                          max_tokens=10, temperature=0)
+    assert chat.choices[0].message.role == "assistant" and len(chat.choices[0].message.content) > 0
+    assert chat.usage.completion_tokens == 10
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=PRESET, messages=[{"role": "romeo", "content": "But soft!"}], max_tokens=10, temperature=0,
+        stream=True) if c.choices)
+    assert streamed == chat.choices[0].message.content
+    assert [m.id for m in client.models.list().data] == [PRESET]
+
+
+# ----------------------------------------------------------------------------- refusals
+BAD = [
+    ({"model": "gpt-9", "prompt": "a"}, 404, "model"),
+    ({"prompt": "a"}, 400, "model"),
+    ({"model": PRESET}, 400, "prompt"),
+    ({"model": PRESET, "prompt": "a" * 300}, 400, "prompt"),
+    ({"model": PRESET, "prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": PRESET, "prompt": "a", "max_tokens": 300}, 400, "max_tokens"),
+    ({"model": PRESET, "prompt": "a", "max_tokens": "5"}, 400, "max_tokens"),
+    ({"model": PRESET, "prompt": "a", "temperature": -1}, 400, "temperature"),
+    ({"model": PRESET, "prompt": "a", "temperature": float("nan")}, 400, "temperature"),   # Python's json reads NaN
+    ({"model": PRESET, "prompt": "a", "seed": -3}, 400, "seed"),
+    ({"model": PRESET, "prompt": "a", "top_k": 10_000}, 400, "top_k"),
+    ({"model": PRESET, "prompt": "a", "n": 2}, 400, "n"),
+    ({"model": PRESET, "prompt": "a", "stop": ["\n"]}, 400, "stop"),
+    ({"model": PRESET, "prompt": ["a", "b"]}, 400, "prompt"),
+    ({"model": PRESET, "prompt": [1, 2, 99999]}, 400, "prompt"),
+    ({"model": PRESET, "prompt": "a", "stream": "yes"}, 400, "stream"),
+    ([1, 2, 3], 400, None),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_each_bad_request_gets_its_4xx(servers, body, status, param):
+    data = json.dumps(body, allow_nan=True)
+    r = httpx.post(servers["chunked"].base_url + "/completions", content=data, headers=_headers("chunked"), timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["param"] == param and "Traceback" not in r.text
+
+
+def test_transport_refusals(servers):
+    url = servers["chunked"].base_url + "/completions"
+    h = _headers("chunked")
+    assert httpx.post(url, content=b"{not json", headers=h).status_code == 400
+    assert httpx.post(url, content=b"[" * 100_000 + b"]" * 100_000, headers=h).status_code == 400   # deep nesting
+    big = httpx.post(url, content=b"x" * (2 << 20), headers=h)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
+    for given in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        r = httpx.post(url, json={"model": PRESET, "prompt": "a"}, headers=given)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(servers["chunked"].base_url + "/models").status_code == 401
+    assert httpx.get(servers["chunked"].url + "/nowhere", headers=h).json()["error"]["message"]
+    assert httpx.get(url, headers=h).status_code == 405
+
+
+def test_full_queue_answers_429(servers):
+    """Two slots and a queue of three: of ten long requests at once, some wait, the rest get 429."""
+    url = servers["prefill-first"].base_url + "/completions"
+    codes = []
+
+    def one():
+        r = httpx.post(url, json={"model": PRESET, "prompt": "a", "max_tokens": 120, "ignore_eos": True}, timeout=60)
+        codes.append((r.status_code, r.headers.get("retry-after"), r.json().get("error", {}).get("type")))
+
+    threads = [threading.Thread(target=one) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(c[0] for c in codes)[:3] == [200, 200, 200] and (429, "1", "rate_limit_error") in codes, codes
+
+
+@pytest.mark.parametrize("policy", ["chunked", "disaggregated"])
+def test_a_client_that_goes_away_frees_its_slot(servers, policy):
+    base = servers[policy].base_url
+    with httpx.stream("POST", base + "/completions", headers=_headers(policy), timeout=30,
+                      json={"model": PRESET, "prompt": "a", "max_tokens": 250, "stream": True, "ignore_eos": True}) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+        assert httpx.get(servers[policy].url + "/health", headers=_headers(policy)).json()["active"] == 1
+    deadline = time.time() + 10
+    while httpx.get(servers[policy].url + "/health", headers=_headers(policy)).json()["active"]:
+        assert time.time() < deadline, "the slot was not freed after the client left"
+        time.sleep(0.05)
+
+
+# ----------------------------------------------------------------------------- the load generator
+def test_bench_file_reads_back_with_the_numbers_measured(servers, tmp_path):
+    from inference_lab.measure.vllm_bench import load_vllm_bench
+    from inference_lab.serving.load import bench_serve
+
+    reqs = Requests(np.array([0.0, 0.05, 0.1, 0.15]), np.array([20, 60, 9, 40]), np.array([12, 5, 20, 8]))
+    result = bench_serve(servers["disaggregated"].base_url, reqs, model=PRESET, label="lab-test")
+    path = result.save(tmp_path / "run.json")
+    run, = load_vllm_bench(path)
+    assert run.completed == 4 and run.failed == 0 and run.label == "lab-test"
+    assert run.trace.requests.output_len.tolist() == [12, 5, 20, 8] == [r.output_len for r in result.results]
+    mine, theirs = result.trace().summary(), run.summary()
+    for key in ("ttft_p50_ms", "tpot_p50_ms", "itl_p99_ms", "e2e_p90_ms", "output_tokens_per_s"):
+        assert theirs[key] == pytest.approx(mine[key], rel=1e-9), key
+    with pytest.raises(ValueError, match="already exists"):
+        result.save(path)
+
+
+def test_bench_serve_command_and_a_refused_bind(servers, tmp_path):
+    out = tmp_path / "cli.json"
+    cli = [sys.executable, "-m", "inference_lab", "bench-serve", "--base-url", servers["chunked"].base_url,
+           "--model", PRESET, "--api-key", KEY, "--num-prompts", "3", "--prompt-len", "30", "--output-len", "6",
+           "--save-result", str(out)]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "3 of 3 requests completed" in done.stdout, done.stderr
+    assert json.loads(out.read_text())["output_lens"] == [6, 6, 6]
+    refused = subprocess.run([sys.executable, "-m", "inference_lab", "serve", "--host", "0.0.0.0"],
+                             capture_output=True, text=True, timeout=60, env={**os.environ, "INFERENCE_LAB_API_KEY": ""})
+    assert refused.returncode == 2 and "--api-key" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_parse_args_rules():
+    with pytest.raises(SystemExit):
+        serving_server.parse_args(["--host", "10.0.0.5", "--api-key", " "])
+    assert serving_server.parse_args(["--host", "10.0.0.5", "--api-key", "k"]).api_key == "k"
+    assert serving_server.parse_args(["--host", "::1"]).api_key in (None, os.environ.get("INFERENCE_LAB_API_KEY"))
+    with pytest.raises(SystemExit):
+        serving_server.parse_args(["--slots", "8", "--chunk-tokens", "8"])
+
+
+# ----------------------------------------------------------------------------- stopping
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:   # a zombie is gone for our purposes
+        return f.read().split()[2] != "Z"
+
+
+def test_sigint_stops_the_two_pool_server_and_its_workers(servers):
+    s = servers["disaggregated"]
+    pids = httpx.get(s.url + "/health").json()["worker_pids"]
+    assert all(_alive(p) for p in pids)
+    assert s.stop() == 0
+    assert "Traceback" not in "\n".join(s.log) and s.log[-1] == "inference-lab server stopped", s.log[-5:]
+    deadline = time.time() + 10
+    while any(_alive(p) for p in pids):
+        assert time.time() < deadline, "a worker outlived the server"
+        time.sleep(0.1)
+
+
+def test_server_dies_with_its_notebook_kernel(tmp_path):
+    """A 'kernel' process starts a server and is killed (as a kernel restart kills it): the server
+    goes too."""
+    code = ("from inference_lab.serving.server import ServerProcess\n"
+            f"s = ServerProcess(policy='prefill-first', preset='{PRESET}')\n"
+            "print(s.process.pid, flush=True)\nimport time\ntime.sleep(600)\n")
+    kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(kernel.stdout.readline())
+        assert _alive(server_pid)
+    finally:
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait()
+    deadline = time.time() + 15
+    while _alive(server_pid):
+        assert time.time() < deadline, "the server outlived its kernel"
+        time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- the claims, on counter-data
+def _trace(gaps_ms, n=10, first_ms=50.0):
+    reqs = Requests(np.zeros(n), np.full(n, 100), np.full(n, len(gaps_ms) + 1))
+    times = [np.concatenate([[first_ms], first_ms + np.cumsum(gaps_ms)]) / 1e3 for _ in range(n)]
+    return trace_from_token_times("t", reqs, times)
+
+
+def test_chunking_claim_can_fail():
+    steady = _trace([15.0] * 40)
+    stalled = _trace([15.0] * 38 + [180.0, 180.0])
+    assert lesson.chunking_bounds_the_stall(stalled, steady, predicted=6.0).holds is True
+    assert lesson.chunking_bounds_the_stall(steady, steady, predicted=6.0).holds is False
+    # noise as wide as the effect: undecided
+    assert lesson.chunking_bounds_the_stall(stalled, _trace([15.0] * 36 + [60.0] * 4), predicted=6.0, u=2.0).holds is None
+
+
+def test_two_pools_claim_can_fail():
+    light, held, doubled = _trace([16.0] * 30), _trace([17.0] * 30), _trace([32.0] * 30)
+    assert lesson.two_pools_hold_tpot(light, doubled, light, held).holds is True
+    assert lesson.two_pools_hold_tpot(light, doubled, light, doubled).holds is False    # both degrade
+    assert lesson.two_pools_hold_tpot(light, held, light, held).holds is False          # neither does
