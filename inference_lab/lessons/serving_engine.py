@@ -59,7 +59,7 @@ def chunking_bounds_the_stall(prefill_first: ServingTrace, chunked: ServingTrace
 
 
 def two_pools_hold_tpot(colocated_light: ServingTrace, colocated_heavy: ServingTrace,
-                        pools_light: ServingTrace, pools_heavy: ServingTrace, *, factor: float = 1.3,
+                        pools_light: ServingTrace, pools_heavy: ServingTrace, *, factor: float = 1.5,
                         u: float = 1.0) -> Verdict:
     """Prompt load raises the two-pool server's TPOT p50 by less than ``factor`` and the colocated
     server's by more."""
@@ -79,7 +79,7 @@ def traces(seed: int = 0) -> dict[str, Requests]:
     """The two traces: ``light`` (four short prompts at once: decode alone) and ``heavy`` (long
     prompts arriving faster than one pool prefills them while it also decodes)."""
     light = sample_requests(4, 1000.0, prompt_len=16, output_len=40, seed=seed)
-    heavy = sample_requests(20, 6.0, prompt_len=(160, 220), output_len=(24, 40), seed=seed + 1)
+    heavy = sample_requests(24, 8.0, prompt_len=(160, 220), output_len=(24, 40), seed=seed + 1)
     return {"light": light, "heavy": heavy}
 
 
@@ -151,3 +151,91 @@ def run_policies(engines: dict, trace_set: dict) -> dict:
     """{(policy, trace name): ServingTrace} for each engine on each trace (in-process, no HTTP)."""
     return {(policy, name): drive_engine(e, requests, label=f"{policy} ({name})")
             for policy, e in engines.items() for name, requests in trace_set.items()}
+
+
+# ----------------------------------------------------------------------------- the notebook's steps
+def start_server(policy: str = "chunked"):
+    """The lab's server as a child process on a free port (stopped with ``server.stop()``, or with
+    this kernel)."""
+    from inference_lab.serving.server import ServerProcess
+
+    return ServerProcess(policy=policy, preset=PRESET)
+
+
+def stream_once(base_url: str, prompt: str, max_tokens: int = 48) -> ServingTrace:
+    """One streamed request, printed as it arrives; returns its timings (a one-request trace)."""
+    from inference_lab.serving.load import bench_serve
+
+    requests = Requests(np.zeros(1), np.array([len(prompt.encode()) + 1]), np.array([max_tokens]))
+    result = bench_serve(base_url, requests, model=PRESET, label="one request", prompts=[prompt])
+    r = result.results[0]
+    print(prompt + r.text)
+    return result.trace()
+
+
+def start_engines(seed: int = 0):
+    """The three engines, warmed up (every program compiled), and this machine's step costs
+    measured on the chunked one before any of them serves: ``(engines, costs)``."""
+    from inference_lab.serving.disaggregated import TwoPoolEngine
+    from inference_lab.serving.models import load_model
+    from inference_lab.serving.scheduler import Engine
+
+    model = load_model(PRESET)
+    engines = {p: Engine(model, policy=p, n_slots=N_SLOTS, chunk_tokens=CHUNK_TOKENS)
+               for p in ("prefill-first", "chunked")}
+    for e in engines.values():
+        e.warmup()
+    costs = measure_step_costs(engines["chunked"])
+    for e in engines.values():
+        e.start()
+    engines["disaggregated"] = TwoPoolEngine(PRESET, n_slots=N_SLOTS).start()
+    return engines, costs
+
+
+def predicted_stall(costs: StepCosts, requests: Requests) -> float:
+    """How much longer prefill-first's worst gap should be than chunked prefill's: a decode step
+    plus the longest prompt's whole prefill, against a decode step plus one budget-sized chunk."""
+    from inference_lab.serving.slots import prefill_width
+
+    longest = int(requests.prompt_len.max())
+    whole = costs.prefill[prefill_width(longest, max(costs.prefill))]
+    chunk = costs.chunk[max(CHUNK_TOKENS - N_SLOTS, 16) // 16 * 16]   # the chunk beside full slots
+    return (costs.decode + whole) / (costs.decode + chunk)
+
+
+def table(measured: dict, simulated_runs: dict) -> str:
+    """Measured beside simulated, one row per (policy, trace): TTFT and ITL p50/p99, TPOT p50 (ms)."""
+    head = ("| policy | trace | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | TPOT p50 | out tok/s |\n"
+            "|---|---|---|---|---|---|---|---|")
+    rows = [head]
+    for key, trace in measured.items():
+        for source, t in (("measured", trace), ("simulated", simulated_runs.get(key))):
+            if t is None:
+                continue
+            s = t.summary()
+            rows.append(f"| {key[0]} ({source}) | {key[1]} | {s['ttft_p50_ms']:.0f} | {s['ttft_p99_ms']:.0f} | "
+                        f"{s['itl_p50_ms']:.1f} | {s['itl_p99_ms']:.1f} | {s['tpot_p50_ms']:.1f} | "
+                        f"{s['output_tokens_per_s']:.0f} |")
+    return "\n".join(rows)
+
+
+def load_view(costs: StepCosts, kv_bytes_per_token: float, transfer_bytes_per_s: float):
+    """The dashboard: the simulator on this machine's step costs, the three policies against the
+    arrival rate of prompts of one length (the slider). Returns (figure, readout)."""
+    from inference_lab.plots.serving import serving_plot
+
+    def view(prompt_len: int):
+        rows = []
+        for mode in ("colocated", "chunked", "disaggregated"):
+            for rate in (1.0, 2.0, 3.0, 4.0, 6.0, 8.0):
+                reqs = sample_requests(200, rate, prompt_len=prompt_len, output_len=32, seed=0)
+                s = simulated(reqs, costs, mode, kv_bytes_per_token=kv_bytes_per_token,
+                              transfer_bytes_per_s=transfer_bytes_per_s).summary()
+                rows.append({**s, "rate": rate, "mode": mode})
+        fig = serving_plot(rows, title=f"Simulated on this machine's step costs: prompts of {prompt_len} tokens")
+        worst = max((r for r in rows if r["mode"] == "colocated"), key=lambda r: r["rate"])
+        text = (f"{prompt_len}-token prompts at {worst['rate']:g} req/s: colocated ITL p99 "
+                f"{worst['itl_p99_ms']:.0f} ms, TPOT p50 {worst['tpot_p50_ms']:.1f} ms")
+        return fig, text
+
+    return view

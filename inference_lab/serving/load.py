@@ -209,12 +209,13 @@ class BenchResult:
 
 def bench_serve(base_url: str, requests: Requests, *, model: str, api_key: str | None = None,
                 max_concurrency: int | None = None, label: str = "inference-lab", seed: int = 0,
-                timeout: float = 300.0, request_rate: float | None = None) -> BenchResult:
+                timeout: float = 300.0, request_rate: float | None = None, prompts=None) -> BenchResult:
     """Send ``requests`` (arrival times, prompt and output lengths) to the OpenAI-compatible
     server at ``base_url`` (``http://host:port/v1``) and time every token. ``request_rate`` is
     only recorded (the arrivals carry it). In a notebook, where an event loop already runs,
-    the run takes a thread of its own."""
-    prompts = prompt_texts(requests.prompt_len, seed)
+    the run takes a thread of its own. ``prompts``: the texts to send (default: held-out
+    Shakespeare cut to each prompt length)."""
+    prompts = prompt_texts(requests.prompt_len, seed) if prompts is None else list(prompts)
     run = _run(base_url, model, requests, prompts, api_key=api_key, max_concurrency=max_concurrency,
                timeout=timeout)
     try:
