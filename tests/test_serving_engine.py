@@ -3,8 +3,10 @@ official OpenAI client; every bad request its 4xx; the key; the queue bound; a d
 its slot; the server and its workers stop cleanly; the load generator's file reads back.
 
 Servers start once for the module (the trained 1.7M-parameter `shakespeare` model: quick to
-compile, same code as the larger one) and every test keeps its request count small. The
-module runs on one xdist worker (its group), so the servers are started once.
+compile, same code as the larger one) and every test keeps its request count small; `make
+unit-test` hands whole files to its workers, so they start once. The two-pool server is started
+by a stand-in notebook kernel (a child process), which the last test kills as a kernel restart
+would: the server and both workers must go with it.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ from inference_lab.lessons import serving_engine as lesson
 from inference_lab.serving import server as serving_server
 from inference_lab.serving.scheduler import Engine, QueueFull, Request
 
-pytestmark = pytest.mark.xdist_group("serving")
-
 PRESET = "shakespeare"
 KEY = "test-key-123"
 PROMPTS = ["MENENIUS:\n", "ROMEO:\nBut soft, what light", "First Citizen:\nBefore we proceed any further, hear me speak.\n"]
@@ -48,17 +48,36 @@ def expected(model):
     return [engine.generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
 
 
+class KernelServer:
+    """A server started by a stand-in notebook kernel: ``python -c`` running ServerProcess."""
+
+    def __init__(self, policy: str):
+        code = ("from inference_lab.serving.server import ServerProcess\n"
+                f"s = ServerProcess(policy={policy!r}, preset={PRESET!r})\n"
+                "print(s.process.pid, s.url, flush=True)\nimport time\ntime.sleep(600)\n")
+        self.kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        line = self.kernel.stdout.readline().split()
+        assert len(line) == 2, "the kernel's server did not start"
+        self.pid, self.url = int(line[0]), line[1]
+        self.base_url = self.url + "/v1"
+
+    def stop(self):
+        if self.kernel.poll() is None:
+            self.kernel.kill()
+            self.kernel.wait()
+
+
 @pytest.fixture(scope="module")
 def servers():
     """One server per policy: chunked with a key, prefill-first with two slots and a queue of three
-    (for the 429), disaggregated (two worker processes)."""
+    (for the 429), disaggregated (two worker processes, started by a stand-in kernel)."""
     started = {}
     try:
+        started["disaggregated"] = KernelServer("disaggregated")
         started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--chunk-tokens", "32", policy="chunked",
                                                           preset=PRESET)
         started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--max-queue", "3",
                                                                 policy="prefill-first", preset=PRESET)
-        started["disaggregated"] = serving_server.ServerProcess(policy="disaggregated", preset=PRESET)
         yield started
     finally:
         for s in started.values():
@@ -154,6 +173,29 @@ def test_cache_insert_copies_one_row(model):
         big.inserted(3, KVCache.create(cfg, 1, 16))
     with pytest.raises(ValueError, match="one-row"):
         big.inserted(0, KVCache.create(cfg, 2, 16))
+
+
+def test_decode_rows_steps_only_the_prefix(model):
+    from inference_lab.model.kv_cache import KVCache
+    from inference_lab.runtime import engine as runtime
+    cfg = model.cfg
+    tokens = np.array([5, 17, 99, 3], np.int32)
+    whole = KVCache.random(cfg, 4, 32, context=7, seed=3)
+    before = np.asarray(whole.k[1][2:])
+    want, _ = runtime.decode_step(model, tokens[:2], _rows(cfg, 2))
+    got, whole = runtime.decode_rows(model, tokens[:2], whole, 2)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert whole.host_lengths.tolist() == [8, 8, 7, 7]
+    np.testing.assert_array_equal(np.asarray(whole.k[1][2:]), before)   # the other rows untouched
+    with pytest.raises(ValueError, match="rows"):
+        runtime.decode_rows(model, tokens, whole, 5)
+
+
+def _rows(cfg, n):
+    """The first ``n`` rows of KVCache.random(cfg, 4, 32, 7, seed=3), as a cache of their own."""
+    from inference_lab.model.kv_cache import KVCache
+    full = KVCache.random(cfg, 4, 32, context=7, seed=3)
+    return KVCache([k[:n] for k in full.k], [v[:n] for v in full.v], np.full(n, 7, np.int32))
 
 
 # ----------------------------------------------------------------------------- through the OpenAI client
@@ -330,34 +372,22 @@ def _alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
-def test_sigint_stops_the_two_pool_server_and_its_workers(servers):
-    s = servers["disaggregated"]
-    pids = httpx.get(s.url + "/health").json()["worker_pids"]
-    assert all(_alive(p) for p in pids)
+def test_sigint_stops_the_server_cleanly(servers):
+    s = servers["chunked"]
     assert s.stop() == 0
     assert "Traceback" not in "\n".join(s.log) and s.log[-1] == "inference-lab server stopped", s.log[-5:]
-    deadline = time.time() + 10
-    while any(_alive(p) for p in pids):
-        assert time.time() < deadline, "a worker outlived the server"
-        time.sleep(0.1)
 
 
-def test_server_dies_with_its_notebook_kernel(tmp_path):
-    """A 'kernel' process starts a server and is killed (as a kernel restart kills it): the server
-    goes too."""
-    code = ("from inference_lab.serving.server import ServerProcess\n"
-            f"s = ServerProcess(policy='prefill-first', preset='{PRESET}')\n"
-            "print(s.process.pid, flush=True)\nimport time\ntime.sleep(600)\n")
-    kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        server_pid = int(kernel.stdout.readline())
-        assert _alive(server_pid)
-    finally:
-        kernel.send_signal(signal.SIGKILL)
-        kernel.wait()
+def test_the_two_pool_server_and_its_workers_die_with_their_kernel(servers):
+    """Killing the kernel (as a restart does) takes the server (SIGTERM from the kernel at its
+    parent's death) and so both worker processes with it."""
+    s = servers["disaggregated"]
+    pids = [s.pid] + httpx.get(s.url + "/health").json()["worker_pids"]
+    assert all(_alive(p) for p in pids)
+    s.stop()
     deadline = time.time() + 15
-    while _alive(server_pid):
-        assert time.time() < deadline, "the server outlived its kernel"
+    while any(_alive(p) for p in pids):
+        assert time.time() < deadline, f"outlived their kernel: {[p for p in pids if _alive(p)]}"
         time.sleep(0.1)
 
 

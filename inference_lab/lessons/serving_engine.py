@@ -85,16 +85,19 @@ def traces(seed: int = 0) -> dict[str, Requests]:
 
 @dataclasses.dataclass
 class StepCosts:
-    """This machine's measured engine costs: a decode step of all slots, a prefill per padded
-    width, a chunk per width (seconds)."""
+    """This machine's measured engine costs (seconds): a decode step per batch width (the slots'
+    compiled widths), a prefill per padded width, a chunk per width."""
 
-    decode: float
+    decode: dict
     prefill: dict
     chunk: dict
 
-    def phases(self, kv_bytes_per_token: float, transfer_s_per_byte: float = 0.0) -> PhaseModel:
-        """A :class:`PhaseModel` for the simulator from these costs (the static slots make a decode
-        step cost the same at any batch)."""
+    def step(self, batch: int) -> float:
+        """A decode step of ``batch`` running requests: the smallest compiled width that holds them."""
+        return self.decode[next((w for w in sorted(self.decode) if w >= batch), max(self.decode))]
+
+    def phases(self, kv_bytes_per_token: float) -> PhaseModel:
+        """A :class:`PhaseModel` for the simulator from these costs."""
         widths = np.array(sorted(self.prefill))
         times = np.array([self.prefill[w] for w in widths])
 
@@ -105,41 +108,46 @@ class StepCosts:
         chunk_t = np.array([self.chunk[w] for w in chunk_w])
 
         def mixed_seconds(batch, total_context, chunks=()):
-            return (self.decode if batch else 0.0) + sum(float(np.interp(c, chunk_w, chunk_t)) for c, _ in chunks)
+            return (self.step(batch) if batch else 0.0) + sum(float(np.interp(c, chunk_w, chunk_t)) for c, _ in chunks)
 
-        return PhaseModel(prefill_seconds=prefill_seconds, decode_seconds=lambda b, c: self.decode,
+        return PhaseModel(prefill_seconds=prefill_seconds, decode_seconds=lambda b, c: self.step(b),
                           kv_bytes_per_token=kv_bytes_per_token, mixed_seconds=mixed_seconds,
                           description="measured engine step costs")
 
 
 def measure_step_costs(engine, repeats: int = 5) -> StepCosts:
-    """Time the engine's own calls (after its warm-up), interleaved: a decode step of all slots,
-    a prefill per padded width, a chunk per width."""
+    """Time the engine's own calls (after its warm-up), interleaved: a decode step per batch
+    width, a prefill per padded width, a chunk per width."""
     from inference_lab.base import tokenizer
     from inference_lab.serving.slots import chunk_widths, prefill_widths
     from pallas_kernels.timing import round_robin, timed
 
     slots = engine.slots
-    names = ["decode"] + [("prefill", w) for w in prefill_widths(slots.max_len)] + \
-            [("chunk", w) for w in chunk_widths(engine.chunk_tokens)]
+    names = ([("decode", w) for w in slots.step_widths()] + [("prefill", w) for w in prefill_widths(slots.max_len)]
+             + [("chunk", w) for w in chunk_widths(engine.chunk_tokens)])
 
-    def run(name):
-        if name == "decode":
-            return lambda: timed(slots.step)
-        kind, w = name
+    def run(kind, w):
+        if kind == "decode":
+            return lambda: timed(lambda: slots.busy_step(w))
         if kind == "prefill":
             return lambda: timed(lambda: slots.prefill([tokenizer.BOS] * w)[0])
         return lambda: timed(lambda: slots.prefill_chunk(slots.new_row(), [tokenizer.BOS] * w, w)[0])
 
-    samples = dict(zip(names, round_robin([run(n) for n in names], repeats)))
-    return StepCosts(decode=samples["decode"].median,
-                     prefill={k[1]: s.median for k, s in samples.items() if k[0] == "prefill"},
-                     chunk={k[1]: s.median for k, s in samples.items() if k[0] == "chunk"})
+    samples = dict(zip(names, round_robin([run(*n) for n in names], repeats)))
+    return StepCosts(**{kind: {w: s.median for (k, w), s in samples.items() if k == kind}
+                        for kind in ("decode", "prefill", "chunk")})
+
+
+def pool_costs(two_pools, costs: StepCosts) -> StepCosts:
+    """The two-pool engine's own costs: each worker timed its calls on its one core before serving."""
+    return StepCosts(decode=dict(two_pools.worker_costs["decode"]), prefill=dict(two_pools.worker_costs["prefill"]),
+                     chunk=costs.chunk)
 
 
 def simulated(requests: Requests, costs: StepCosts, mode: str, *, kv_bytes_per_token: float,
               transfer_bytes_per_s: float | None = None) -> ServingTrace:
-    """The simulator's run of ``requests`` on this machine's step costs (``mode`` as there)."""
+    """The simulator's run of ``requests`` on step costs measured here (``mode`` as there; for
+    ``"disaggregated"`` pass :func:`pool_costs`)."""
     phases = costs.phases(kv_bytes_per_token)
     kw = {"chunk_tokens": CHUNK_TOKENS} if mode == "chunked" else {}
     if mode == "disaggregated":
@@ -200,7 +208,8 @@ def predicted_stall(costs: StepCosts, requests: Requests) -> float:
     longest = int(requests.prompt_len.max())
     whole = costs.prefill[prefill_width(longest, max(costs.prefill))]
     chunk = costs.chunk[max(CHUNK_TOKENS - N_SLOTS, 16) // 16 * 16]   # the chunk beside full slots
-    return (costs.decode + whole) / (costs.decode + chunk)
+    step = costs.step(N_SLOTS)
+    return (step + whole) / (step + chunk)
 
 
 def table(measured: dict, simulated_runs: dict) -> str:

@@ -5,6 +5,8 @@
 - :func:`decode_step` runs one new token per row (memory-bound at small batch: every weight
   is read for just ``B`` tokens) and appends its K/V to the cache.
 - :func:`generate` = prefill + a jitted loop of decode steps with sampling.
+- :func:`decode_rows` is a decode step of the first rows of a cache only (a serving engine's
+  smaller batch when few of its fixed slots are busy).
 - :func:`verify` runs a few new tokens per row in one forward; :func:`check_guesses` is
   speculative decoding's greedy check built on it (argmax, the guesses kept, the rollback).
 
@@ -77,6 +79,18 @@ def _decode_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=
     logits, k_caches, v_caches = _spmd(decode_forward, mesh, cfg=cfg, mode=mode)(
         params, tokens, lengths, k_caches, v_caches)
     return logits, k_caches, v_caches, lengths + 1
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
+def _decode_rows_jit(params, tokens, lengths, k_caches, v_caches, *, rows, cfg, mode):
+    """A decode step of the first ``rows`` rows only: they are sliced out, stepped and written
+    back in place (the donated caches), the other rows untouched (one device)."""
+    ks, vs = [k[:rows] for k in k_caches], [v[:rows] for v in v_caches]
+    logits, ks, vs = decode_forward(params, tokens[:rows], lengths[:rows], ks, vs, cfg=cfg, mode=mode)
+    at = (0, 0, 0, 0)
+    k_caches = [jax.lax.dynamic_update_slice(k, new, at) for k, new in zip(k_caches, ks)]
+    v_caches = [jax.lax.dynamic_update_slice(v, new, at) for v, new in zip(v_caches, vs)]
+    return logits, k_caches, v_caches, lengths.at[:rows].add(1)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
@@ -240,6 +254,33 @@ def decode_step(model, next_tokens, cache: KVCache):
     logits, ks, vs, lengths = _decode_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
                                           cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
     return logits, KVCache(ks, vs, lengths, host_lengths=host)
+
+
+def decode_rows(model, next_tokens, cache: KVCache, rows: int):
+    """:func:`decode_step` for the first ``rows`` rows of ``cache`` only (next_tokens [rows]); the
+    other rows keep their lengths and contents. A serving engine with fixed slots steps the
+    smallest prefix of them that holds every running request, so a lone request does not pay for
+    seven empty rows (vLLM pads its decode batch to a few captured sizes the same way). One
+    compiled program per ``rows``; one device only. Returns (logits [rows, V], the cache)."""
+    _check_cache(model, cache, "decode_rows()")
+    if model.mesh is not None:
+        raise ValueError("decode_rows runs on one device; a model split by parallel.shard steps whole "
+                         "batches with decode_step")
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or not 1 <= rows <= cache.batch:
+        raise ValueError(f"rows={rows!r} must be an integer in 1..{cache.batch} (the cache's rows)")
+    tokens = _as_tokens(next_tokens, "next_tokens", 1, model.cfg)
+    if tokens.shape[0] != rows:
+        raise ValueError(f"next_tokens has {tokens.shape[0]} entries for rows={rows}; give one token per stepped row")
+    held = cache.host_lengths
+    if int(held[:rows].max()) + 1 > min(cache.max_len, model.cfg.max_seq_len):
+        raise ValueError(f"decoding past max_len: a row already holds {int(held[:rows].max())} of "
+                         f"max_len={cache.max_len} tokens")
+    held[:rows] += 1
+    lengths = cache.lengths
+    ks, vs = cache.donate("decode_rows")
+    logits, ks, vs, lengths = _decode_rows_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
+                                               rows=int(rows), cfg=model.cfg, mode=model.kernels)
+    return logits, KVCache(ks, vs, lengths, host_lengths=held)
 
 
 def verify(model, tokens, cache: KVCache):

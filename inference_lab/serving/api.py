@@ -23,6 +23,7 @@ import hmac
 import itertools
 import json
 import math
+import secrets
 import time
 
 from starlette.applications import Starlette
@@ -152,7 +153,8 @@ class Served:
                        name)
         temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
         top_k = _integer(body, "top_k", -1, -1, self.vocab_size)
-        seed = _integer(body, "seed", 0, 0, MAX_SEED)
+        # no seed: a fresh one, as OpenAI's and vLLM's servers sample differently on every call
+        seed = _integer(body, "seed", secrets.randbelow(MAX_SEED), 0, MAX_SEED)
         for name, neutral in (("n", 1), ("best_of", 1), ("top_p", 1), ("echo", False), ("logprobs", False),
                               ("presence_penalty", 0), ("frequency_penalty", 0), ("repetition_penalty", 1)):
             _neutral(body, name, neutral)
@@ -216,7 +218,10 @@ class _Stream:
             raise APIError(503, str(e), code="engine_stopped", kind="server_error") from None
 
     def _from_engine(self, event) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:   # the event loop closed (the server is stopping): nobody is listening
+            pass
 
     async def events(self):
         """(text piece, finish reason) per token until the request ends."""

@@ -79,6 +79,17 @@ def _row_arrays(row, n: int):
     return [np.asarray(k[:, :n]) for k in row.k], [np.asarray(v[:, :n]) for v in row.v]
 
 
+def _prefill_costs(engine: Engine) -> dict:
+    """The prefill worker's own prefill time per padded width, on its one core (median of 3)."""
+    from inference_lab.base import tokenizer
+    from inference_lab.serving.slots import prefill_widths
+    from pallas_kernels.timing import round_robin, timed
+
+    widths = prefill_widths(engine.max_len)
+    runs = [lambda w=w: timed(lambda: engine.slots.prefill([tokenizer.BOS] * w)[0]) for w in widths]
+    return {w: s.median for w, s in zip(widths, round_robin(runs, repeats=3))}
+
+
 def prefill_worker(spec: dict, inbox, kv_out, events) -> None:
     """The prefill pool: prompts from ``inbox``, first tokens to ``events``, caches to ``kv_out``."""
     _die_with_parent(spec["parent"])
@@ -91,7 +102,8 @@ def prefill_worker(spec: dict, inbox, kv_out, events) -> None:
         kv_out.send((request, token, k, v, now()))
 
     engine = Engine(model, policy="prefill-only", n_slots=1, max_queue=1 << 20, handoff=handoff)
-    events.put(("ready", "prefill", engine.warmup()))
+    warmup = engine.warmup()
+    events.put(("ready", "prefill", warmup, _prefill_costs(engine)))
     engine.start()
     _serve_inbox(engine, inbox, events)
 
@@ -107,7 +119,13 @@ def decode_worker(spec: dict, kv_in, control, events) -> None:
     from inference_lab.serving.slots import prefill_width
 
     engine = Engine(model, policy="decode-only", n_slots=spec["n_slots"], max_queue=1 << 20)
-    events.put(("ready", "decode", engine.warmup()))
+    warmup = engine.warmup()
+    from pallas_kernels.timing import round_robin, timed
+
+    widths = engine.slots.step_widths()
+    runs = [lambda w=w: timed(lambda: engine.slots.busy_step(w)) for w in widths]
+    step = {w: s.median for w, s in zip(widths, round_robin(runs, repeats=5))}
+    events.put(("ready", "decode", warmup, step))
     engine.start()
     stop, lock = threading.Event(), threading.Lock()
     cancelled: set[str] = set()    # cancels that may overtake their cache on the other pipe
@@ -183,6 +201,9 @@ class TwoPoolEngine:
         self._send_lock = threading.Lock()
         self.transfers: list[tuple[int, float]] = []   # (bytes, seconds) per shipped cache
         self.warmup_s: dict[str, float] = {}
+        # measured by each worker on its own core before it serves: the prefill seconds per padded
+        # width, and a decode step per batch width (the simulator's costs for this pair of pools)
+        self.worker_costs: dict[str, object] = {}
         self.error: str | None = None
         self._procs: list = []
 
@@ -203,7 +224,7 @@ class TwoPoolEngine:
         deadline = now() + READY_TIMEOUT_S
         while len(self.warmup_s) < 2:
             try:
-                kind, role, seconds = self._events.get(timeout=1.0)
+                kind, role, seconds, costs = self._events.get(timeout=1.0)
             except queue.Empty:
                 dead = [p.name for p in self._procs if not p.is_alive()]
                 if dead or now() > deadline:
@@ -212,6 +233,7 @@ class TwoPoolEngine:
                                        "(its error is in the log above)")
                 continue
             self.warmup_s[role] = seconds
+            self.worker_costs[role] = costs
         self._dispatcher = threading.Thread(target=self._dispatch, name="inference-lab-events", daemon=True)
         self._dispatcher.start()
         return self

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import queue
 import threading
 import time
@@ -187,7 +188,11 @@ class Engine:
                     logits, row = self.slots.prefill([tokenizer.BOS] * width)
                 self._insert_and_free(row)
         if self.policy != "prefill-only":
-            greedy(self.slots.step())
+            for width in self.slots.step_widths():       # each decode batch width, once
+                self.slots.active[width - 1] = True
+                greedy(self.slots.step())
+                self.slots.active[width - 1] = False
+            self.slots.cache = self.slots.cache.rewound(0)
         return now() - t0
 
     def _insert_and_free(self, row) -> None:
@@ -330,6 +335,11 @@ class Engine:
         r.slot = -1
 
 
+@functools.cache
+def _unused_key():
+    return jax.random.key(0)   # greedy sampling draws nothing; made once, not per step
+
+
 def greedy(logits) -> np.ndarray:
     """The argmax of every row of float32 logits [B, V], on the host."""
-    return np.asarray(engine.sample(logits, jax.random.key(0), 0.0))
+    return np.asarray(engine.sample(logits, _unused_key(), 0.0))

@@ -8,9 +8,10 @@ A request goes through three calls:
    the prompt padded to a power-of-two width so a few compiled programs serve every length) or
    a chunk at a time (:meth:`DecodeSlots.prefill_chunk`, chunked prefill);
 2. **insert** that row into a free slot (:meth:`DecodeSlots.insert`: one in-place copy);
-3. **generate**: one :meth:`DecodeSlots.step` advances every slot by a token. Free slots ride
-   along at length 0 (their work is wasted, their shape is what lets the program stay compiled)
-   and are set back to 0 after each step.
+3. **generate**: one :meth:`DecodeSlots.step` advances every busy slot by a token. It steps the
+   smallest of a few compiled batch widths (1, 2, 4, ... up to ``n_slots``) that holds every busy
+   slot; free slots inside it ride along at length 0 (their work is wasted, their shape is what
+   lets the program stay compiled) and are set back to 0 after each step.
 
 Sampling is per request (:func:`sample_row`): greedy rows by one argmax over the batch, and a
 seeded row with the key :func:`inference_lab.runtime.engine.generate` would use for that row's
@@ -115,14 +116,41 @@ class DecodeSlots:
         self.cache = self.cache.rewound(held)
 
     def step(self):
-        """One decode step of every slot. Returns float32 logits [n_slots, V] (rows of free
-        slots are garbage); free slots are back at length 0 afterwards."""
-        logits, cache = engine.decode_step(self.model, self.next_token, self.cache)
+        """One decode step of the busy slots: of the smallest prefix of :meth:`step_widths` rows
+        that holds every active slot (slots are given out lowest first, so a few requests step a
+        few rows). Returns float32 logits [width, V] (rows of free slots are garbage); free slots
+        are back at length 0 afterwards."""
+        busy = np.flatnonzero(self.active)
+        width = next((w for w in self.step_widths() if w > (busy.max() if len(busy) else 0)), self.n_slots)
+        if width == self.n_slots:
+            logits, cache = engine.decode_step(self.model, self.next_token, self.cache)
+        else:
+            logits, cache = engine.decode_rows(self.model, self.next_token[:width], self.cache, width)
         held = cache.host_lengths
         if not self.active.all():
             cache = cache.rewound(np.where(self.active, held, 0))
         self.cache = cache
         return logits
+
+    def busy_step(self, width: int | None = None):
+        """A step as when the first ``width`` slots (default: all) are busy, the slots' state put
+        back after: what the step-cost measurements time. Only while the engine is not serving."""
+        active, lengths = self.active.copy(), self.cache.host_lengths
+        self.active[:] = False
+        self.active[:width or self.n_slots] = True
+        try:
+            return self.step()
+        finally:
+            self.active[:] = active
+            self.cache = self.cache.rewound(lengths)
+
+    def step_widths(self) -> list[int]:
+        """The decode batch widths a step compiles for: powers of two below ``n_slots``, then it."""
+        widths, w = [], 1
+        while w < self.n_slots:
+            widths.append(w)
+            w *= 2
+        return widths + [self.n_slots]
 
     def free_slots(self) -> list[int]:
         return [int(i) for i in np.flatnonzero(~self.active)]
