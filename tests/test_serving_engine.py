@@ -152,6 +152,16 @@ def test_engine_queue_bound_and_cancel(model):
     assert ends == {"a": "abort", "b": "abort"}
 
 
+def test_engine_refuses_requests_it_cannot_hold(model):
+    engine = Engine(model, policy="chunked", n_slots=1)       # not started: refused at submit
+    for request, word in ((Request("a", [], 4), "prompt"), (Request("b", [tokenizer.BOS] * 256, 4), "max_len"),
+                          (Request("c", [9999], 4), "token ids"), (Request("d", [1, 2], 0), "max_tokens"),
+                          (Request("e", [1, 2], 4, temperature=-1.0), "temperature")):
+        with pytest.raises(ValueError, match=word):
+            engine.submit(request, lambda e: None)
+    assert engine.stats()["waiting"] == 0
+
+
 def test_engine_refuses_bad_settings(model):
     for kwargs, word in (({"policy": "fastest"}, "policy"), ({"n_slots": 0}, "n_slots"),
                          ({"chunk_tokens": 8}, "chunk_tokens"), ({"policy": "disaggregated"}, "TwoPoolEngine")):

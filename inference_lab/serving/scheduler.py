@@ -140,7 +140,9 @@ class Engine:
         return self
 
     def submit(self, request: Request, emit) -> None:
-        """Queue ``request``; ``emit(TokenEvent)`` is called from the engine's thread."""
+        """Queue ``request``; ``emit(TokenEvent)`` is called from the engine's thread. A request
+        the model cannot hold is refused here (ValueError), before it could stop the loop."""
+        self.check(request)
         with self._lock:
             if self.error is not None:
                 raise RuntimeError(f"the engine stopped: {self.error}")
@@ -148,6 +150,20 @@ class Engine:
                 raise QueueFull(f"{self._queued} requests are already waiting (max_queue={self.max_queue})")
             self._queued += 1
         self._inbox.put(("submit", _Running(request, emit)))
+
+    def check(self, request: Request) -> None:
+        """One-line errors for a request the engine cannot serve (the API answers them 400 first)."""
+        vocab = self.model.cfg.vocab_size
+        prompt = request.prompt
+        if (not isinstance(prompt, list) or not prompt
+                or not all(isinstance(t, (int, np.integer)) and 0 <= t < vocab for t in prompt)):
+            raise ValueError(f"request {request.rid}: prompt must be a non-empty list of token ids in 0..{vocab - 1}")
+        if len(prompt) >= self.max_len:
+            raise ValueError(f"request {request.rid}: a prompt of {len(prompt)} tokens leaves no room in "
+                             f"max_len={self.max_len}; shorten it")
+        if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+            raise ValueError(f"request {request.rid}: max_tokens={request.max_tokens!r} must be a positive integer")
+        engine.check_sampling(request.temperature, request.top_k, vocab)
 
     def submit_prefilled(self, request: Request, emit, row, first_token: int) -> None:
         """A decode-only engine's arrival: ``request`` with its prompt in the one-row cache

@@ -72,8 +72,8 @@ class DecodeSlots:
 
     # -- prefill: a one-row cache per request
     def prefill(self, prompt: list[int]):
-        """The whole prompt in one call. Returns (float32 logits [1, V] after its last token,
-        its one-row cache, padded width)."""
+        """The whole prompt in one call, padded to :func:`prefill_width`. Returns (float32 logits
+        [1, V] after its last token, its one-row cache)."""
         width = prefill_width(len(prompt), self.max_len)
         tokens = np.full((1, width), tokenizer.PAD, np.int32)
         tokens[0, :len(prompt)] = prompt
