@@ -226,6 +226,28 @@ def evaluate(corpus_path, model, *, heldout_fraction: float = 0.1, seq_len: int 
 
 
 # ----------------------------------------------------------------------------- train
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: ``saved`` is where the weights trained so far went (None if
+    saving them failed too), ``step`` how many steps they had."""
+
+    def __init__(self, step: int, steps: int, saved):
+        super().__init__(step, steps, saved)
+        self.step, self.steps, self.saved = step, steps, saved
+
+
+def _interrupted(cfg, params, out, done: int, steps: int) -> TrainingInterrupted:
+    """Keep what was trained: the weights after ``done`` steps, saved whole to ``out``."""
+    from inference_lab.model.transformer import Transformer
+
+    if done == 0:
+        return TrainingInterrupted(0, steps, None)
+    try:
+        Transformer(cfg, kernels="reference", params=params).save(out)
+    except (Exception, KeyboardInterrupt):   # a full disk, a second Ctrl-C, or params caught mid-update
+        return TrainingInterrupted(done, steps, None)
+    return TrainingInterrupted(done, steps, out)
+
+
 def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int = 1200, batch: int = 32,
           seq_len: int = 256, lr: float = 2e-3, warmup: int = 100, weight_decay: float = 0.1,
           seed: int = 0, heldout_fraction: float = 0.1, eval_every: int = 200, eval_windows: int = 64,
@@ -262,6 +284,9 @@ def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int =
 
     data = read_corpus(corpus_path)
     out = check_writable(out_path)
+    if out.resolve() == Path(corpus_path).expanduser().resolve():
+        raise ValueError(f"--out {out_path} is the corpus itself: saving would replace the text with weights; "
+                         "choose another --out")
     train_arr, held = split_corpus(data, heldout_fraction, seq_len)
 
     import jax
@@ -291,36 +316,42 @@ def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int =
     t_mark, step_mark = t_start, 0
     pending = []                                                # device losses not yet fetched
     eval_seconds = 0.0
-    for step in range(1, steps + 1):
-        x, y = sample_batch(rng, train_arr, batch, seq_len)
-        params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(x), jnp.asarray(y))
-        pending.append(loss)
-        if step == 1:
-            loss.block_until_ready()
-            t_after_first = time.perf_counter()
-            t_mark, step_mark = t_after_first, 1
-        if step % 10 == 0 or step == steps or step % eval_every == 0:
-            values = [float(v) for v in pending]                 # waits for the device
-            pending.clear()
-            recent = (recent + values)[-50:]
-            since_eval += values
-            now = time.perf_counter()
-            tps = (step - step_mark) * tokens_per_step / max(now - t_mark, 1e-9) if step > step_mark else 0.0
-            t_mark, step_mark = now, step
-            bar.set_postfix(loss=f"{np.mean(values):.3f}", tok_s=f"{tps:,.0f}", lr=f"{float(schedule(step)):.1e}",
-                            refresh=False)
-            bar.update(step - bar.n)
-        if step % eval_every == 0 and step < steps:
-            t_eval = time.perf_counter()
-            held_loss = _heldout_loss(eval_fn, params, sample_windows, eval_batch)
-            history.append((step, float(np.mean(since_eval)), held_loss))
-            since_eval = []
-            msg = (f"step {step}: train {history[-1][1]:.4f}, held-out (sample of {len(sample_windows[0])} windows) "
-                   f"{held_loss:.4f} nats/byte = {held_loss / math.log(2):.4f} bits/byte")
-            if progress:
-                bar.write(msg)
-            t_mark = time.perf_counter()                       # eval time is not training throughput
-            eval_seconds += t_mark - t_eval
+    done = 0                                                    # steps whose update params holds
+    try:
+        for step in range(1, steps + 1):
+            x, y = sample_batch(rng, train_arr, batch, seq_len)
+            params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(x), jnp.asarray(y))
+            pending.append(loss)
+            if step == 1:
+                loss.block_until_ready()
+                t_after_first = time.perf_counter()
+                t_mark, step_mark = t_after_first, 1
+            if step % 10 == 0 or step == steps or step % eval_every == 0:
+                values = [float(v) for v in pending]                 # waits for the device
+                pending.clear()
+                recent = (recent + values)[-50:]
+                since_eval += values
+                now = time.perf_counter()
+                tps = (step - step_mark) * tokens_per_step / max(now - t_mark, 1e-9) if step > step_mark else 0.0
+                t_mark, step_mark = now, step
+                bar.set_postfix(loss=f"{np.mean(values):.3f}", tok_s=f"{tps:,.0f}", lr=f"{float(schedule(step)):.1e}",
+                                refresh=False)
+                bar.update(step - bar.n)
+            if step % eval_every == 0 and step < steps:
+                t_eval = time.perf_counter()
+                held_loss = _heldout_loss(eval_fn, params, sample_windows, eval_batch)
+                history.append((step, float(np.mean(since_eval)), held_loss))
+                since_eval = []
+                msg = (f"step {step}: train {history[-1][1]:.4f}, held-out (sample of {len(sample_windows[0])} windows) "
+                       f"{held_loss:.4f} nats/byte = {held_loss / math.log(2):.4f} bits/byte")
+                if progress:
+                    bar.write(msg)
+                t_mark = time.perf_counter()                       # eval time is not training throughput
+                eval_seconds += t_mark - t_eval
+            done = step
+    except KeyboardInterrupt:
+        bar.close()
+        raise _interrupted(cfg, params, out, done, steps) from None
     jax.block_until_ready(params)
     t_end = time.perf_counter()
     bar.close()
@@ -380,6 +411,21 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"train: error: {err}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as stop:
+        if stop.saved is not None:
+            print(f"train: interrupted at step {stop.step} of {stop.steps}: saved the weights of step "
+                  f"{stop.step} to {stop.saved} (no final held-out loss)", file=sys.stderr)
+        else:
+            print(f"train: interrupted at step {stop.step} of {stop.steps}: nothing saved; {args.out} is as it was",
+                  file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"train: interrupted before training started; {args.out} is as it was", file=sys.stderr)
+        return 130
+    except OSError as err:
+        print(f"train: error: could not write {args.out} ({err.strerror or err}): the trained weights were not "
+              f"saved and {args.out} is as it was; free some space or choose another --out", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -233,3 +233,26 @@ def test_probe_tp_runs_on_simulated_devices(tmp_path):
     assert r["all_reduces_per_step"] == 2 * cfg.n_layers + 1
     assert r["decode"][0]["step_seconds"] > 0
     assert "tp 2, weights per device" in log
+
+
+def test_two_probes_to_one_new_name_do_not_replace_each_other(tmp_path, quick_ceilings, capsys, monkeypatch):
+    """Another run creates the file after this one checked the name: this one's first write is
+    refused in one line and the other's result is left as it was (issue 25: lost data)."""
+    from inference_lab.measure import probe_args
+
+    path = tmp_path / "probe.json"
+    checked = probe.output_path
+
+    def another_run_writes_meanwhile(args):
+        got = checked(args)
+        path.write_text('{"other": "run"}')
+        return got
+
+    monkeypatch.setattr(probe, "output_path", another_run_writes_meanwhile)
+    assert probe_args.output_path is not another_run_writes_meanwhile
+    code = probe.main(["--preset", "tiny", "--prompt-len", "16", "--batch", "1", "--new-tokens", "2",
+                       "--kernels", "reference", "--repeats", "1", "--json", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "created by another run" in err[-1] and len(err) == 1, err
+    assert json.loads(path.read_text()) == {"other": "run"}
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]          # no temporary file left

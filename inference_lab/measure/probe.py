@@ -134,8 +134,9 @@ def run(args, *, path=None) -> dict:
         state.update({k: v for k, v in (("measured", measured), ("streamed", streamed)) if v is not None})
         state["result"] = result(head, args, state["measured"], state["streamed"], state["all_reduces"],
                                  state["complete"])
-        if path is not None:
-            write(path, state["result"])
+        if path is not None:   # the first write creates the file, unless --force lets it replace one
+            write(path, state["result"], exclusive=not args.force and not state.get("written"))
+            state["written"] = True
 
     show = progress.enabled()
     try:
@@ -236,11 +237,13 @@ def format_table(r: dict) -> str:
     return "\n".join(lines)
 
 
-def write(path, result: dict) -> None:
-    """``result`` as JSON at ``path``, whole or not at all (finite numbers only)."""
-    from pallas_kernels.files import atomic_write_text
+def write(path, result: dict, *, exclusive: bool = False) -> None:
+    """``result`` as JSON at ``path``, whole or not at all (finite numbers only). ``exclusive``:
+    the file must not exist yet (two probes given one new name: the second is refused)."""
+    from pallas_kernels.files import atomic_write
 
-    atomic_write_text(path, json.dumps(result, indent=1, allow_nan=False))
+    text = json.dumps(result, indent=1, allow_nan=False)
+    atomic_write(path, lambda fh: fh.write(text), exclusive=exclusive)
 
 
 def main(argv=None) -> int:
