@@ -7,12 +7,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+from pathlib import Path
 
 import pytest
 
 from inference_lab.base.config import ModelConfig
 from pallas_kernels import files
 
+ROOT = Path(__file__).resolve().parent.parent
 MINI = ModelConfig(name="mini", vocab_size=259, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                    head_dim=16, d_ff=64, max_seq_len=64, rope_theta=10_000.0, tie_embeddings=False,
                    dtype="float32")
@@ -29,15 +31,40 @@ def test_an_exclusive_write_never_replaces_another_runs_file(tmp_path):
     assert fresh.read_text() == "mine"
 
 
+STORED = ROOT / "docs" / "measurements" / "probe-2026-12-01-cpu-2core-small-reference.json"
+
+
 def test_the_probe_creates_its_file_exclusively_unless_forced(tmp_path):
     from inference_lab.measure import probe
 
+    result = json.loads(STORED.read_text())
     path = tmp_path / "run.json"
-    probe.write(path, {"a": 1}, exclusive=True)
+    probe.write(path, result, exclusive=True)
     with pytest.raises(ValueError, match="another run"):
-        probe.write(path, {"a": 2}, exclusive=True)             # a second probe to the same new name
-    probe.write(path, {"a": 3})                                 # its own later writes replace it
-    assert json.loads(path.read_text()) == {"a": 3}
+        probe.write(path, {**result, "ratio": 2.0}, exclusive=True)   # a second probe to the same new name
+    probe.write(path, {**result, "ratio": 3.0})                       # its own later writes replace it
+    assert json.loads(path.read_text())["ratio"] == 3.0
+
+
+def test_the_probe_never_writes_what_its_loader_refuses(tmp_path):
+    """Root cause 2: 70 batch sizes, or ceilings no machine measures, never reach a file."""
+    from inference_lab.base import hardware
+    from inference_lab.measure import probe
+
+    result = json.loads(STORED.read_text())
+    for bad in ({**result, "decode": result["decode"] * 70},
+                {**result, "ceilings": {**result["ceilings"], "bandwidth_bytes_per_s": 1e19}},
+                {**result, "ceilings": {**result["ceilings"], "matmul_flops_per_s": 1e-3}}):
+        with pytest.raises(ValueError, match="cannot be saved"):
+            probe.write(tmp_path / "bad.json", bad)
+    assert not list(tmp_path.iterdir())
+    assert probe.main(["--batch", ",".join(str(b) for b in range(1, 71)), "--json", str(tmp_path)]) == 2
+    ident = {"device": "x"}
+    good = {"ident": ident, "name": "cpu", "flops": {"float32": 1e11}, "bandwidth": 3e10,
+            "sources": {"flops": "m", "bandwidth": "m"}, "overhead_s": 2e-5}
+    assert hardware._cache_problem(good, ident, "float32") is None
+    for field, value in (("bandwidth", 1e19), ("flops", {"float32": 1e-3}), ("overhead_s", 1e6)):
+        assert "outside what any machine measures" in hardware._cache_problem({**good, field: value}, ident, "float32")
 
 
 def test_a_long_name_is_checked_as_it_will_be_written(tmp_path):

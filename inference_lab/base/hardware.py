@@ -351,6 +351,20 @@ def ceiling_sizes(backend: str, key: str) -> tuple[int, int]:
     return (8192 if key in ("bf16", "fp16", "fp8", "int8") else 4096), 2**30
 
 
+# What a measured ceiling can be on any machine the lab runs on, from a laptop core to the largest
+# GPU (an H200 is ~1e15 FLOP/s and 4.8e12 B/s): a cache or a file outside these is damaged, not
+# a machine. The probe schema's ceilings use the same bounds.
+CEILING_BOUNDS = {"flops": (1e6, 1e18), "bandwidth": (1e6, 1e15), "copy_bandwidth": (1e6, 1e15),
+                  "overhead_s": (1e-9, 10.0)}
+
+
+def _out_of_bounds(field: str, value) -> str | None:
+    low, high = CEILING_BOUNDS[field]
+    if not checks.is_positive(value) or not low <= value <= high:
+        return f"{field} is {value!r}, outside what any machine measures ({low:g}..{high:g})"
+    return None
+
+
 def _cache_problem(data, ident: dict, key: str) -> str | None:
     """Why a ceilings-cache file's contents cannot be used (None when they can)."""
     if not isinstance(data, dict):
@@ -365,8 +379,9 @@ def _cache_problem(data, ident: dict, key: str) -> str | None:
     flops = data["flops"]
     if not isinstance(flops, dict) or not checks.is_positive(flops.get(key)):
         return f"flops[{key!r}] is {flops.get(key) if isinstance(flops, dict) else flops!r}, not a positive number"
-    if not checks.is_positive(data["bandwidth"]):
-        return f"bandwidth is {data['bandwidth']!r}, not a positive number"
+    problem = _out_of_bounds("flops", flops[key]) or _out_of_bounds("bandwidth", data["bandwidth"])
+    if problem:
+        return problem
     memory = data.get("memory_bytes")
     if memory is not None and not checks.is_positive(memory):
         return f"memory_bytes is {memory!r}, not a positive number"
@@ -375,8 +390,8 @@ def _cache_problem(data, ident: dict, key: str) -> str | None:
         return "sources lacks the methods of the two measurements"
     for field in ("overhead_s", "copy_bandwidth"):
         value = data.get(field)   # overhead_s: absent in files from before it was measured, added on read
-        if value is not None and not checks.is_positive(value):
-            return f"{field} is {value!r}, not a positive number"
+        if value is not None and _out_of_bounds(field, value):
+            return _out_of_bounds(field, value)
     return None
 
 

@@ -55,7 +55,7 @@ import sys
 
 from inference_lab.measure.probe_args import (build_parser, check_args, machine, mode_error, output_path,
                                               preset_for, simulate_cpu_devices)
-from inference_lab.measure.schema import SCHEMA_VERSION
+from inference_lab.measure.schema import SCHEMA_VERSION, validate_probe
 
 TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "kernel_tier", "versions", "model", "ceilings",
             "prompt_len", "new_tokens", "prefill", "decode", "streamed_decode", "ratio", "tp",
@@ -242,6 +242,10 @@ def write(path, result: dict, *, exclusive: bool = False) -> None:
     the file must not exist yet (two probes given one new name: the second is refused)."""
     from pallas_kernels.files import atomic_write
 
+    try:   # never write what the lab's own reader would refuse
+        validate_probe(result)
+    except ValueError as err:
+        raise ValueError(f"the measured result cannot be saved: it {err}; nothing written to {path}") from None
     text = json.dumps(result, indent=1, allow_nan=False)
     atomic_write(path, lambda fh: fh.write(text), exclusive=exclusive)
 

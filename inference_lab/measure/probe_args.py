@@ -35,6 +35,9 @@ def _int_arg(flag: str, lo: int, hi: int, example: int):
     return parse
 
 
+MAX_BATCHES = 64    # decode entries a probe file may hold (the schema's maxItems)
+
+
 def _batches(text: str) -> list[int]:
     try:
         values = [int(x) for x in str(text).split(",") if x.strip()]
@@ -42,6 +45,9 @@ def _batches(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated integers, e.g. --batch 1,8,32")
     if not values or min(values) < 1 or max(values) > MAX_BATCH:
         raise argparse.ArgumentTypeError(f"{text!r}: every batch size must be in 1..{MAX_BATCH:,}")
+    if len(values) > MAX_BATCHES:
+        raise argparse.ArgumentTypeError(f"{len(values)} batch sizes: a probe file holds at most {MAX_BATCHES}; "
+                                         "give fewer")
     return values
 
 

@@ -23,6 +23,8 @@ import json
 import math
 from pathlib import Path
 
+from inference_lab.base import hardware
+
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MAX_FILE_BYTES = 4 * 2**20          # a probe file is ~2 KB; a sweep's records file ~100 KB
@@ -50,6 +52,8 @@ MACHINE = {
 
 # Newer files only (optional): upper over lower quartile of the point's repeats, for the verdicts' noise.
 _SPREAD = {"type": ["number", "null"], "minimum": 1, "maximum": 1e6}
+# a machine's measured ceilings: the bounds its ceilings cache is held to (base.hardware)
+_CEILING = {k: {"type": "number", "minimum": lo, "maximum": hi} for k, (lo, hi) in hardware.CEILING_BOUNDS.items()}
 _PREFILL = {
     "type": "object", "required": ["batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu"],
     "properties": {"batch": _BATCH, "prompt_len": _LENGTH, "seconds": _SECONDS,
@@ -101,8 +105,8 @@ def _v2() -> dict:
     # an in-place copy's read + write rate, reported beside it.
     p["ceilings"] = {"type": "object", "required": ["matmul_flops_per_s", "bandwidth_bytes_per_s", "method"],
                      "additionalProperties": False,
-                     "properties": {"matmul_flops_per_s": _RATE, "bandwidth_bytes_per_s": _RATE,
-                                    "copy_bandwidth_bytes_per_s": _RATE,
+                     "properties": {"matmul_flops_per_s": _CEILING["flops"], "bandwidth_bytes_per_s": _CEILING["bandwidth"],
+                                    "copy_bandwidth_bytes_per_s": _CEILING["copy_bandwidth"],
                                     "method": {"type": "string", "maxLength": 500}}}
     # Optional (newer files): batch-1 decode as a streaming server runs it, one token to the host
     # at a time, beside the compiled loop's steps in "decode".
