@@ -273,13 +273,14 @@ def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
     machines = classroom.load_measured(tmp_path, tmp_path / "missing")
     (label, records), = machines.items()
     assert saved["machine"]["id"] in label and f"({tmp_path.name})" in label
-    assert [p.name for p, _ in machines.skipped] == ["broken.json"]
+    assert [p.name for p, _ in machines.skipped] == ["broken.json", "missing"]   # a mistyped folder is said
     (tmp_path / "again.json").write_text(path.read_text())        # the same machine, a second run
     twice = classroom.load_measured(tmp_path)
     assert len(twice) == 2 and sum(f"({tmp_path.name}/" in k for k in twice) == 1   # the second names its file
     (tmp_path / "again.json").unlink()
     summary = classroom.classroom_summary(machines)
     assert "1 run(s) from 1 machine(s)" in summary and "skipped broken.json: is not valid JSON" in summary
+    assert "skipped missing: the folder does not exist" in summary
     # the file's own ceilings: under two test workers with an empty cache, the probe may have read
     # ceilings the other worker measured and cached after `here` measured its own
     peak, bw = classroom.ceilings_of(records)
@@ -298,7 +299,7 @@ def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
     assert [p["label"] for p in mixed] == ["good"] and [label for label, _ in mixed.left_out] == ["bad", "bare"]
     assert "left out bad: " in classroom.ratio_table(mixed) and "no MFU/MBU" in classroom.ratio_table(mixed)
     fig, text = classroom.classroom_view(machines, 4)
-    assert text.startswith("batch size 4: 1 run(s)") and "1 file(s) skipped: broken.json" in text
+    assert text.startswith("batch size 4: 1 run(s)") and "2 file(s) skipped: broken.json, missing" in text
     _png(fig, tmp_path)
     _png(plots.ratio_vs_ridge(points), tmp_path, "ratio")
     assert classroom.probe_filename(here).startswith("probe-") and " " not in classroom.probe_filename(here)

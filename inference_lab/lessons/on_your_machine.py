@@ -63,32 +63,51 @@ def split(records):
 
 class Runs(dict):
     """``{label: records}``, one entry per probe or records file; ``.skipped`` holds
-    ``(path, reason)`` for every file that could not be read (never fatal for the others)."""
+    ``(path, reason)`` for every file (or folder) that could not be read (never fatal for the
+    others), ``.partial`` the labels of runs that did not finish."""
 
     skipped: list
+    partial: list
+
+
+MAX_OVERLAY = 60   # runs drawn at once: past this the chart is unreadable and slow (the rest are listed)
 
 
 def load_measured(*folders) -> Runs:
-    """Every probe or records file in ``folders``, one entry per file (a file is one run of one
+    """Every probe or records file in ``folders`` (``load_records``' rules: ``.json`` or
+    ``.csv`` in any case, hidden files left out), one entry per file (a file is one run of one
     machine), labelled by the machine's name or processor and id and the folder (and the file,
-    where one machine has two files there); a damaged or foreign file goes to ``.skipped`` with
-    its reason."""
+    where one machine has two files there). A damaged or foreign file goes to ``.skipped`` with
+    its reason, and so does a folder that does not exist; a file given instead of a folder is
+    read as one run; a run that did not finish is labelled "(partial)"."""
     out = Runs()
-    out.skipped = []
+    out.skipped, out.partial = [], []
     for folder in folders:
         folder = Path(folder)
-        if not folder.is_dir():
+        if folder.is_file():
+            paths = [folder]
+        elif folder.is_dir():
+            paths = [p for p in sorted(folder.iterdir()) if p.suffix.lower() in (".json", ".csv")
+                     and not p.name.startswith(".")]
+        else:
+            out.skipped.append((folder, "the folder does not exist (a typo in its name?)"))
             continue
-        for path in sorted(p for p in folder.iterdir() if p.suffix in (".json", ".csv")):
+        for path in paths:
             try:
-                records = list(load_records(path))
+                records = load_records(path)
             except ValueError as err:
                 reason = str(err)  # the message starts with the path; the file name is shown beside it
                 out.skipped.append((path, reason.removeprefix(str(path)).lstrip(": ")))
                 continue
             if records:  # the folder says whose file it is; the file name only where a machine ran twice
-                label = f"{machine_label(records[0])} ({path.parent.name})"
-                out[label if label not in out else f"{machine_label(records[0])} ({path.parent.name}/{path.stem})"] = records
+                where = path.parent.name
+                label = f"{machine_label(records[0])} ({where})"
+                if label in out:
+                    label = f"{machine_label(records[0])} ({where}/{path.stem})"
+                if records.partial:
+                    label += " (partial)"
+                    out.partial.append(label)
+                out[label] = list(records)
     return out
 
 
@@ -101,9 +120,13 @@ def classroom_summary(runs) -> str:
     if isinstance(runs, dict):
         machines = {machine_key(recs[0]) for recs in runs.values() if recs}
         head = f"{len(runs)} run(s) from {len(machines)} machine(s)"
+        if len(runs) > MAX_OVERLAY:
+            head += f"; the chart draws the first {MAX_OVERLAY}"
     else:
         head = f"{len(runs)} records from {len({machine_key(r) for r in runs})} machine(s)"
-    return "\n".join([head] + [f"skipped {getattr(p, 'name', p)}: {why}" for p, why in getattr(runs, "skipped", [])])
+    lines = [head] + [f"partial run (did not finish; drawn for what it measured): {label}"
+                      for label in getattr(runs, "partial", [])]
+    return "\n".join(lines + [f"skipped {getattr(p, 'name', p)}: {why}" for p, why in getattr(runs, "skipped", [])])
 
 
 def ceilings_of(records) -> tuple[float, float]:
@@ -111,6 +134,9 @@ def ceilings_of(records) -> tuple[float, float]:
     FLOPs / time / peak and MBU bytes / time / bandwidth, so each record carries its ceiling."""
     pre, dec = split(records)
     d1 = dec[1]
+    if not (pre.flops and pre.mfu and d1.bytes_per_step and d1.mbu):
+        raise ValueError("its records carry no MFU/MBU (or no FLOPs and bytes: a preset this lab does not "
+                         "know?), so no ceilings to compare with")
     return pre.flops / pre.seconds / pre.mfu, d1.bytes_per_step / d1.step_seconds / d1.mbu
 
 
@@ -126,6 +152,8 @@ def predicted_batch_gain(records) -> tuple[int, float]:
     pre, dec = split(records)
     peak, _ = ceilings_of(records)
     one, top = dec[1], dec[max(dec)]
+    if not (top.bytes_per_step and top.flops_per_step is not None and one.flops_per_step is not None):
+        raise ValueError("its largest batch carries no bytes or FLOPs per step: nothing to predict from")
     t_top = one.step_seconds * top.bytes_per_step / one.bytes_per_step + (top.flops_per_step - one.flops_per_step) / peak
     return top.batch, claims.predicted_batch_gain(top.batch, one.step_seconds, t_top)
 
@@ -150,10 +178,11 @@ def ratio_points(machines: dict, *, reference: bool = True) -> Points:
         except ValueError as err:
             points.left_out.append((label, str(err)))
             continue
-        if not pre.mfu or not dec[1].mbu:
-            points.left_out.append((label, "its records carry no MFU/MBU, so no ceilings to compare with"))
+        try:
+            peak, bw = ceilings_of(records)
+        except ValueError as err:
+            points.left_out.append((label, str(err)))
             continue
-        peak, bw = ceilings_of(records)
         b = 2 if pre.dtype in ("bfloat16", "float16") else 4
         points.append({"label": label, "ideal": peak / bw * b / 2,
                        "measured": pre.prefill_tokens_per_s / dec[1].decode_tokens_per_s})
@@ -175,6 +204,11 @@ def ratio_table(points) -> str:
 def classroom_view(machines: dict, batch: int):
     """The overlay with the chosen batch marked, and a readout. ``machines``: ``{label:
     records}`` (one run per label) or a flat list of records (one line per machine id)."""
+    if isinstance(machines, dict) and len(machines) > MAX_OVERLAY:   # a big class: the first ones, and say so
+        shown = Runs(list(machines.items())[:MAX_OVERLAY])
+        shown.skipped, shown.partial = getattr(machines, "skipped", []), []
+        fig, text = classroom_view(shown, batch)
+        return fig, text + f" (the chart draws {MAX_OVERLAY} of {len(machines)} runs)"
     fig = plots.classroom_plot(machines)
     fig.axes[1].axvline(batch, color="black", lw=1, ls=":")
     if isinstance(machines, dict):

@@ -127,11 +127,14 @@ _INT_FIELDS = {"batch", "prompt_len", "context", "steps", "repeats"}
 
 
 class LoadedRecords(list):
-    """A list of records; ``.skipped`` lists ``(path, reason)`` for every file not loaded."""
+    """A list of records; ``.skipped`` lists ``(path, reason)`` for every file not loaded and
+    ``.partial`` the paths of probe runs that did not finish (``"complete": false``: interrupted,
+    or a batch that did not fit), loaded for what they measured."""
 
-    def __init__(self, records=(), skipped=()):
+    def __init__(self, records=(), skipped=(), partial=()):
         super().__init__(records)
         self.skipped = list(skipped)
+        self.partial = list(partial)
 
 
 # ----------------------------------------------------------------------------- machines
@@ -236,12 +239,46 @@ def _from_row(row: dict, where: str = "", *, from_csv: bool = False):
     kwargs = {k: v for k, v in row.items() if k in names and not (from_csv and v is None and k not in _NO_DEFAULT[cls])}
     kwargs["phase"] = phase
     schema.validate_row(phase, kwargs, where)
+    if phase == "prefill":
+        _check_rate(where, "prefill_tokens_per_s", kwargs["prefill_tokens_per_s"],
+                    kwargs["batch"] * kwargs["prompt_len"], kwargs["seconds"])
+    else:
+        _check_rate(where, "decode_tokens_per_s", kwargs["decode_tokens_per_s"], kwargs["batch"],
+                    kwargs["step_seconds"])
     return cls(**{k: int(v) if k in _INT_FIELDS and v is not None else v for k, v in kwargs.items()})
 
 
 _NUMBER_FIELDS = {f.name for cls in (PrefillRecord, DecodeRecord) for f in dataclasses.fields(cls)} - _TEXT_FIELDS
 _NO_DEFAULT = {cls: {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
                for cls in (PrefillRecord, DecodeRecord)}
+
+
+RATE_TOLERANCE = 0.02   # a written rate must agree with its own counts and seconds to 2%
+
+
+def _check_rate(where: str, name: str, written: float, tokens: float, seconds: float) -> None:
+    """A file's tokens/s must be what its own batch, lengths and seconds say (1e17 tok/s from a
+    0.1 s step of batch 1 is an edited file, not a measurement)."""
+    implied = tokens / seconds
+    if abs(written - implied) > RATE_TOLERANCE * implied:
+        raise ValueError(f"{where}{name}={written:.4g} disagrees with its own counts and seconds "
+                         f"({implied:.4g}); the file was edited or is damaged")
+
+
+def _check_probe_fields(data: dict, cfg) -> None:
+    """What the schema cannot say: one entry per decode batch, rates that agree with their own
+    counts, contexts the preset can hold, a run that finished."""
+    batches = [d["batch"] for d in data["decode"]]
+    if len(set(batches)) != len(batches):
+        raise ValueError(f"decode lists batch {next(b for b in batches if batches.count(b) > 1)} twice")
+    pf = data["prefill"]
+    _check_rate("prefill: ", "prefill_tokens_per_s", pf["prefill_tokens_per_s"], pf["batch"] * pf["prompt_len"],
+                pf["seconds"])
+    for i, d in enumerate(data["decode"]):
+        _check_rate(f"decode/{i}: ", "decode_tokens_per_s", d["decode_tokens_per_s"], d["batch"], d["step_seconds"])
+        if cfg is not None and d["context"] > cfg.max_seq_len:
+            raise ValueError(f"decode/{i}: context {d['context']} is past the {cfg.name} preset's max_seq_len "
+                             f"{cfg.max_seq_len}")
 
 
 def _from_probe(data: dict, path: Path) -> list:
@@ -267,6 +304,7 @@ def _from_probe(data: dict, path: Path) -> list:
         cfg, tp = None, 1   # a preset this lab does not know: no FLOPs, the measured figures still load
     if cfg is None and spec is not None:
         spec = None         # nothing to divide by the ceilings: keep the file's MFU and MBU
+    _check_probe_fields(data, cfg)
     pf = data["prefill"]
     recs = [prefill_record(identity, cfg, batch=pf["batch"], prompt_len=pf["prompt_len"], seconds=pf["seconds"],
                            tp=tp, spec=spec, mfu=pf.get("mfu"), spread=pf.get("spread"))]
@@ -278,8 +316,9 @@ def _from_probe(data: dict, path: Path) -> list:
     return recs
 
 
-def _load_file(path: Path) -> list:
-    """The records in one file, or a one-line ValueError saying why there are none."""
+def _load_file(path: Path, partial: list) -> list:
+    """The records in one file, or a one-line ValueError saying why there are none (a probe run
+    that did not finish is added to ``partial``)."""
     if path.suffix.lower() == ".csv":
         text = _read_text(path)
         reader = csv.DictReader(io.StringIO(text, newline=""))
@@ -288,7 +327,10 @@ def _load_file(path: Path) -> list:
         return [_from_row(row, f"row {i + 2}: ", from_csv=True) for i, row in enumerate(reader)]
     data = schema.read_json(path)
     if isinstance(data, dict) and "schema_version" in data:
-        return _from_probe(data, path)
+        records = _from_probe(data, path)
+        if data.get("complete") is False:
+            partial.append(path)
+        return records
     if isinstance(data, list):
         if len(data) > 100_000:
             raise ValueError(f"holds {len(data):,} records; a records file holds fewer than 100,000")
@@ -329,14 +371,14 @@ def load_records(folder_or_file) -> LoadedRecords:
     path = Path(folder_or_file)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".json", ".csv") and not p.name.startswith("."))
-    elif path.exists():
+    elif path.exists() or path.is_symlink():   # a broken or looping link is said to be one, below
         files = [path]
     else:
         raise ValueError(f"folder_or_file={str(path)!r} does not exist")
     result = LoadedRecords()
     for f in files:
         try:
-            result.extend(_load_file(f))
+            result.extend(_load_file(f, result.partial))
         except (ValueError, OSError, RecursionError, csv.Error) as err:
             if len(files) == 1 and f == path:
                 raise ValueError(f"{path} {_reason(err)}") from None

@@ -37,15 +37,16 @@ _COUNT = {"type": "integer", "minimum": 0, "maximum": 2**20}
 _SECONDS = {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6}
 _RATE = {"type": "number", "exclusiveMinimum": 0, "maximum": 1e18}      # tokens/s, FLOP/s, bytes/s
 _OPT_AMOUNT = {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1e21}  # FLOPs or bytes
-_FRACTION = {"type": ["number", "null"], "minimum": 0, "maximum": 1e3}  # MFU, MBU (can pass 1 on a CPU cache)
+# MFU, MBU: may pass 1 on a CPU cache; a measured one is never near 0 (a figure is divided by it)
+_FRACTION = {"type": ["number", "null"], "minimum": 1e-9, "maximum": 1e3}
 _TEXT = {"type": "string", "minLength": 1, "maxLength": 200}
 _WORD = {"type": "string", "minLength": 1, "maxLength": 40}
 _KERNELS = {"enum": ["pallas", "triton", "mosaic", "interpret", "mosaic_interpret", "reference"]}
 _DTYPE = {"enum": ["float32", "bfloat16", "float16"]}
-MACHINE_ID_PATTERN = "^[0-9a-f]{8}$"
+MACHINE_ID_PATTERN = "^[0-9a-f]{8}$"   # with maxLength 8: Python's `$` also matches before a final newline
 MACHINE = {
     "type": "object", "required": ["id", "name", "processor"], "additionalProperties": False,
-    "properties": {"id": {"type": "string", "pattern": MACHINE_ID_PATTERN},
+    "properties": {"id": {"type": "string", "pattern": MACHINE_ID_PATTERN, "maxLength": 8},
                    "name": {"type": ["string", "null"], "minLength": 1, "maxLength": 40},
                    "processor": _TEXT},
 }
@@ -136,7 +137,7 @@ PROBES = {1: PROBE_V1, 2: PROBE_V2}
 _COMMON_ROW = {"device": _TEXT, "backend": _WORD, "kernels": _WORD, "preset": _WORD, "dtype": _DTYPE,
                "batch": _BATCH, "mfu": _FRACTION, "repeats": _COUNT,
                "spread": {"type": ["number", "null"], "minimum": 1, "maximum": 1e6},
-               "machine_id": {"type": ["string", "null"], "pattern": MACHINE_ID_PATTERN},
+               "machine_id": {"type": ["string", "null"], "pattern": MACHINE_ID_PATTERN, "maxLength": 8},
                "machine_name": {"type": ["string", "null"], "minLength": 1, "maxLength": 200},
                "processor": {"type": ["string", "null"], "minLength": 1, "maxLength": 200}}
 PREFILL_ROW = {
@@ -175,11 +176,22 @@ def _bounded_int(text):
     return int(text)
 
 
+def _unique_keys(pairs):
+    """A JSON object whose keys are all different (two values for one key: which would count?)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {twice[:40]!r} appears twice in one object")
+    return out
+
+
 def read_json(path) -> object:
     """The JSON value in ``path``, or a one-line ``ValueError`` saying why it cannot be read."""
     path = Path(path)
-    if not path.is_file():  # a folder, a FIFO or a device would hang or fail a read
-        raise ValueError("is not a regular file")
+    if not path.is_file():  # a folder, a FIFO, a device or a looping link would hang or fail a read
+        raise ValueError("is not a regular file" + (" (a link that leads nowhere or to itself)"
+                                                    if path.is_symlink() else ""))
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise ValueError(f"is {size:,} bytes; probe and records files are under {MAX_FILE_BYTES:,}")
@@ -194,7 +206,8 @@ def read_json(path) -> object:
     except UnicodeDecodeError as err:
         raise ValueError(f"is not UTF-8 text (byte {err.start} is {raw[err.start]:#04x})") from None
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int,
+                          object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("is nested too deeply to be a probe or records file") from None
     except json.JSONDecodeError as err:
@@ -205,7 +218,9 @@ def read_json(path) -> object:
 
 
 @functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(key):
+    """One checked validator per schema, made once (a classroom folder holds thousands of files)."""
     import jsonschema
 
     schema = PROBES[key] if isinstance(key, int) else ROWS[key]
@@ -221,7 +236,12 @@ def _first_error(key, data, where: str = "") -> str | None:
     if err is None:
         return None
     at = "/".join(str(p) for p in err.absolute_path)
-    message = err.message if len(err.message) <= 160 else err.message[:157] + "..."
+    message = err.message
+    if len(message) > 160:   # jsonschema puts the value first: shorten the value, keep what is wrong with it
+        value = repr(err.instance)
+        rule = repr(err.validator_value)
+        message = (f"{value[:60]}{'...' if len(value) > 60 else ''} fails {err.validator}="
+                   f"{rule[:60]}{'...' if len(rule) > 60 else ''}")
     return f"{where}{at or 'top level'}: {message}"
 
 
