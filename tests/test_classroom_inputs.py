@@ -9,7 +9,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 
 from inference_lab.lessons import on_your_machine as classroom
 from inference_lab.measure.records import load_records

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from inference_lab.measure import vllm_bench
@@ -80,3 +82,70 @@ def test_clear_errors(tmp_path):
         vllm_bench.load_vllm_bench(bad)
     with pytest.raises(ValueError, match="does not exist"):
         vllm_bench.load_vllm_bench(tmp_path / "missing.json")
+
+
+# ----------------------------------------------------------------------------- gates and real layouts (issue 25)
+HAND = Path(__file__).parent / "fixtures" / "vllm"
+
+
+def test_each_writers_layout_reads_right():
+    old, = vllm_bench.load_vllm_bench(HAND / "benchmark_serving-0.6.json")
+    data = json.loads((HAND / "benchmark_serving-0.6.json").read_text())
+    e2e = 1e3 * (np.array(data["ttfts"]) + np.array([sum(g) for g in data["itls"]]))
+    row = old.summary()
+    assert row["e2e_mean_ms"] == pytest.approx(e2e.mean()) and row["e2e_p50_ms"] == pytest.approx(np.median(e2e))
+    assert data["mean_e2el_ms"] == pytest.approx(np.median(e2e))          # the file's own, swapped
+    assert math.isinf(old.request_rate) and old.completed == 8
+    goodput, = vllm_bench.load_vllm_bench(HAND / "benchmark_serving-0.8-goodput.json")
+    assert goodput.request_goodput == 1.5 and goodput.completed == 7 and goodput.trace.completed == 7
+    failed, = vllm_bench.load_vllm_bench(HAND / "all-failed.json")
+    s = failed.summary()
+    assert failed.completed == 0 and all(math.isnan(s[f"{m}_p50_ms"]) for m in ("ttft", "tpot", "itl", "e2e"))
+    assert len(vllm_bench.load_vllm_bench(HAND / "appended.json")) == 2
+
+
+def test_a_sweep_folder_counts_each_run_once(tmp_path):
+    runs = vllm_bench.load_vllm_bench(HAND / "sweep")
+    assert [r.request_rate for r in runs] == [1.0, 2.0]
+    assert [(p.name, why.split(" (")[0]) for p, why in runs.skipped] == [("summary.json", "is a vllm bench sweep summary")]
+
+
+BAD_FIELDS = [
+    ({"duration": float("nan")}, "NaN"),
+    ({"duration": "inf"}, "duration"),
+    ({"completed": -1}, "completed"),
+    ({"completed": 2.5}, "completed"),
+    ({"mean_tpot_ms": True}, None),                 # a bool is not a latency: ignored, not 1.0
+    ({"ttfts": "fast"}, "lists"),
+    ({"itls": [[0.01, "x"]] + [[]] * 5}, r"itls\[0\]\[1\]"),
+    ({"output_lens": [1.5] + [1] * 5}, r"output_lens\[0\]"),
+]
+
+
+@pytest.mark.parametrize("change, word", BAD_FIELDS, ids=[str(i) for i in range(len(BAD_FIELDS))])
+def test_every_field_is_gated(tmp_path, change, word):
+    data = dict(json.loads(FIXTURE.read_text()), **change)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    if word is None:
+        run, = vllm_bench.load_vllm_bench(path)
+        assert run.stats["tpot"].get("mean") != 1.0
+        return
+    with pytest.raises(ValueError, match=word) as err:
+        vllm_bench.load_vllm_bench(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_files_that_are_not_results(tmp_path):
+    base = tmp_path / "r.json"
+    for content, word in ((b"\x00\xff\xfe binary", "not UTF-8"), (b"[" * 100_000, "nested too deeply|not JSON"),
+                          (b'{"duration": NaN, "completed": 1}', "NaN"), (b"", "no vllm bench serve results|not JSON")):
+        base.write_bytes(content)
+        with pytest.raises(ValueError, match=word):
+            vllm_bench.load_vllm_bench(base)
+    base.write_bytes(b"\xef\xbb\xbf" + FIXTURE.read_bytes())          # a byte-order mark is fine
+    assert len(vllm_bench.load_vllm_bench(base)) == 1
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "dir.json").mkdir()
+    runs = vllm_bench.load_vllm_bench(tmp_path)                       # neither hangs nor fails the folder
+    assert len(runs) == 1 and {p.name for p, _ in runs.skipped} == {"fifo.json", "dir.json"}
