@@ -10,6 +10,7 @@ import platform
 import re
 import secrets
 import sys
+import tempfile
 from pathlib import Path
 
 from pallas_kernels.files import atomic_write_text
@@ -17,16 +18,60 @@ from pallas_kernels.files import atomic_write_text
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-def cache_dir(*parts: str) -> Path:
-    """``<project>/.cache/<parts>``, created on demand (``INFERENCE_LAB_CACHE`` moves it)."""
-    root = Path(os.environ.get("INFERENCE_LAB_CACHE", PROJECT_ROOT / ".cache"))
-    path = root.joinpath(*parts)
+def _roots() -> list[Path]:
+    """Where caches may live, in order: ``INFERENCE_LAB_CACHE`` (when set and not empty) or the
+    project's ``.cache``; the user's ``~/.cache/inference_lab``; a per-user folder in the system's
+    temporary folder (a read-only checkout with no usable home still runs)."""
+    chosen = os.environ.get("INFERENCE_LAB_CACHE", "").strip()
+    roots = [Path(chosen).expanduser() if chosen else PROJECT_ROOT / ".cache"]
+    try:
+        home = Path.home()
+        if str(home) not in ("", "/", "."):
+            roots.append(home / ".cache" / "inference_lab")
+    except (RuntimeError, KeyError, OSError):   # no HOME and no user database entry
+        pass
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    roots.append(Path(tempfile.gettempdir()) / f"inference_lab-{user}")
+    return roots
+
+
+def _usable(path: Path) -> str | None:
+    """Why ``path`` cannot hold caches (None when it can): created if missing, and writable."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-    except OSError:  # read-only checkout: fall back to the user's cache folder
-        path = Path.home().joinpath(".cache", "inference_lab", *parts)
-        path.mkdir(parents=True, exist_ok=True)
-    return path
+    except OSError as err:
+        return err.strerror or str(err)
+    if not path.is_dir():
+        return "not a folder"
+    if not os.access(path, os.W_OK):   # a read-only file system says so even to root
+        return "not writable"
+    return None
+
+
+_SAID: set = set()
+
+
+def _say_once(text: str) -> None:
+    if text not in _SAID:
+        _SAID.add(text)
+        print(text, file=sys.stderr)
+
+
+def cache_dir(*parts: str) -> Path:
+    """``<cache root>/<parts>``, created on demand: the first usable of :func:`_roots`, with one
+    line (once per process) when the first choice could not be used. ``OSError`` only if none
+    of them can be."""
+    roots = _roots()
+    first = None
+    for root in roots:
+        path = root.joinpath(*parts)
+        why = _usable(path)
+        if why is None:
+            if first is not None:
+                _say_once(f"inference_lab: cannot keep caches in {first[0]} ({first[1]}); using {root} instead")
+            return path
+        first = first or (root, why)
+    raise OSError(f"no folder can hold the lab's caches (tried {', '.join(str(r) for r in roots)})")
 
 
 def enable_compilation_cache() -> None:
@@ -45,7 +90,12 @@ def enable_compilation_cache() -> None:
     jax = sys.modules.get("jax")
     if chosen or (jax is not None and jax.config.jax_compilation_cache_dir):
         return
-    settings = {"jax_compilation_cache_dir": str(cache_dir("jax")),
+    try:
+        folder = cache_dir("jax")
+    except OSError as err:   # `import inference_lab` never fails for want of a cache
+        _say_once(f"inference_lab: {err}; compiled programs are not kept between runs")
+        return
+    settings = {"jax_compilation_cache_dir": str(folder),
                 "jax_persistent_cache_min_compile_time_secs": 0.0,
                 "jax_persistent_cache_min_entry_size_bytes": 0}
     for name, value in settings.items():
@@ -58,47 +108,74 @@ def enable_compilation_cache() -> None:
 MACHINE_ID = re.compile(r"[0-9a-f]{8}")
 
 
-def _id_file() -> Path:
+def _id_name() -> str:
     # One id per host under one cache folder: machines that share a home folder (a JupyterHub
     # image, an NFS checkout) keep separate ids. Only a hash of the host name names the file;
     # the id itself is random and says nothing about the host or its user.
-    host = hashlib.sha256(platform.node().encode()).hexdigest()[:12]
-    return cache_dir("machine") / f"id-{host}"
+    return f"id-{hashlib.sha256(platform.node().encode()).hexdigest()[:12]}"
+
+
+def _id_file() -> Path:
+    """Where this machine's id is kept: the first cache location that can be written."""
+    return cache_dir("machine") / _id_name()
+
+
+def _read_id(path: Path) -> str | None:
+    """The id in ``path``; None if there is no file; a ``<...>`` text saying why when it is damaged
+    (a FIFO or a folder is not opened: reading one would hang or fail)."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    if not path.is_file():
+        return "<not a regular file>"
+    try:
+        with path.open("rb") as fh:
+            return fh.read(64).decode("ascii", errors="replace").strip()
+    except OSError as err:
+        return f"<unreadable: {err.strerror}>"
 
 
 def machine_id() -> str:
     """This machine's id: 8 random hex digits, made on first use and kept in the cache folder.
 
-    A damaged id file (empty, truncated, anything but 8 hex digits) is replaced by a new id,
-    with a one-line message naming the file.
+    The id is looked for in every cache location (:func:`_roots`: a read-only checkout may hold
+    one made before) and made in the first where it can be kept. A damaged id file (empty,
+    truncated, not a regular file, anything but 8 hex digits) is replaced by a new id, with a
+    one-line message naming the file. Where no location can keep it, the id lasts for this
+    process only, and that is said once.
     """
-    path = _id_file()
-    if str(path) in _UNKEPT:
-        return _UNKEPT[str(path)]
+    name = _id_name()
+    if name in _UNKEPT:
+        return _UNKEPT[name]
     try:
-        with path.open("rb") as fh:
-            text = fh.read(64).decode("ascii", errors="replace").strip()
-    except FileNotFoundError:
-        text = None
-    except OSError as err:
-        text = f"<unreadable: {err.strerror}>"
-    if text is not None and MACHINE_ID.fullmatch(text):
-        return text
-    if text is not None:
-        print(f"inference_lab: machine id file {path} is damaged ({text[:20]!r}); making a new id",
+        path = _id_file()
+    except OSError:
+        path = None
+    damaged = None
+    # the first choice (a read-only checkout may hold an id made before), then where it can be kept
+    for where in dict.fromkeys([_roots()[0] / "machine" / name] + ([path] if path else [])):
+        text = _read_id(where)
+        if text is not None and MACHINE_ID.fullmatch(text):
+            return text
+        if text is not None and damaged is None:
+            damaged = (where, text)
+    if damaged is not None:
+        print(f"inference_lab: machine id file {damaged[0]} is damaged ({damaged[1][:20]!r}); making a new id",
               file=sys.stderr)
     new = secrets.token_hex(4)
     try:
-        if text is None:
+        if path is None:
+            raise OSError("no cache folder can be written")
+        if _read_id(path) is None:
             _create_exclusive(path, new + "\n")
             # two processes starting at once: whoever linked first wins, both use its id
-            won = path.read_text(encoding="ascii", errors="replace").strip()
+            won = _read_id(path) or ""
             return won if MACHINE_ID.fullmatch(won) else new
         atomic_write_text(path, new + "\n")
-    except OSError as err:  # a read-only or full cache: the id lasts for this process only, said once
-        print(f"inference_lab: cannot keep the machine id in {path} ({err.strerror or err}); this process "
-              f"is {new}, the next one will make another", file=sys.stderr)
-        _UNKEPT[str(path)] = new
+    except OSError as err:  # no cache location can keep it: this process only, said once
+        print(f"inference_lab: cannot keep the machine id ({err.strerror or err}); this process is {new}, "
+              "the next one will make another, so a class would count this machine more than once",
+              file=sys.stderr)
+        _UNKEPT[name] = new
     return new
 
 
@@ -107,8 +184,6 @@ _UNKEPT: dict = {}   # id file -> the id this process made when the file could n
 
 def _create_exclusive(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` only if it does not exist yet (a hard link never replaces)."""
-    import tempfile
-
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="ascii") as fh:
