@@ -19,6 +19,7 @@ from __future__ import annotations
 import html
 import io
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -162,8 +163,10 @@ def numeric_quiz(question: str, answer: float, *, rel_tol: float = 0.15, unit: s
                  explanation: str = "", hint: str = "") -> W.VBox:
     """A question whose answer is a number; within ``rel_tol`` of ``answer`` counts as right.
     A wrong answer says too high or too low, by how much, and shows ``hint`` (how to get it)."""
-    if not math.isfinite(answer):
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real) or not math.isfinite(answer):
         raise ValueError(f"numeric_quiz answer={answer!r} must be a finite number")
+    if isinstance(rel_tol, bool) or not isinstance(rel_tol, numbers.Real) or not 0 < rel_tol < 1:
+        raise ValueError(f"numeric_quiz rel_tol={rel_tol!r} must be in (0, 1), e.g. 0.15 for within 15%")
     box = W.FloatText(description="your answer", style={"description_width": "initial"})
     button = W.Button(description="check", button_style="info")
     feedback = W.HTML()

@@ -41,6 +41,7 @@ class PhaseModel:
     kv_bytes_per_token: float | None = None
     description: str = ""
     mixed_seconds: Callable[[int, int, Sequence[tuple[int, int]]], float] | None = None
+    max_seq_len: int | None = None   # the model's context, when known: the simulator refuses longer requests
 
     def iteration_seconds(self, batch: int, total_context: int, chunks: Sequence[tuple[int, int]] = ()) -> float:
         """One chunked-prefill iteration: ``batch`` decode rows plus prompt ``chunks``.
@@ -111,7 +112,7 @@ def roofline_phases(cfg, spec, dtype=None, *, step_overhead_s: float = 0.0, mfu:
 
     eff = "" if mfu == mbu == 1.0 else f", {mfu:.0%} of peak FLOP/s, {mbu:.0%} of bandwidth"
     return PhaseModel(prefill_seconds, decode_seconds, kv_tok,
-                      f"roofline of {cfg.name} on {spec.name} ({dt}{eff})", mixed_seconds)
+                      f"roofline of {cfg.name} on {spec.name} ({dt}{eff})", mixed_seconds, max_seq_len=cfg.max_seq_len)
 
 
 def _extrapolating_interp(x, xs, ys):

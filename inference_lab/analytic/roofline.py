@@ -268,6 +268,8 @@ def fits(cfg, batch: int, context: int, spec, *, tp: int = 1, headroom: float = 
     checks.hardware_spec(spec)
     if spec.memory_bytes is None:
         raise ValueError(f"spec {spec.name!r} has no memory_bytes; set it to test the fit")
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 < headroom <= 1:
+        raise ValueError(f"headroom={headroom!r} must be in (0, 1]: the share of memory the server may use")
     return memory_needed(cfg, batch, context, tp=tp, prefill_tokens=prefill_tokens) <= headroom * spec.memory_bytes
 
 

@@ -167,8 +167,13 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
     max_batch = checks.count("max_batch", max_batch)
     max_prefill_tokens = checks.count("max_prefill_tokens", max_prefill_tokens)
     chunk_tokens = checks.count("chunk_tokens", chunk_tokens)
-    if transfer_latency_s < 0:
-        raise ValueError(f"transfer_latency_s={transfer_latency_s!r} must be >= 0")
+    transfer_latency_s = checks.finite("transfer_latency_s", transfer_latency_s, 0.0)
+    if not isinstance(requests, Requests):
+        raise ValueError(f"requests must be a workload.Requests, got {type(requests).__name__}")
+    limit = getattr(phases, "max_seq_len", None)
+    if limit is not None and len(requests) and int((requests.prompt_len + requests.output_len).max()) > limit:
+        raise ValueError(f"a request of {int((requests.prompt_len + requests.output_len).max()):,} tokens (prompt + "
+                         f"output) is past the model's max_seq_len={limit:,}: shorten the workload's lengths")
     if mode == "disaggregated":
         pre_pool = [_Worker("prefill", i, i) for i in range(checks.count("prefill_gpus", prefill_gpus))]
         dec_pool = [_Worker("decode", i, len(pre_pool) + i)

@@ -15,6 +15,8 @@ from inference_lab.base import checks
 
 __all__ = ["Requests", "sample_requests", "RAG_RATIO"]
 
+MAX_TOKENS = 1 << 20   # a prompt or an answer this long is a typo: the simulator would run for hours
+
 RAG_RATIO = (19, 47)
 """Prompt:generation token ratios of RAG traffic measured on a 27B model served on 4xH100
 (the course's reference node)."""
@@ -27,6 +29,28 @@ class Requests:
     arrival: np.ndarray
     prompt_len: np.ndarray
     output_len: np.ndarray
+
+    def __post_init__(self):
+        """Hand-made workloads are checked as drawn ones are: one entry per request in each
+        array, finite arrivals >= 0, lengths that are whole numbers in 1..MAX_TOKENS."""
+        arrays = {}
+        for name in ("arrival", "prompt_len", "output_len"):
+            a = np.asarray(getattr(self, name))
+            if a.ndim != 1 or not np.issubdtype(a.dtype, np.number) or a.dtype == bool:
+                raise ValueError(f"Requests.{name} must be a 1-D array of numbers, got {a.dtype} of shape {a.shape}")
+            arrays[name] = a
+        n = {len(a) for a in arrays.values()}
+        if len(n) != 1:
+            raise ValueError(f"Requests: arrival, prompt_len and output_len have "
+                             f"{', '.join(str(len(a)) for a in arrays.values())} entries; give one per request")
+        if not np.isfinite(arrays["arrival"]).all() or (arrays["arrival"] < 0).any():
+            raise ValueError("Requests.arrival must be finite times >= 0 (seconds)")
+        for name in ("prompt_len", "output_len"):
+            a = arrays[name]
+            if not np.isfinite(a).all() or (a != np.round(a)).any() or (a < 1).any() or (a > MAX_TOKENS).any():
+                raise ValueError(f"Requests.{name} must be whole numbers of tokens in 1..{MAX_TOKENS:,}")
+        for name, a in arrays.items():
+            object.__setattr__(self, name, a if name == "arrival" else a.astype(np.int64))
 
     def __len__(self):
         return len(self.arrival)

@@ -32,6 +32,32 @@ def positive(name: str, value) -> float:
     return float(value)
 
 
+def finite(name: str, value, low: float = -math.inf, high: float = math.inf) -> float:
+    """``value`` as a finite float in ``low..high`` (not a bool, not a string, not NaN)."""
+    if (not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value)
+            or not low <= value <= high):
+        bounds = "" if (low, high) == (-math.inf, math.inf) else f" in {low:g}..{high:g}"
+        raise ValueError(f"{name}={value!r} must be a finite number{bounds}")
+    return float(value)
+
+
+def flag(name: str, value) -> bool:
+    """``value`` as a bool: only True or False (``"no"`` is truthy, ``1`` is ambiguous)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be True or False")
+    return value
+
+
+MAX_SEED = 2**63 - 1
+
+
+def seed(name: str, value) -> int:
+    """A random seed: an integer in 0..2**63 - 1 (what jax.random.key takes)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__") or not 0 <= value.__index__() <= MAX_SEED:
+        raise ValueError(f"{name}={value!r} must be an integer in 0..2**63 - 1")
+    return value.__index__()
+
+
 def is_positive(value) -> bool:
     """True for a finite real number > 0 that is not a bool."""
     return (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from inference_lab.base import checks
+
 DTYPES = ("float32", "bfloat16")
 
 
@@ -52,6 +54,11 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even (rotary embeddings rotate pairs)")
         if self.dtype not in DTYPES:
             raise ValueError(f"ModelConfig.dtype={self.dtype!r}: use one of {DTYPES}")
+        checks.positive("ModelConfig.rope_theta", self.rope_theta)
+        checks.finite("ModelConfig.norm_eps", self.norm_eps, 1e-12, 1.0)
+        checks.flag("ModelConfig.tie_embeddings", self.tie_embeddings)
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"ModelConfig.name={self.name!r} must be a non-empty string")
         if self.vocab_size < 259:
             raise ValueError(
                 f"ModelConfig.vocab_size={self.vocab_size} is too small for the byte-level "

@@ -87,7 +87,9 @@ def bar(iterable=None, *, total: int | None = None, desc: str | None = None, uni
         from tqdm.auto import tqdm
     except ImportError:
         return _Silent(iterable)
-    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=not (show and enabled(file)),
+    stream = sys.stderr if file is None else file
+    gone = stream is None or getattr(stream, "closed", False)   # a closed stderr: nowhere to draw, even if forced
+    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=gone or not (show and enabled(file)),
                 file=file, dynamic_ncols=True, **kwargs)
 
 

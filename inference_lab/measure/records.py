@@ -160,6 +160,10 @@ def machine_label(rec) -> str:
 
 # ----------------------------------------------------------------------------- saving
 def _flat(rec) -> dict:
+    if not isinstance(rec, (PrefillRecord, DecodeRecord)):
+        raise ValueError(f"save_records takes PrefillRecord and DecodeRecord objects (from a sweep or "
+                         f"load_records), got a {type(rec).__name__}; build records with prefill_record() or "
+                         "decode_record()")
     return dataclasses.asdict(rec)
 
 

@@ -147,7 +147,19 @@ def read(path) -> tuple[ModelConfig, dict]:
     except (ValueError, TypeError, RecursionError) as err:
         raise ValueError(f"{source}: the config in its metadata is not a valid ModelConfig ({str(err)[:160]})") from None
     check(cfg, found, source)
-    return cfg, nest(load_file(str(path)), cfg)
+    tensors = load_file(str(path))
+    bad = next((name for name, t in tensors.items() if not bool(_all_finite(t))), None)
+    if bad is not None:   # a NaN or infinite weight poisons every token after it
+        raise ValueError(f"{source}: tensor {bad!r} holds NaN or infinite values; the file is damaged "
+                         "(or training diverged): train again or load another file")
+    return cfg, nest(tensors, cfg)
+
+
+def _all_finite(t) -> bool:
+    """Whether every value of the array ``t`` is finite (a jax or NumPy array, any float dtype)."""
+    import jax.numpy as jnp
+
+    return bool(jnp.isfinite(t).all())
 
 
 def cast(src, dst, dtype: str) -> None:

@@ -46,7 +46,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from inference_lab.model import parallel
-from inference_lab.base import tokenizer
+from inference_lab.base import checks, tokenizer
 from inference_lab.model.kv_cache import KVCache
 from inference_lab.model.transformer import check_tokens, decode_forward, prefill_forward, verify_forward
 
@@ -122,9 +122,13 @@ def _sample(logits, key, temperature, top_k):
     return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
 
 
+MIN_TEMPERATURE = 1e-5   # below this, sampling is greedy: logits / 1e-40 overflow float32 into NaN
+
+
 def _temperature(t: float):
-    """0 -> None (greedy, static); otherwise a traced float32 scalar."""
-    return None if t == 0 else jnp.float32(t)
+    """0 (or below :data:`MIN_TEMPERATURE`, sampling's limit) -> None (greedy, static); otherwise a
+    traced float32 scalar."""
+    return None if t < MIN_TEMPERATURE else jnp.float32(t)
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "top_k", "cfg", "mode", "mesh"),
@@ -337,8 +341,9 @@ def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float
     tokens = _as_tokens(tokens, "tokens", 1, model.cfg)
     if tokens.shape[0] != cache.batch:
         raise ValueError(f"tokens has batch {tokens.shape[0]} but the cache holds {cache.batch} rows")
-    if not isinstance(steps, (int, np.integer)) or steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a positive integer")
+    seed = checks.seed("seed", seed)
     top_k = check_sampling(temperature, top_k, model.cfg.vocab_size)
     _check_room(model, cache, int(steps), f"{steps} steps")
     host = cache.host_lengths + steps
@@ -412,6 +417,7 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
     top_k = check_sampling(temperature, top_k, model.cfg.vocab_size)
+    seed = checks.seed("seed", seed)
     longest = max(len(r) for r in rows)
     if longest + max_new_tokens > model.cfg.max_seq_len:
         raise ValueError(f"the longest prompt ({longest} tokens) + max_new_tokens={max_new_tokens} is past the "

@@ -125,6 +125,8 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None, mode: str = "auto",
     :class:`FlashAttentionConfig` (Triton tier) or ``mosaic.flash_attention.MosaicFlashConfig``
     (Hopper tier) instead of the one the tier's ``plan`` picks.
     """
+    if not isinstance(causal, bool):   # "no" is truthy: it would run causal attention
+        raise ValueError(f"causal={causal!r} must be True or False")
     q, k, v, sm_scale = check(q, k, v, sm_scale)
     tier = choose_tier(mode, config, triton_config=FlashAttentionConfig, mosaic=("flash_attention", "MosaicFlashConfig"),
                        mosaic_problem=lambda mosaic, copies: mosaic.unsupported(q, k, v, allow_copies=copies))
