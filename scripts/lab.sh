@@ -13,6 +13,13 @@ if [ "$(id -u)" = "0" ]; then
   fi
   args+=(--allow-root)
 fi
-# Never an open server: a token is required (Jupyter generates a random one and prints the
-# URL with it) unless the caller passes one of its own through JUPYTER_TOKEN.
+# Never an open server: the token is passed explicitly on the command line, which wins over any
+# config file (a learner's own jupyter_server_config with an empty token would otherwise serve
+# without authentication): JUPYTER_TOKEN if set and not empty, else a fresh random one. Jupyter
+# prints the URL with it.
+token="${JUPYTER_TOKEN:-}"
+if [ -z "$token" ]; then
+  token=$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(32))')
+fi
+args+=("--IdentityProvider.token=$token")
 exec .venv/bin/jupyter lab "${args[@]}" "$@"

@@ -207,7 +207,8 @@ def test_lab_defaults_go_where_this_jupyterlab_reads_them(tmp_path):
 
 
 def test_lab_command_serves_with_authentication(tmp_path):
-    """lab.sh: localhost, a token always, and the lab's defaults (no Jupyter-news question)."""
+    """lab.sh: localhost, a token always (even over a config that sets none), and the lab's
+    defaults (no Jupyter-news question)."""
     pytest.importorskip("jupyterlab")
     app_settings = tmp_path / "app-settings"
     _lab_settings().install(app_settings)
@@ -217,6 +218,10 @@ def test_lab_command_serves_with_authentication(tmp_path):
                 "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR", "IPYTHONDIR"):
         env[var] = str(tmp_path / var.lower())
     env.pop("JUPYTER_TOKEN", None)
+    # A learner's own config that turns the token off (issue 25): lab.sh's explicit token wins.
+    config = tmp_path / "jupyter_config_dir"
+    config.mkdir()
+    (config / "jupyter_server_config.py").write_text('c.IdentityProvider.token = ""\nc.ServerApp.token = ""\n')
     if os.geteuid() == 0:  # CI runs as root: opt in, as a learner would have to
         env["ALLOW_ROOT"] = "1"
     server = subprocess.Popen(

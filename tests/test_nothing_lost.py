@@ -4,6 +4,7 @@ written; an interrupted or disk-full training says in one line what it kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -131,3 +132,16 @@ def test_train_command_says_in_one_line_what_it_kept(tmp_path, capsys, monkeypat
     assert training.main(["--corpus", str(tmp_path / "text.txt"), "--out", str(tmp_path / "w.safetensors")]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0] and "Traceback" not in err[0], err
+
+
+def test_a_name_that_is_a_formula_is_written_as_text(tmp_path):
+    """Root cause 7: a machine named like a spreadsheet formula reaches the CSV export as text
+    (a leading apostrophe) and reads back as it was named."""
+    from inference_lab.measure import records
+
+    base = records.load_records(STORED)
+    evil = [dataclasses.replace(r, machine_name="=HYPERLINK(\"http://x\",\"click\")") for r in base]
+    path = records.save_records(evil, tmp_path / "class.csv")
+    cells = [line.split(",") for line in path.read_text().splitlines()[1:]]
+    assert all(not cell.lstrip('"').startswith(("=", "+", "-", "@")) for row in cells for cell in row if cell)
+    assert [r.machine_name for r in records.load_records(path)] == [r.machine_name for r in evil]

@@ -167,6 +167,18 @@ def _flat(rec) -> dict:
     return dataclasses.asdict(rec)
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")   # what a spreadsheet runs as a formula
+
+
+def _cell(value):
+    """A text cell that a spreadsheet would run as a formula (a machine named ``=HYPERLINK(...)``)
+    is written with a leading apostrophe, which spreadsheets show as text; :func:`_typed` takes it
+    off again, so the name reads back as it was."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def _csv_fields() -> list[str]:
     fields = []
     for cls in (PrefillRecord, DecodeRecord):
@@ -199,7 +211,7 @@ def save_records(records, path) -> Path:
             w = csv.DictWriter(fh, fieldnames=fields)
             w.writeheader()
             for row in rows:
-                w.writerow({k: ("" if v is None else v) for k, v in row.items()})
+                w.writerow({k: ("" if v is None else _cell(v)) for k, v in row.items()})
 
         atomic_write(path, write)
     else:
@@ -213,6 +225,8 @@ def _typed(name: str, v):
     if v == "" or v is None:
         return None
     if name in _TEXT_FIELDS or name not in _NUMBER_FIELDS:   # unknown columns are dropped later
+        if isinstance(v, str) and v.startswith("'") and v[1:].startswith(FORMULA_STARTS):
+            return v[1:]                                        # the apostrophe _cell added
         return v
     try:
         x = float(v)
