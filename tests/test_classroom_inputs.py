@@ -82,14 +82,16 @@ def test_missing_optional_fields_never_break_the_overlay(tmp_path):
     assert "batch size 1: 3 run(s)" in text
 
 
-def test_a_big_class_is_capped_and_says_so(tmp_path):
+def test_a_big_class_is_capped_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(classroom, "MAX_FILES", classroom.MAX_OVERLAY + 3)
     for i in range(classroom.MAX_OVERLAY + 5):
         data = _with(machine__id=f"{i:08x}")
         _write(tmp_path, f"run-{i:03d}.json", data)
     runs = classroom.load_measured(tmp_path)
-    assert len(runs) == classroom.MAX_OVERLAY + 5
+    assert len(runs) == classroom.MAX_OVERLAY + 3                    # the folder's first MAX_FILES files
+    assert "holds 65 files; the overlay read the first 63" in runs.skipped[0][1]
     fig, text = classroom.classroom_view(runs, 1)
-    assert f"draws {classroom.MAX_OVERLAY} of {classroom.MAX_OVERLAY + 5} runs" in text
+    assert f"draws {classroom.MAX_OVERLAY} of {classroom.MAX_OVERLAY + 3} runs" in text
     assert len(fig.axes[1].get_lines()) <= classroom.MAX_OVERLAY + 2
     assert f"the chart draws the first {classroom.MAX_OVERLAY}" in classroom.classroom_summary(runs)
     assert os.listdir(tmp_path)
