@@ -22,7 +22,7 @@ export PYTHON
 # because the GPU image has pytest but no nbval.
 NBVAL_FLAGS := --nbval-lax --nbval-current-env -p no:cacheprovider
 
-.PHONY: help setup setup-dev lab test unit-test notebook-test browser-test notebooks site gpu-check bench probe \
+.PHONY: help setup setup-dev lab check-root test unit-test notebook-test browser-test notebooks site gpu-check bench probe \
         triton-report clean check-python
 
 help:
@@ -68,9 +68,16 @@ $(DEV_STAMP): pyproject.toml constraints.txt
 	$(call install,$(DEV_SPEC))
 	@touch $@ $(LAB_STAMP)
 
-# As root, lab.sh refuses unless ALLOW_ROOT=1 (in the environment or on make's command line).
-lab: setup
+# As root, lab.sh refuses unless ALLOW_ROOT=1 (in the environment or on make's command line);
+# check-root says so before the set-up spends a minute installing.
+lab: check-root setup
 	ALLOW_ROOT="$(ALLOW_ROOT)" scripts/lab.sh
+
+check-root:
+	@if [ "$$(id -u)" = "0" ] && [ "$(ALLOW_ROOT)" != "1" ]; then \
+	  echo "make lab: refusing to start JupyterLab as root (its terminals would give anyone with the token a root shell); run it as an ordinary user, or opt in with ALLOW_ROOT=1 make lab" >&2; \
+	  exit 1; \
+	fi
 
 test: setup-dev unit-test notebook-test browser-test
 	@echo "make test: all passed"

@@ -73,6 +73,28 @@ def figure_image(fig) -> Image:
     return Image(figure_png(fig), alt=description or None)
 
 
+# Button colours behind white text at WCAG AA contrast (>= 4.5:1; JupyterLab's own "info" teal and
+# "warning" orange give 3.5:1 and 2.7:1). tests/test_widgets.py computes the ratios.
+CHECK_COLOR = "#0b5563"   # dark teal
+LOCK_COLOR = "#9c4400"    # dark orange
+TEXT_COLOR = "#ffffff"
+
+
+def _button(description: str, color: str) -> W.Button:
+    return W.Button(description=description, style={"button_color": color, "text_color": TEXT_COLOR})
+
+
+def contrast(foreground: str, background: str) -> float:
+    """The WCAG 2 contrast ratio of two ``#rrggbb`` colours (1 to 21)."""
+    def luminance(hex_color):
+        rgb = [int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((luminance(foreground), luminance(background)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
 def dashboard(compute: Callable, controls: Sequence[Control], *, title: str | None = None) -> W.VBox:
     """Sliders + a readout + a figure and its caption, redrawn by ``compute(**values) -> (figure,
     readout)``; the caption is the figure's one-line description (``alt_text``).
@@ -143,7 +165,7 @@ def quiz(question: str, options: Sequence[str], answer: str, explanation: str, *
     if unknown or answer in why_not:
         raise ValueError(f"quiz why_not keys must be wrong options; got {sorted(unknown | ({answer} & set(why_not)))}")
     choice = W.RadioButtons(options=list(options), value=None, layout=W.Layout(width="auto"))
-    button = W.Button(description="check", button_style="info")
+    button = _button("check", CHECK_COLOR)
     feedback = W.HTML()
 
     def check(_):
@@ -168,7 +190,7 @@ def numeric_quiz(question: str, answer: float, *, rel_tol: float = 0.15, unit: s
     if isinstance(rel_tol, bool) or not isinstance(rel_tol, numbers.Real) or not 0 < rel_tol < 1:
         raise ValueError(f"numeric_quiz rel_tol={rel_tol!r} must be in (0, 1), e.g. 0.15 for within 15%")
     box = W.FloatText(description="your answer", style={"description_width": "initial"})
-    button = W.Button(description="check", button_style="info")
+    button = _button("check", CHECK_COLOR)
     feedback = W.HTML()
 
     def check(_):
@@ -212,7 +234,7 @@ class Prediction(W.VBox):
                                          layout=W.Layout(width="auto"))
         else:
             self._input = W.FloatText(description="your prediction", style={"description_width": "initial"})
-        self._button = W.Button(description="lock in", button_style="warning")
+        self._button = _button("lock in", LOCK_COLOR)
         self._status = W.HTML("<i>No prediction yet: write one down before running the next cell.</i>")
         self._locked = None
         self._button.on_click(self._lock)

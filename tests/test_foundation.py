@@ -290,3 +290,15 @@ def test_make_lab_passes_allow_root_through():
                              env=dict(clean, **env))
         want = 'ALLOW_ROOT="1" scripts/lab.sh' if args or env else 'ALLOW_ROOT="" scripts/lab.sh'
         assert want in out.stdout, out.stdout + out.stderr
+
+
+def test_make_lab_as_root_refuses_before_installing(tmp_path):
+    """Issue 26: as root without ALLOW_ROOT=1, `make lab` stops at once, before the set-up."""
+    if os.geteuid() != 0:
+        pytest.skip("the refusal is for root")
+    env = {k: v for k, v in os.environ.items() if k != "ALLOW_ROOT"}
+    started = time.time()
+    done = subprocess.run(["make", "-s", "lab", f"VENV={tmp_path / 'never'}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "refusing to start JupyterLab as root" in done.stderr
+    assert time.time() - started < 10 and not (tmp_path / "never").exists()     # nothing was installed

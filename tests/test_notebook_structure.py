@@ -71,3 +71,11 @@ def test_nbval_markers_are_tags_not_comments(name):
               and "".join(c["source"]).lstrip().startswith("# NBVAL_")]
     assert not marked, (f"{name}: code cells {marked} start with a '# NBVAL_' comment: "
                         "run python scripts/nbval_tags.py notebooks/*.ipynb")
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_no_table_inside_a_quote(name):
+    """The site's markdown renders a table inside a blockquote as raw `| ... |` text (issue 26)."""
+    quoted = [line for m in _text(_cells(name), "markdown") for line in m.splitlines()
+              if line.lstrip().startswith(">") and line.lstrip(" >").startswith("|")]
+    assert not quoted, f"{name}: a markdown table inside a quote: {quoted[0][:60]}"

@@ -256,3 +256,14 @@ def test_two_probes_to_one_new_name_do_not_replace_each_other(tmp_path, quick_ce
     assert code == 2 and "created by another run" in err[-1] and len(err) == 1, err
     assert json.loads(path.read_text()) == {"other": "run"}
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]          # no temporary file left
+
+
+def test_the_default_prompt_fits_every_preset():
+    """Issue 26: the probe's default prompt length leaves room for --new-tokens in any preset."""
+    from inference_lab.base.config import PRESETS
+    from inference_lab.measure import probe_args
+
+    for name, cfg in PRESETS.items():
+        args = probe_args.build_parser().parse_args(["--preset", name, "--kernels", "reference"])
+        probe_args.check_args(args)
+        assert args.prompt_len + args.new_tokens <= cfg.max_seq_len and args.prompt_len == min(512, cfg.max_seq_len - 32)

@@ -191,9 +191,10 @@ def test_decode_rows_steps_only_the_prefix(model):
     tokens = np.array([5, 17, 99, 3], np.int32)
     whole = KVCache.random(cfg, 4, 32, context=7, seed=3)
     before = np.asarray(whole.k[1][2:])
-    want, _ = runtime.decode_step(model, tokens[:2], _rows(cfg, 2))
+    want, alone = runtime.decode_step(model, tokens[:2], _rows(cfg, 2))
     got, whole = runtime.decode_rows(model, tokens[:2], whole, 2)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(whole.k[1][:2, :8]), np.asarray(alone.k[1][:, :8]), rtol=1e-6)  # K written
     assert whole.host_lengths.tolist() == [8, 8, 7, 7]
     np.testing.assert_array_equal(np.asarray(whole.k[1][2:]), before)   # the other rows untouched
     with pytest.raises(ValueError, match="rows"):

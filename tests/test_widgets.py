@@ -168,3 +168,22 @@ def test_prediction_ranges():
     assert "fell in '2'" in miss and "why?" in miss
     with pytest.raises(ValueError, match="low < high"):
         widgets.prediction("q", ranges=[("bad", 5, 1)])
+
+
+def test_the_buttons_meet_wcag_aa_contrast():
+    """Issue 26: white on JupyterLab's orange (2.7:1) and teal (3.5:1) was below AA's 4.5:1."""
+    from inference_lab import widgets
+
+    assert widgets.contrast("#ffffff", "#ff9800") < 3.0 and widgets.contrast("#000000", "#ffffff") == pytest.approx(21)
+    for color in (widgets.CHECK_COLOR, widgets.LOCK_COLOR):
+        assert widgets.contrast(widgets.TEXT_COLOR, color) >= 4.5
+    quiz = widgets.quiz("q?", ["a", "b"], "a", "because")
+    buttons = [w for w in _walk(quiz) if isinstance(w, __import__("ipywidgets").Button)]
+    assert buttons and all(b.style.button_color == widgets.CHECK_COLOR and b.style.text_color == "#ffffff"
+                           for b in buttons)
+
+
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)

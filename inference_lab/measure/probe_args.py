@@ -36,6 +36,7 @@ def _int_arg(flag: str, lo: int, hi: int, example: int):
 
 
 MAX_BATCHES = 64    # decode entries a probe file may hold (the schema's maxItems)
+DEFAULT_PROMPT_LEN = 512
 
 
 def _batches(text: str) -> list[int]:
@@ -75,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--preset", type=_preset, default=None,
                    help=f"model preset: {', '.join(PRESETS)} (default: base on a GPU, small elsewhere)")
-    p.add_argument("--prompt-len", type=_int_arg("--prompt-len", 1, 2**21, 512), default=512,
-                   help="prompt length = decode context (default 512)")
+    p.add_argument("--prompt-len", type=_int_arg("--prompt-len", 1, 2**21, 512), default=None,
+                   help="prompt length = decode context (default 512, or less where the preset's "
+                        "max_seq_len leaves no room for --new-tokens after it)")
     p.add_argument("--batch", type=_batches, default=[1, 8, 32], help="decode batch sizes (default 1,8,32)")
     p.add_argument("--new-tokens", type=_int_arg("--new-tokens", 1, MAX_NEW_TOKENS, 32), default=32,
                    help="decode steps timed per batch size (default 32)")
@@ -161,6 +163,8 @@ def check_args(args) -> None:
             _check_tp(ModelConfig.preset(args.preset), args.tp)
         simulate_cpu_devices(args.tp)
     cfg = ModelConfig.preset(preset_for(args))
+    if args.prompt_len is None:   # the default fits the preset: 512, or what its context leaves room for
+        args.prompt_len = max(1, min(DEFAULT_PROMPT_LEN, cfg.max_seq_len - args.new_tokens))
     if args.prompt_len >= cfg.max_seq_len:
         raise ValueError(f"--prompt-len {args.prompt_len} leaves no room for --new-tokens within the {cfg.name} "
                          f"preset's max_seq_len {cfg.max_seq_len}; use a smaller --prompt-len")

@@ -12,8 +12,10 @@ DEFAULT_PRESET = "shakespeare_large"
 
 def load_model(preset: str = DEFAULT_PRESET, weights=None, kernels: str = "auto"):
     """The model to serve (a :class:`~inference_lab.model.transformer.Transformer`). Never downloads."""
-    if weights is not None:
-        return pretrained.load(kernels, path=weights, preset=preset if preset in pretrained.SHIPPED else "shakespeare")
+    if weights is not None:   # the file carries its own config
+        from inference_lab.model.transformer import Transformer
+
+        return Transformer.load(weights, kernels=kernels)
     if preset in pretrained.SHIPPED:
         return pretrained.load(kernels, preset=preset)
     if preset not in PRESETS:
