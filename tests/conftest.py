@@ -3,7 +3,15 @@
 import pytest
 
 
+# The longest test files run first: `make unit-test` hands whole files to two workers in collection
+# order, and a long file collected last (the serving tests start three servers) would run alone
+# at the end while the other worker idles.
+LONGEST_FIRST = ("test_serving_engine.py", "test_parallel.py", "test_speculative.py", "test_probe.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: the rest keep their order
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

@@ -95,3 +95,15 @@ def test_a_big_class_is_capped_and_says_so(tmp_path, monkeypatch):
     assert len(fig.axes[1].get_lines()) <= classroom.MAX_OVERLAY + 2
     assert f"the chart draws the first {classroom.MAX_OVERLAY}" in classroom.classroom_summary(runs)
     assert os.listdir(tmp_path)
+
+
+def test_the_instructors_one_call_names_each_model(tmp_path, capsys):
+    """Issue 26: one call for the class's folder; labels name the preset, and a mix of models says
+    which comparisons hold."""
+    _write(tmp_path, "laptop.json", STORED)
+    _write(tmp_path, "tiny.json", _with(model__preset="tiny", machine__id="0badcafe"))
+    runs = classroom.classroom(tmp_path)
+    out = capsys.readouterr().out
+    assert len(runs) >= 2 and any("[tiny]" in label for label in runs) and any("[small]" in label for label in runs)
+    assert "tokens/s compare only between runs of one model" in out
+    assert "ceilings allow" in classroom.ratio_table(classroom.ratio_points(runs))

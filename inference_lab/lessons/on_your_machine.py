@@ -106,9 +106,10 @@ def load_measured(*folders) -> Runs:
                 continue
             if records:  # the folder says whose file it is; the file name only where a machine ran twice
                 where = path.parent.name
-                label = f"{machine_label(records[0])} ({where})"
+                who = f"{machine_label(records[0])} [{records[0].preset}]"   # the model: tiny is not small
+                label = f"{who} ({where})"
                 if label in out:
-                    label = f"{machine_label(records[0])} ({where}/{path.stem})"
+                    label = f"{who} ({where}/{path.stem})"
                 if records.partial:
                     label += " (partial)"
                     out.partial.append(label)
@@ -129,9 +130,25 @@ def classroom_summary(runs) -> str:
             head += f"; the chart draws the first {MAX_OVERLAY}"
     else:
         head = f"{len(runs)} records from {len({machine_key(r) for r in runs})} machine(s)"
-    lines = [head] + [f"partial run (did not finish; drawn for what it measured): {label}"
-                      for label in getattr(runs, "partial", [])]
+    lines = [head]
+    presets = sorted({recs[0].preset for recs in runs.values() if recs}) if isinstance(runs, dict) else []
+    if len(presets) > 1:
+        lines.append(f"the runs measured {len(presets)} models ({', '.join(presets)}): tokens/s compare only "
+                     "between runs of one model; the ratio table (each machine against what its own ceilings "
+                     "allow) compares across them")
+    lines += [f"partial run (did not finish; drawn for what it measured): {label}"
+              for label in getattr(runs, "partial", [])]
     return "\n".join(lines + [f"skipped {getattr(p, 'name', p)}: {why}" for p, why in getattr(runs, "skipped", [])])
+
+
+def classroom(folder="classroom") -> Runs:
+    """The instructor's one call: every probe file in ``folder`` beside the project's own
+    (``docs/measurements/``), loaded one run per file; prints what was read (and what was skipped,
+    and why); returns the runs for :func:`plots.classroom_plot`, :func:`classroom_view` and
+    ``ratio_table(ratio_points(runs))``."""
+    runs = load_measured(MEASUREMENTS, folder)
+    print(classroom_summary(runs))
+    return runs
 
 
 def ceilings_of(records) -> tuple[float, float]:
