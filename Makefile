@@ -87,7 +87,7 @@ test: setup-dev unit-test notebook-test browser-test
 # no result. UNIT_WORKERS=0 runs them in this process.
 UNIT_WORKERS ?= 2
 unit-test: setup-dev
-	$(PY) -m pytest tests -q --ignore=tests/browser $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist loadfile)
+	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist loadfile)
 
 # Notebooks run two at a time, each whole on one worker (--dist loadfile: a notebook's cells share
 # one kernel, in order). A timing lesson then runs beside another one: its verdicts weigh their
