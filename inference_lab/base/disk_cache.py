@@ -66,6 +66,8 @@ def cache_dir(*parts: str) -> Path:
     for root in roots:
         path = root.joinpath(*parts)
         why = _usable(path)
+        if why is None and root == roots[-1] and hasattr(os, "getuid") and root.stat().st_uid != os.getuid():
+            why = "made by another user"   # the shared temporary folder: never use someone else's
         if why is None:
             if first is not None:
                 _say_once(f"inference_lab: cannot keep caches in {first[0]} ({first[1]}); using {root} instead")
