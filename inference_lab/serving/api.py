@@ -323,26 +323,28 @@ def _completion_route(chat: bool):
     return route
 
 
-async def _models(http: HTTPRequest):
-    served: Served = http.app.state.served
-    try:
-        _check_key(served, http)
-    except APIError as e:
-        return e.response()
+def _keyed(answer):
+    """A GET route that checks the API key first: ``answer(served)`` gives its response."""
+    async def route(http: HTTPRequest):
+        served: Served = http.app.state.served
+        try:
+            _check_key(served, http)
+        except APIError as e:
+            return e.response()
+        return answer(served)
+    return route
+
+
+def _models(served: Served) -> JSONResponse:
     return JSONResponse({"object": "list", "data": [
         {"id": served.model_name, "object": "model", "created": served.created, "owned_by": "inference-lab",
          "max_model_len": served.max_seq_len}]})
 
 
-async def _health(http: HTTPRequest):
-    served: Served = http.app.state.served
-    try:
-        _check_key(served, http)
-    except APIError as e:
-        return e.response()
+def _health(served: Served) -> JSONResponse:
     stats = served.backend.stats()
-    return JSONResponse({"status": "ok" if stats.get("error") is None else "failed", **stats},
-                        status_code=200 if stats.get("error") is None else 503)
+    ok = stats.get("error") is None
+    return JSONResponse({"status": "ok" if ok else "failed", **stats}, status_code=200 if ok else 503)
 
 
 async def _http_error(http, exc: HTTPException):
@@ -360,8 +362,8 @@ def create_app(served: Served, *, lifespan=None) -> Starlette:
     app = Starlette(routes=[
         Route("/v1/completions", _completion_route(chat=False), methods=["POST"]),
         Route("/v1/chat/completions", _completion_route(chat=True), methods=["POST"]),
-        Route("/v1/models", _models, methods=["GET"]),
-        Route("/health", _health, methods=["GET"]),
+        Route("/v1/models", _keyed(_models), methods=["GET"]),
+        Route("/health", _keyed(_health), methods=["GET"]),
     ], exception_handlers={HTTPException: _http_error, Exception: _internal_error}, lifespan=lifespan)
     app.state.served = served
     return app

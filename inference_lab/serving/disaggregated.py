@@ -38,6 +38,7 @@ import threading
 
 import numpy as np
 
+from inference_lab.serving.models import load_model
 from inference_lab.serving.scheduler import Engine, QueueFull, Request, TokenEvent, now
 
 READY_TIMEOUT_S = 600.0    # warm-up compiles every program of both roles; minutes on a slow CPU
@@ -62,16 +63,12 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _one_core(core: int | None) -> None:
-    """This process on one core with one XLA thread (set before jax is imported)."""
+    """This process on one core with one XLA thread (XLA reads its flags when its CPU backend
+    starts, at the first array, not when jax is imported)."""
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1".strip()
     if core is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {core})
-
-
-def _model(spec: dict):
-    from inference_lab.serving.models import load_model   # after _one_core: this imports jax
-    return load_model(spec["preset"], spec.get("weights"))
 
 
 def _row_arrays(row, n: int):
@@ -94,7 +91,7 @@ def prefill_worker(spec: dict, inbox, kv_out, events) -> None:
     """The prefill pool: prompts from ``inbox``, first tokens to ``events``, caches to ``kv_out``."""
     _die_with_parent(spec["parent"])
     _one_core(spec["cores"][0])
-    model = _model(spec)
+    model = load_model(spec["preset"], spec.get("weights"))
 
     def handoff(request: Request, token: int, row) -> None:
         n = len(request.prompt)
@@ -112,7 +109,7 @@ def decode_worker(spec: dict, kv_in, control, events) -> None:
     """The decode pool: caches from ``kv_in`` into its slots, every later token to ``events``."""
     _die_with_parent(spec["parent"])
     _one_core(spec["cores"][1])
-    model = _model(spec)
+    model = load_model(spec["preset"], spec.get("weights"))
     import jax.numpy as jnp
 
     from inference_lab.model.kv_cache import KVCache

@@ -155,9 +155,12 @@ class Engine:
         """One-line errors for a request the engine cannot serve (the API answers them 400 first)."""
         vocab = self.model.cfg.vocab_size
         prompt = request.prompt
-        if (not isinstance(prompt, list) or not prompt
-                or not all(isinstance(t, (int, np.integer)) and 0 <= t < vocab for t in prompt)):
-            raise ValueError(f"request {request.rid}: prompt must be a non-empty list of token ids in 0..{vocab - 1}")
+        if not isinstance(prompt, list) or isinstance(prompt and prompt[0], str):
+            raise ValueError(f"request {request.rid}: prompt must be a list of token ids (tokenizer.encode(text))")
+        try:
+            engine.prompt_rows([prompt], vocab)   # generate()'s own check of token ids
+        except ValueError as err:
+            raise ValueError(f"request {request.rid}: bad token ids: {err}") from None
         if len(prompt) >= self.max_len:
             raise ValueError(f"request {request.rid}: a prompt of {len(prompt)} tokens leaves no room in "
                              f"max_len={self.max_len}; shorten it")
