@@ -22,12 +22,13 @@ export PYTHON
 # because the GPU image has pytest but no nbval.
 NBVAL_FLAGS := --nbval-lax --nbval-current-env -p no:cacheprovider
 
-.PHONY: help setup setup-dev lab check-root test unit-test notebook-test browser-test notebooks site gpu-check bench probe \
+.PHONY: help setup setup-dev lab reset-lesson check-root test unit-test notebook-test browser-test notebooks site gpu-check bench probe \
         triton-report clean check-python
 
 help:
 	@echo "make lab        set up, then open the curriculum in JupyterLab"
 	@echo "make test       set up, then run every test (unit, notebooks under nbval, browser)"
+	@echo "make reset-lesson LESSON=05  put lesson 05 back as shipped in my-notebooks/ (your copy is kept)"
 	@echo "make notebooks  re-execute the notebooks in place so they are stored with outputs"
 	@echo "make site       the stored notebooks as a static site in $(SITE)/ (reads offline)"
 	@echo "make gpu-check  on a GPU machine: GPU tests, kernel benchmarks and the probe"
@@ -72,6 +73,11 @@ $(DEV_STAMP): pyproject.toml constraints.txt
 # check-root says so before the set-up spends a minute installing.
 lab: check-root setup
 	ALLOW_ROOT="$(ALLOW_ROOT)" scripts/lab.sh
+
+# make lab serves my-notebooks/, the learner's copy (scripts/learner_copy.py); this puts one
+# lesson back as shipped, the learner's version renamed beside it.
+reset-lesson: setup
+	$(PY) scripts/learner_copy.py --reset "$(LESSON)"
 
 check-root:
 	@if [ "$$(id -u)" = "0" ] && [ "$(ALLOW_ROOT)" != "1" ]; then \

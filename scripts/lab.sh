@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Start JupyterLab on the curriculum: bound to localhost, token authentication always on.
-# Extra arguments are passed to `jupyter lab` (the tests add --no-browser and a port).
+# Start JupyterLab on the learner's copy of the curriculum (scripts/learner_copy.py: my-notebooks/,
+# or $INFERENCE_LAB_NOTEBOOKS), so autosave never rewrites the tracked notebooks: bound to
+# localhost, token authentication always on. Extra arguments are passed to `jupyter lab` (the
+# tests add --no-browser and a port).
 set -eu
 cd "$(dirname "$0")/.."
-args=(--ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks)
+work="${INFERENCE_LAB_NOTEBOOKS:-my-notebooks}"
+args=(--ServerApp.ip=127.0.0.1 "--ServerApp.root_dir=$work")
 # As root, JupyterLab's terminals hand whoever holds the token a root shell. Jupyter itself
 # refuses to run as root without --allow-root; so does this script, unless the user opts in.
 if [ "$(id -u)" = "0" ]; then
@@ -22,4 +25,5 @@ if [ -z "$token" ]; then
   token=$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(32))')
 fi
 args+=("--IdentityProvider.token=$token")
+INFERENCE_LAB_NOTEBOOKS="$work" .venv/bin/python scripts/learner_copy.py
 exec .venv/bin/jupyter lab "${args[@]}" "$@"

@@ -207,8 +207,8 @@ def test_lab_defaults_go_where_this_jupyterlab_reads_them(tmp_path):
 
 
 def test_lab_command_serves_with_authentication(tmp_path):
-    """lab.sh: localhost, a token always (even over a config that sets none), and the lab's
-    defaults (no Jupyter-news question)."""
+    """lab.sh: localhost, a token always (even over a config that sets none), the lab's
+    defaults (no Jupyter-news question), and the learner's copy of the lessons as its root."""
     pytest.importorskip("jupyterlab")
     app_settings = tmp_path / "app-settings"
     _lab_settings().install(app_settings)
@@ -218,6 +218,7 @@ def test_lab_command_serves_with_authentication(tmp_path):
                 "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR", "IPYTHONDIR"):
         env[var] = str(tmp_path / var.lower())
     env.pop("JUPYTER_TOKEN", None)
+    env["INFERENCE_LAB_NOTEBOOKS"] = str(tmp_path / "my-notebooks")
     # A learner's own config that turns the token off (issue 25): lab.sh's explicit token wins.
     config = tmp_path / "jupyter_config_dir"
     config.mkdir()
@@ -255,6 +256,14 @@ def test_lab_command_serves_with_authentication(tmp_path):
             schema = json.loads(response.read())["schema"]  # overrides become the schema's defaults
         default = schema["properties"]["fetchNews"]["default"]
         assert default == "false", f"JupyterLab would ask about Jupyter news (fetchNews={default!r})"
+        # The file browser shows the learner's copy, not the tracked notebooks/ (issue 26).
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/contents",
+                                         headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            served = sorted(item["name"] for item in json.loads(response.read())["content"])
+        shipped = sorted(p.name for p in (ROOT / "notebooks").iterdir() if not p.name.startswith("."))
+        assert served == shipped, served
+        assert (tmp_path / "my-notebooks" / "05_batching.ipynb").is_file()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:

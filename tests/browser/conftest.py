@@ -9,7 +9,9 @@ own Jupyter set-up neither affects the tests nor is touched by them.
 Fixtures:
   chromium_executable  path of Debian's real Chromium binary (skips, saying what to install;
                        fails instead when CI is set, since the Makefile installs it there)
-  lab_server           the JupyterLab server (session); stopped with its kernels, also on failure
+  lab_server           the JupyterLab server (session); stopped with its kernels, also on failure.
+                       Its copies of the notebooks are trusted, as `make lab`'s are, so stored
+                       widget views draw (JupyterLab shows an untrusted one as plain text)
   browser              one Chromium and one context (session)
   lab                  a ``JupyterLabPage`` (one JupyterLab page shared by the tests, reloaded
                        after a failure); on failure it saves screenshots before/after, the
@@ -65,6 +67,11 @@ LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True, "windowingMode": "none"},
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
 }
+# The learner's lab (scripts/lab.sh) keeps JupyterLab's autosave on, as a learner has it; only
+# its interval is cut from 120 s to 2 s, so the test sees it write.
+LEARNER_SETTINGS = dict(LAB_SETTINGS, **{
+    "@jupyterlab/docmanager-extension/plugin": {"autosave": True, "autosaveInterval": 2},
+})
 
 SERVER_START_TIMEOUT_S = 90
 KERNEL_START_TIMEOUT_S = 90
@@ -167,7 +174,7 @@ class LabServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = base / "server.log"
         self.proc: subprocess.Popen | None = None
-        self._copied: set[Path] = set()
+        self._copied: set[tuple[Path, bool]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -184,7 +191,7 @@ class LabServer:
             dirs[var] = str(self.base / sub)
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        for plugin, values in LAB_SETTINGS.items():
+        for plugin, values in self.settings.items():
             path = self.base / "settings" / f"{plugin}.jupyterlab-settings"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
@@ -197,19 +204,7 @@ class LabServer:
         # The fixture notebook asserts its kernel runs in this environment (sys.prefix).
         env["INFERENCE_LAB_TEST_PREFIX"] = sys.prefix
         env.pop("JUPYTER_TOKEN", None)
-        cmd = [
-            str(jupyter) if jupyter.exists() else sys.executable,
-            *([] if jupyter.exists() else ["-m", "jupyter"]),
-            "lab",
-            "--no-browser",
-            "--allow-root",
-            f"--port={self.port}",
-            "--ServerApp.port_retries=0",
-            "--ServerApp.ip=127.0.0.1",
-            f"--IdentityProvider.token={self.token}",
-            f"--ServerApp.root_dir={self.root}",
-            "--ServerApp.terminals_enabled=False",
-        ]
+        cmd = self.command(jupyter, env)
         with open(self.log_path, "wb") as log:
             # A new session makes the server a process-group leader, so stop() can end the
             # whole group (the server and anything it spawned in that group).
@@ -227,6 +222,23 @@ class LabServer:
             except (OSError, urllib.error.URLError):
                 time.sleep(0.2)
         raise RuntimeError(f"jupyter lab did not answer within {SERVER_START_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    settings = LAB_SETTINGS
+
+    def command(self, jupyter: Path, env: dict) -> list[str]:
+        return [
+            str(jupyter) if jupyter.exists() else sys.executable,
+            *([] if jupyter.exists() else ["-m", "jupyter"]),
+            "lab",
+            "--no-browser",
+            "--allow-root",
+            f"--port={self.port}",
+            "--ServerApp.port_retries=0",
+            "--ServerApp.ip=127.0.0.1",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            "--ServerApp.terminals_enabled=False",
+        ]
 
     def stop(self) -> None:
         """POST /api/shutdown (which shuts its kernels down), then end whatever is left."""
@@ -285,26 +297,67 @@ class LabServer:
             return "(no server log)"
 
     # -- notebooks -----------------------------------------------------------------------------
-    def copy_notebook(self, source: Path) -> str:
+    def copy_notebook(self, source: Path, trusted: bool = True) -> str:
         """Copy ``source``'s folder into the server root (once) and return the notebook's URL path.
 
         The whole folder travels so a notebook that reads or writes files next to itself
         finds them; the copy is what JupyterLab opens, so the originals are never modified.
+        ``trusted``: signed in this server's notary, as scripts/learner_copy.py signs a
+        learner's copies; an untrusted copy goes in a folder of its own.
         """
         source = source.resolve()
         folder = source.parent
-        target = self.root / folder.name
-        if folder not in self._copied:
+        target = self.root / (folder.name if trusted else f"{folder.name}-untrusted")
+        if (folder, trusted) not in self._copied:
             if target.exists():
                 shutil.rmtree(target)
             shutil.copytree(
                 folder, target,
                 ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
             )
-            self._copied.add(folder)
+            self._copied.add((folder, trusted))
+            for notebook in target.glob("*.ipynb"):
+                self._mark(notebook, trusted)
         if not (target / source.name).exists():  # written after the folder was copied
             shutil.copy2(source, target / source.name)
-        return f"{folder.name}/{source.name}"
+            self._mark(target / source.name, trusted)
+        return f"{target.name}/{source.name}"
+
+    def _mark(self, notebook: Path, trusted: bool) -> None:
+        """Trusted: signed in the notary of this server's Jupyter data folder. Untrusted: its
+        content made to differ from the trusted copy's (trust goes by content)."""
+        import nbformat
+        from nbformat.sign import NotebookNotary
+
+        nb = nbformat.read(notebook, as_version=nbformat.NO_CONVERT)
+        if trusted:
+            NotebookNotary(data_dir=str(self.base / "data")).sign(nb)
+        else:
+            nb.metadata["browser_test"] = "an untrusted copy"
+            nbformat.write(nb, notebook)
+
+
+class LearnerLabServer(LabServer):
+    """JupyterLab started as `make lab` starts it: scripts/lab.sh, which makes the learner's copy.
+
+    The copy goes to ``root`` (``INFERENCE_LAB_NOTEBOOKS``), the Jupyter folders and the token
+    are this test's own, autosave is on (LEARNER_SETTINGS). Notebooks are opened where lab.sh
+    put them, never copied by the test.
+    """
+
+    settings = LEARNER_SETTINGS
+
+    def command(self, jupyter: Path, env: dict) -> list[str]:
+        env.update(JUPYTER_TOKEN=self.token, INFERENCE_LAB_NOTEBOOKS=str(self.root))
+        if os.geteuid() == 0:  # CI runs as root: opt in, as a learner would have to
+            env["ALLOW_ROOT"] = "1"
+        return [str(PROJECT_ROOT / "scripts" / "lab.sh"), f"--port={self.port}", "--no-browser",
+                "--ServerApp.port_retries=0", "--ServerApp.terminals_enabled=False"]
+
+    def copy_notebook(self, source: Path, trusted: bool = True) -> str:
+        if not (self.root / source.name).is_file():
+            raise AssertionError(f"lab.sh made no copy of {source.name} in {self.root}")
+        return source.name
 
 
 @pytest.fixture(scope="session")
@@ -349,13 +402,6 @@ def browser(chromium_executable):
         playwright.stop()
 
 
-def _finish(request, lab_page: "JupyterLabPage") -> None:
-    """Teardown shared by the fixtures: artifacts on failure, then no kernel left running."""
-    if _failed(request.node):
-        lab_page.save_artifacts(request.node.name)
-    lab_page.settle()
-
-
 @pytest.fixture(scope="session")
 def _shared_page():
     holder = {}
@@ -394,6 +440,27 @@ def lab(request, browser, lab_server, _shared_page):
                 lab_page.page.close()
                 _shared_page["lab_page"] = None
             lab_server.shutdown_sessions()
+
+
+@pytest.fixture
+def learner_lab(request, browser, chromium_executable, tmp_path_factory):
+    """A JupyterLab page on a server started by scripts/lab.sh (the learner's copy, autosave on)."""
+    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed: pip install -e '.[dev]'")
+    server = LearnerLabServer(tmp_path_factory.mktemp("learner-lab"))
+    page = None
+    try:
+        server.start()
+        page = browser.new_page()
+        page.set_default_timeout(30_000)
+        lab_page = JupyterLabPage(page, server)
+        yield lab_page
+        if _failed(request.node):
+            lab_page.save_artifacts(request.node.name)
+        lab_page.settle()
+    finally:
+        if page is not None:
+            page.close()
+        server.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,6 +512,20 @@ const kernelStatus = () => {
   return item ? item.textContent.trim() : '';
 };
 const kernelIdle = () => /\|\s*Idle$/.test(kernelStatus());
+// A stored widget view is drawn (an output holding a .jupyter-widgets element), or
+// shown as its plain-text stand-in ("VBox(children=(HTML(value=..."): JupyterLab's choice for a
+// notebook it does not trust, or for a view whose state it cannot find.
+const WIDGET_REPR = /^(VBox|HBox|Box|GridBox|Output|HTML|HTMLMath|Label|Button|ToggleButtons?|Dropdown|Text|Textarea|Checkbox|\w*Slider|\w*Text|Tab|Accordion|Play)\(/;
+const widgetViews = () => {
+  const nb = notebookOf();
+  if (!nb) return {drawn: 0, plain: []};
+  // an output area's own outputs, not those drawn inside a widget (an Output widget's figure)
+  const outputs = [...nb.querySelectorAll('.jp-OutputArea-output')].filter(el => !el.parentElement.closest('.jupyter-widgets'));
+  const drawn = outputs.filter(el => el.querySelector(':scope > .jupyter-widgets')).length;
+  const plain = [...nb.querySelectorAll('.jp-OutputArea-output[data-mime-type="text/plain"]')]
+    .map(el => (el.innerText || '').trim()).filter(t => WIDGET_REPR.test(t)).map(t => t.slice(0, 80));
+  return {drawn, plain};
+};
 """
 
 
@@ -467,13 +548,13 @@ class JupyterLabPage:
         self.app_loaded = False
 
     # -- opening and running ---------------------------------------------------------------
-    def open(self, source: Path, wait_for_kernel: bool = True) -> None:
-        """Open a temporary copy of ``source`` in JupyterLab.
+    def open(self, source: Path, wait_for_kernel: bool = True, trusted: bool = True) -> None:
+        """Open a temporary copy of ``source`` in JupyterLab (``trusted``: see copy_notebook).
 
         A fresh page loads ``/lab/tree/<copy>?reset`` (``?reset``: no stale workspace); a page
         where JupyterLab is already loaded opens it from the File menu, as a learner would.
         """
-        self.notebook = self.server.copy_notebook(source)
+        self.notebook = self.server.copy_notebook(source, trusted=trusted)
         self.before_png = None
         if self.app_loaded:
             self.menu("File", "filebrowser:open-path")
@@ -609,6 +690,24 @@ class JupyterLabPage:
         except Exception:
             pass  # the caller asserts on the count and says what was missing
         return self.page.evaluate(decoded)
+
+    def widget_views(self, expected: int = 0, timeout_s: float = 30) -> dict:
+        """{drawn, plain}: stored widget views drawn, and those shown as plain text.
+
+        Waits up to ``timeout_s`` for ``expected`` views to be drawn (JupyterLab restores a
+        notebook's widget state once its kernel session is ready) or any shown as plain text
+        (JupyterLab chooses that when it renders the output, for good), then reports what it sees.
+        """
+        if expected:
+            try:
+                self.page.wait_for_function(
+                    _js("const v = widgetViews(); return v.drawn >= arg || v.plain.length > 0;"),
+                    arg=expected, polling=200,
+                    timeout=timeout_s * 1000,
+                )
+            except Exception:
+                pass  # the caller asserts on the counts and says what was missing
+        return self.page.evaluate(_js("return widgetViews();"))
 
     # -- the widget dashboard ----------------------------------------------------------------
     def dashboard(self, timeout_s: float = 30) -> "Dashboard":

@@ -3,8 +3,13 @@
 nbval proves each cell runs in a kernel; this proves what a learner sees. Notebooks 00, 01
 and 05 are run end to end from the Run menu; then the dashboard's "batch size" or "prompt
 length" slider is moved with the keyboard, and its figure must redraw (the <img> changes)
-and its `inference-lab-readout` text must show the new value. The other five notebooks are
-opened without running: their stored outputs must show a figure and no error.
+and its `inference-lab-readout` text must show the new value. The other notebooks are
+opened without running: their stored outputs must show a figure, every stored widget view
+drawn (not its plain-text stand-in), and no error.
+
+00 runs in a JupyterLab started as `make lab` starts it (scripts/lab.sh, autosave on): it
+opens 01 without running it and finds the stored dashboard drawn, runs 00 to the end, and the
+tracked notebooks must be unchanged while the learner's copy was saved.
 
 The same checks run on tests/browser/fixtures/, so the harness is proven without the
 lessons; a missing lesson notebook FAILS (the notebooks are the product).
@@ -14,6 +19,10 @@ Fixtures (server, browser, screenshots on failure) live in conftest.py.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -30,8 +39,10 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-# The fixed list of lessons (docs/architecture.md): three run end to end, six opened.
-RUN_END_TO_END = ["00_setup_check", "01_one_model_two_speeds", "05_batching"]
+# The fixed list of lessons (docs/architecture.md): three run end to end (00 in the learner's
+# lab), the others opened.
+RUN_IN_LEARNER_LAB = "00_setup_check"
+RUN_END_TO_END = ["01_one_model_two_speeds", "05_batching"]
 OPEN_ONLY = [
     "02_prefill_is_compute_bound",
     "03_decode_is_bandwidth_bound",
@@ -39,6 +50,7 @@ OPEN_ONLY = [
     "06_on_your_machine",
     "07_serving_economics",
     "08_speculative_decoding",
+    "09_serving_engine",
 ]
 RUN_ALL_TIMEOUT_S = 150  # a lesson takes ~30 s on the 2-core CPU; margin for a noisy machine
 
@@ -51,8 +63,10 @@ def lesson(name: str) -> Path:
 
 
 def run_and_move_slider(lab, notebook: Path) -> None:
-    """Run all cells from the menu, check no error, move the dashboard's slider, see it redraw."""
+    """See the stored dashboard, run all cells from the menu, check no error, move the
+    dashboard's slider, see it redraw."""
     lab.open(notebook)
+    check_stored_dashboard(lab, notebook)
     lab.run_all(timeout_s=RUN_ALL_TIMEOUT_S)
     errors = lab.error_outputs()
     assert not errors, f"{notebook.name}: error outputs after run-all: {errors}"
@@ -78,13 +92,42 @@ def run_and_move_slider(lab, notebook: Path) -> None:
     assert not errors, f"{notebook.name}: error outputs after moving {dashboard.label!r}: {errors}"
 
 
+def stored_widget_views(notebook: Path) -> int:
+    """How many widget views the notebook stores in its outputs."""
+    nb = json.loads(notebook.read_text())
+    return sum(
+        "application/vnd.jupyter.widget-view+json" in output.get("data", {})
+        for cell in nb["cells"] if cell["cell_type"] == "code" for output in cell.get("outputs", [])
+    )
+
+
+def check_stored_widget_views(lab, notebook: Path) -> None:
+    """Every widget view stored in ``notebook`` is drawn, none shown as plain text."""
+    expected = stored_widget_views(notebook)
+    views = lab.widget_views(expected)
+    assert views["plain"] == [] and views["drawn"] == expected, (
+        f"{notebook.name}: {views['drawn']} of {expected} stored widget views drawn; shown as "
+        f"plain text: {views['plain']} (an untrusted notebook, or its widget state not stored)"
+    )
+
+
 def open_and_check_stored_outputs(lab, notebook: Path) -> None:
-    """Open without running: stored outputs show at least one figure and no error."""
+    """Open without running: stored outputs show a figure, their widget views, and no error."""
     lab.open(notebook, wait_for_kernel=False)
     figures = lab.rendered_figures()
     assert figures >= 1, f"{notebook.name}: no stored figure (<img> in an output) rendered"
+    check_stored_widget_views(lab, notebook)
     errors = lab.error_outputs()
     assert not errors, f"{notebook.name}: stored error outputs: {errors}"
+
+
+def check_stored_dashboard(lab, notebook: Path) -> None:
+    """Opened, not run: the stored dashboard is drawn, its figure and readout showing."""
+    check_stored_widget_views(lab, notebook)
+    stored = lab.dashboard().state()
+    assert stored["figures_decoded"] >= 1 and stored["readout_visible"], (
+        f"{notebook.name}: the stored dashboard shows no figure or no readout before running: {stored}"
+    )
 
 
 # ---------------------------------------------------------------------------- the lessons
@@ -98,6 +141,43 @@ def test_lesson_stored_outputs_render(lab, name):
     open_and_check_stored_outputs(lab, lesson(name))
 
 
+def _tracked_notebooks() -> dict[str, str]:
+    return {
+        str(p.relative_to(NOTEBOOKS)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(NOTEBOOKS.rglob("*")) if p.is_file() and ".ipynb_checkpoints" not in p.parts
+    }
+
+
+def _git_status(path: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", str(path)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def test_the_learners_lab_leaves_the_course_as_shipped(learner_lab):
+    """`make lab`'s JupyterLab: 01's stored dashboard drawn before running; 00 run to the end
+    with autosave on; the learner's copy saved, the tracked notebooks byte for byte as before."""
+    tracked, status = _tracked_notebooks(), _git_status(NOTEBOOKS)
+    copy = learner_lab.server.root
+
+    learner_lab.open(lesson("01_one_model_two_speeds"))
+    check_stored_dashboard(learner_lab, lesson("01_one_model_two_speeds"))
+    assert learner_lab.close_notebook()
+
+    run_and_move_slider(learner_lab, lesson(RUN_IN_LEARNER_LAB))
+    saved = copy / f"{RUN_IN_LEARNER_LAB}.ipynb"
+    shipped = lesson(RUN_IN_LEARNER_LAB).read_bytes()
+    deadline = time.monotonic() + 30  # autosave every 2 s here (LEARNER_SETTINGS)
+    while saved.read_bytes() == shipped and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert saved.read_bytes() != shipped, "autosave never saved the learner's run into their copy"
+    assert _tracked_notebooks() == tracked, "running a lesson changed the tracked notebooks"
+    assert _git_status(NOTEBOOKS) == status
+
+
 # ---------------------------------------------------- the harness, proven without lessons
 def test_harness_on_fixture_runs_and_widget_redraws(lab):
     run_and_move_slider(lab, FIXTURES / "widget_fixture.ipynb")
@@ -105,6 +185,17 @@ def test_harness_on_fixture_runs_and_widget_redraws(lab):
 
 def test_harness_on_fixture_stored_outputs_render(lab):
     open_and_check_stored_outputs(lab, FIXTURES / "widget_fixture.ipynb")
+
+
+def test_harness_sees_widget_views_shown_as_plain_text(lab):
+    """Untrusted, the fixture's stored widget view is shown as its text stand-in, and the check
+    says so: otherwise "every stored view drawn" would prove nothing."""
+    notebook = FIXTURES / "widget_fixture.ipynb"
+    lab.open(notebook, wait_for_kernel=False, trusted=False)
+    views = lab.widget_views(expected=1)
+    assert views["drawn"] == 0 and len(views["plain"]) == stored_widget_views(notebook) == 1, views
+    with pytest.raises(AssertionError, match="shown as plain text"):
+        check_stored_widget_views(lab, notebook)
 
 
 def test_harness_sees_stored_errors_and_not_stderr(lab):
