@@ -346,3 +346,22 @@ def test_a_machine_id_that_cannot_be_kept_lasts_the_process_and_is_said_once(tmp
     first = disk_cache.machine_id()
     assert disk_cache.machine_id() == first == disk_cache.machine_id()   # one machine, not three
     assert capsys.readouterr().err.count("cannot keep the machine id") == 1
+
+
+def test_a_measurement_shows_its_bar_while_it_runs_and_leaves_none(monkeypatch, capsys):
+    """Issue 26: lesson cells sat at [*] for a minute. The measuring core draws a bar by default
+    (where someone watches: forced on here), with the time left, and removes it at the end; a
+    measurement shorter than DELAY_S draws nothing; progress=False silences it."""
+    from inference_lab.measure import matmuls
+
+    monkeypatch.setenv(progress.ENV_VAR, "1")
+    monkeypatch.setattr(progress, "DELAY_S", 0)
+    matmuls.matmul_sweep((1, 2), k=64, n=64, repeats=2)
+    drawn = capsys.readouterr().err
+    assert re.search(r"matmul: +\d+%.*\d+/6 \[\d\d:\d\d<\d\d:\d\d", drawn), repr(drawn)
+    assert drawn.split("\r")[-1].strip() == "", f"the bar was left behind: {drawn[-200:]!r}"
+    timing.measure_points([matmuls.MatmulPoint(1, k=64, n=64)], repeats=1, ceilings=None, progress=False)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "DELAY_S", 60.0)
+    matmuls.matmul_sweep((1,), k=64, n=64, repeats=1)
+    assert capsys.readouterr().err == "", "a bar for a measurement shorter than its delay"

@@ -14,6 +14,12 @@ someone is watching, decided in this order:
 
 A caller can also turn a bar off: ``measure.sweep(..., progress=False)``. Where tqdm is not
 installed (the GPU image's bare Python) there is no bar, and nothing fails.
+
+Every measurement the lessons make draws one (the measuring core,
+:func:`inference_lab.measure.timing.measure_points`, and the loops that do not go through it),
+so no lesson cell sits at ``[*]`` for seconds without saying how long is left. A bar appears
+only after :data:`DELAY_S` (a measurement done sooner shows none) and ``transient=True``
+removes it when the loop ends, so the cell keeps its results and not a full bar.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import sys
 
 ENV_VAR = "INFERENCE_LAB_PROGRESS"
+DELAY_S = 1.0   # no bar for a loop that ends sooner: a bar that flashes and goes says nothing
 
 
 def _in_jupyter_kernel() -> bool:
@@ -76,12 +83,15 @@ class _Silent:
 
 
 def bar(iterable=None, *, total: int | None = None, desc: str | None = None, unit: str = "it",
-        show: bool = True, file=None, **kwargs):
+        show: bool = True, transient: bool = False, file=None, **kwargs):
     """A ``tqdm.auto`` bar, or a silent one where :func:`enabled` says no.
 
     ``show=False`` silences it whatever the environment says; ``show=True`` (the default) leaves
-    the decision to :func:`enabled`, so a caller cannot make a CI log noisy. Use it like tqdm:
-    as an iterable, or as a context manager with ``update()`` and ``set_postfix_str()``.
+    the decision to :func:`enabled`, so a caller cannot make a CI log noisy. ``transient``: the
+    bar is removed when it closes (a lesson cell keeps its results, not the bar). It is drawn
+    only after :data:`DELAY_S`. Use it like tqdm: as an iterable, or as a context manager with
+    ``update()`` and ``set_postfix_str(..., refresh=False)`` (a refresh would draw the bar
+    before its delay).
     """
     try:
         from tqdm.auto import tqdm
@@ -89,8 +99,9 @@ def bar(iterable=None, *, total: int | None = None, desc: str | None = None, uni
         return _Silent(iterable)
     stream = sys.stderr if file is None else file
     gone = stream is None or getattr(stream, "closed", False)   # a closed stderr: nowhere to draw, even if forced
+    kwargs.setdefault("delay", DELAY_S)
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=gone or not (show and enabled(file)),
-                file=file, dynamic_ncols=True, **kwargs)
+                file=file, dynamic_ncols=True, leave=not transient, **kwargs)
 
 
 def note(message: str) -> None:

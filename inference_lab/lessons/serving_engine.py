@@ -26,6 +26,7 @@ from inference_lab.analytic.phases import PhaseModel
 from inference_lab.analytic.serving_metrics import ServingTrace
 from inference_lab.analytic.simulator import simulate_requests
 from inference_lab.analytic.workload import Requests, sample_requests
+from inference_lab.base.progress import bar as progress_bar
 from inference_lab.lessons.claims import Verdict, all_hold, decide, log_midpoint
 from inference_lab.serving.load import drive_engine
 
@@ -157,8 +158,14 @@ def simulated(requests: Requests, costs: StepCosts, mode: str, *, kv_bytes_per_t
 
 def run_policies(engines: dict, trace_set: dict) -> dict:
     """{(policy, trace name): ServingTrace} for each engine on each trace (in-process, no HTTP)."""
-    return {(policy, name): drive_engine(e, requests, label=f"{policy} ({name})")
-            for policy, e in engines.items() for name, requests in trace_set.items()}
+    runs = [(policy, name) for policy in engines for name in trace_set]
+    traces = {}
+    with progress_bar(total=len(runs), desc="serving the traces", unit="trace", transient=True) as bar:
+        for policy, name in runs:   # the bar moves between runs, never during one
+            bar.set_postfix_str(f"{policy} ({name})", refresh=False)
+            traces[(policy, name)] = drive_engine(engines[policy], trace_set[name], label=f"{policy} ({name})")
+            bar.update()
+    return traces
 
 
 # ----------------------------------------------------------------------------- the notebook's steps
@@ -191,12 +198,19 @@ def start_engines(seed: int = 0):
     model = load_model(PRESET)
     engines = {p: Engine(model, policy=p, n_slots=N_SLOTS, chunk_tokens=CHUNK_TOKENS)
                for p in ("prefill-first", "chunked")}
-    for e in engines.values():
-        e.warmup()
-    costs = measure_step_costs(engines["chunked"])
-    for e in engines.values():
-        e.start()
-    engines["disaggregated"] = TwoPoolEngine(PRESET, n_slots=N_SLOTS).start()
+    with progress_bar(total=4, desc="starting the engines", unit="step", transient=True) as bar:
+        for policy, e in engines.items():
+            bar.set_postfix_str(f"compiling {policy}", refresh=False)
+            e.warmup()
+            bar.update()
+        bar.set_postfix_str("timing the steps", refresh=False)
+        costs = measure_step_costs(engines["chunked"])
+        bar.update()
+        for e in engines.values():
+            e.start()
+        bar.set_postfix_str("two pools: starting the workers", refresh=False)
+        engines["disaggregated"] = TwoPoolEngine(PRESET, n_slots=N_SLOTS).start()
+        bar.update()
     return engines, costs
 
 

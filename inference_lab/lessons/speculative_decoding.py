@@ -11,6 +11,7 @@ import functools
 from inference_lab import plots
 from inference_lab.analytic import costs, roofline, speculation as cost_model
 from inference_lab.base import hardware, tokenizer
+from inference_lab.base.progress import bar as progress_bar
 from inference_lab.base.config import ModelConfig
 from inference_lab.lessons import claims
 from inference_lab.measure import speculation as measure, timing
@@ -138,13 +139,17 @@ def acceptance_runs(target, drafts_by_name: dict, k: int = LESSON_K) -> dict:
     """Every draft on all the held-out prompts at once (a ragged batch), untimed: name -> result.
     Each result's text is also checked against plain greedy decode."""
     rows = prompts()
-    plain = engine.generate(target, rows, NEW_TOKENS)
     out = {}
-    for name, draft in drafts_by_name.items():
-        res = speculative_generate(target, draft, rows, NEW_TOKENS, k=k)
-        if res.tokens != plain:
-            raise AssertionError(f"the {name} draft changed the text: speculation must never do that")
-        out[name] = res
+    with progress_bar(total=1 + len(drafts_by_name), desc="answers", unit="draft", transient=True) as bar:
+        plain = engine.generate(target, rows, NEW_TOKENS)
+        bar.update()
+        for name, draft in drafts_by_name.items():
+            bar.set_postfix_str(name, refresh=False)
+            res = speculative_generate(target, draft, rows, NEW_TOKENS, k=k)
+            if res.tokens != plain:
+                raise AssertionError(f"the {name} draft changed the text: speculation must never do that")
+            out[name] = res
+            bar.update()
     return out
 
 

@@ -162,7 +162,7 @@ class GenerationPoint:
 
 
 def verify_sweep(model, tokens=(1, 2, 3, 5, 7), *, batches=(1,), context: int = 128, max_len: int | None = None,
-                 repeats: int | None = None, progress: bool = False) -> list:
+                 repeats: int | None = None, progress: bool = True) -> list:
     """:class:`VerifyPoint` at every (batch, tokens), side by side. Records in that order."""
     points = [VerifyPoint(model, b, context, t, max_len=max_len, seed=i) for i, (b, t) in
               enumerate((b, t) for b in batches for t in tokens)]
@@ -171,7 +171,7 @@ def verify_sweep(model, tokens=(1, 2, 3, 5, 7), *, batches=(1,), context: int = 
 
 
 def generation_sweep(target, prompts, max_new_tokens: int, configs, *, repeats: int | None = 3,
-                     progress: bool = False) -> list:
+                     progress: bool = True) -> list:
     """Plain decode and each ``(draft, k)`` of ``configs`` on the same prompts, side by side.
     The first record is plain decode; the rest follow ``configs``."""
     points = [GenerationPoint(target, prompts, max_new_tokens)]

@@ -242,7 +242,7 @@ class StreamedDecodePoint(DecodePoint):
 
 # ----------------------------------------------------------------------------- the measuring core
 def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_by_side: bool = True,
-                   memory_bytes: int | None = None, on_record=None, progress: bool = False,
+                   memory_bytes: int | None = None, on_record=None, progress: bool = True,
                    desc: str = "measuring") -> SweepResult:
     """Time ``points`` (:class:`PrefillPoint`, :class:`DecodePoint`, the kernel points of
     :mod:`inference_lab.measure.matmuls`, or any object with their ``phase``, ``batch``, ``size``,
@@ -264,8 +264,9 @@ def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_
     ``on_record(result)`` is called with the result so far after each record and each skip (a
     partial save). An interrupt or another error stops the measurement; the exception carries the
     records finished so far as ``err.sweep_result`` and a note saying how many there are.
-    ``progress``: a bar with the time left (:mod:`inference_lab.base.progress`: a widget in
-    JupyterLab, text in a terminal, nothing under CI or nbval). ``ceilings``: "auto" (this
+    ``progress``: a bar with the time left while it runs, gone when it ends
+    (:mod:`inference_lab.base.progress`: a widget in JupyterLab, text in a terminal, nothing
+    under CI or nbval, nothing for a measurement shorter than a second). ``ceilings``: "auto" (this
     machine's, measured and cached), a HardwareSpec, or None (no MFU/MBU).
     """
     points = list(points)
@@ -280,7 +281,8 @@ def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_
     result = SweepResult()
     runs_per_point = repeats + 1
     try:
-        with progress_bar(total=len(points) * runs_per_point, desc=desc, unit="run", show=progress) as bar:
+        with progress_bar(total=len(points) * runs_per_point, desc=desc, unit="run", show=progress,
+                          transient=True) as bar:
             def tick():
                 bar.update(1)
 
@@ -301,7 +303,7 @@ def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_
                 if reason is not None:
                     skip(p, reason)
                     continue
-                bar.set_postfix_str(p.label)
+                bar.set_postfix_str(p.label, refresh=False)
                 try:
                     p.prepare()
                     if side_by_side:
@@ -322,7 +324,7 @@ def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_
                 if on_record is not None:
                     on_record(result)
             if ready:
-                bar.set_postfix_str(f"{len(ready)} points side by side")
+                bar.set_postfix_str(f"{len(ready)} points side by side", refresh=False)
                 for p, samples in zip(ready, round_robin([p.run for p in ready], repeats, warmups=0, tick=tick)):
                     result.append(p.record(samples, specs[p.dtype]))
                     p.release()

@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference_lab.base import checks
+from inference_lab.base import checks, tokenizer
+from inference_lab.base.progress import bar as progress_bar
 from inference_lab.runtime import engine
-from inference_lab.base import tokenizer
 from inference_lab.model.kv_cache import KVCache
 from pallas_kernels.timing import timed_call
 
@@ -108,8 +108,16 @@ def generate_without_cache(model, prompt: str, max_new_tokens: int = 64, *, buck
     if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
         raise ValueError(f"bucket={bucket!r} must be a positive integer")
     widths = sorted({-(-n // bucket) * bucket for n in range(len(ids), len(ids) + max_new_tokens)})
-    for width in widths:  # compile every shape first: the step times below are the model's, not XLA's
-        int(_greedy_at(model(np.full((1, width), tokenizer.PAD, np.int32)), 0))
+    with progress_bar(total=len(widths) + max_new_tokens, desc="without a cache", unit="call",
+                      transient=True) as bar:
+        for width in widths:  # compile every shape first: the step times below are the model's, not XLA's
+            int(_greedy_at(model(np.full((1, width), tokenizer.PAD, np.int32)), 0))
+            bar.update()
+        return _timed_uncached(model, ids, max_new_tokens, bucket, bar)
+
+
+def _timed_uncached(model, ids, max_new_tokens: int, bucket: int, bar) -> Uncached:
+    """generate_without_cache's timed steps, once every width is compiled."""
     out, lengths, times = [], [], []
     seq = list(ids)
     for _ in range(max_new_tokens):
@@ -122,4 +130,5 @@ def generate_without_cache(model, prompt: str, max_new_tokens: int = 64, *, buck
         lengths.append(n)
         out.append(tid)
         seq.append(tid)
+        bar.update()   # after the timed call, never inside it
     return Uncached(out, tokenizer.decode(out), lengths, times)
