@@ -53,7 +53,9 @@ class Control:
         return W.SelectionSlider(
             options=options, value=value, description=self.description,
             continuous_update=False, style={"description_width": "initial"},
-            layout=W.Layout(width="420px"),
+            # Grows to 420 px, shrinks to 240 (a fixed width collapsed to a bare handle in a
+            # narrow window); the dashboard's row wraps, so two sliders stack when they must.
+            layout=W.Layout(flex="1 1 320px", min_width="240px", max_width="420px"),
         )
 
 
@@ -95,9 +97,15 @@ def contrast(foreground: str, background: str) -> float:
     return (hi + 0.05) / (lo + 0.05)
 
 
-def dashboard(compute: Callable, controls: Sequence[Control], *, title: str | None = None) -> W.VBox:
+def dashboard(compute: Callable, controls: Sequence[Control], *, title: str | None = None,
+              measure_again: Callable | None = None) -> W.VBox:
     """Sliders + a readout + a figure and its caption, redrawn by ``compute(**values) -> (figure,
     readout)``; the caption is the figure's one-line description (``alt_text``).
+
+    ``compute`` should draw from data measured beforehand (every slider position), so a move
+    redraws at once and two visits to one position agree. ``measure_again``: a button that calls
+    it (it re-measures the data ``compute`` reads; its progress bar shows under the button), then
+    redraws; the sliders and the button are disabled meanwhile, so no move queues behind it.
 
     The first draw happens before this returns, so a notebook that is run top to bottom (or
     under nbval) shows a figure without anyone touching a slider.
@@ -135,7 +143,36 @@ def dashboard(compute: Callable, controls: Sequence[Control], *, title: str | No
     for slider in sliders.values():
         slider.observe(redraw, names="value")
     redraw(first=True)
-    children = [W.HBox(list(sliders.values())), readout, output, caption]
+    row = list(sliders.values())
+    if measure_again is not None:
+        button = _button("measure again", CHECK_COLOR)
+        busy = W.Output()
+
+        def again(_):
+            controls_now = [*sliders.values(), button]
+            for w in controls_now:
+                w.disabled = True
+            readout.value = "<i>measuring again ...</i>"
+            failure = None
+            try:
+                with busy:   # its progress bar draws here; an Output swallows exceptions in a kernel
+                    try:
+                        measure_again()
+                    except Exception as e:  # noqa: BLE001 - said in the readout, the dashboard lives on
+                        failure = e
+                if failure is None:
+                    redraw()
+                else:
+                    readout.value = html.escape(f"measuring again failed: {type(failure).__name__}: {failure}")
+            finally:
+                for w in controls_now:
+                    w.disabled = False
+
+        button.on_click(again)
+        row.append(button)
+    children = [W.HBox(row, layout=W.Layout(flex_flow="row wrap")), readout, output, caption]
+    if measure_again is not None:
+        children.insert(2, busy)
     if title:
         children.insert(0, W.HTML(f"<b>{html.escape(title)}</b>"))
     return W.VBox(children)

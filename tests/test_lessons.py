@@ -10,7 +10,7 @@ from inference_lab import plots
 from inference_lab.analytic import costs, economics, roofline
 from inference_lab.analytic.phases import roofline_phases
 from inference_lab.runtime import engine
-from inference_lab.measure import matmuls
+from inference_lab.measure import matmuls, timing
 from inference_lab.base import hardware, tokenizer
 from inference_lab.lessons import arithmetic_intensity as intensity
 from inference_lab.lessons import batching, machine, setup_check
@@ -82,10 +82,31 @@ def test_two_speeds_measures_both_phases(model, here, tmp_path):
     assert gap.measured == pytest.approx(result.ratio)
     assert gap.measured == pytest.approx(gap.ideal * gap.mfu / gap.mbu)    # the identity the lesson teaches
     assert "MFU" in gap.table("here") and "MBU" in gap.table("here")
-    fig, text = two_speeds.two_speeds_view(model, 32, 4)
-    assert text.startswith("prompt length 32, new tokens 4:") and "gap" in text
-    _png(fig, tmp_path)
     _png(plots.two_speeds_bars(result, reference=two_speeds.REFERENCE_NODE), tmp_path, "bars")
+
+
+def test_the_two_speeds_dashboard_redraws_from_its_grid_without_timing(model, monkeypatch, tmp_path):
+    """Issue 26: 01's dashboard re-timed on every slider move (5-14 s, and two visits to one
+    setting disagreed). The grid times every prompt length once; a view times nothing and two
+    views of one setting agree; measure() times them all again."""
+    grid = two_speeds.TwoSpeedsGrid(model, (16, 32), steps=4)
+    assert set(grid.measured) == {16, 32} and grid.rounds == 1
+
+    def no_timing(*a, **k):
+        raise AssertionError("a slider move timed something")
+
+    monkeypatch.setattr(timing, "measure_points", no_timing)
+    fig, text = two_speeds.two_speeds_view(grid, 32, 4)
+    assert text.startswith("prompt length 32, new tokens 4:") and "gap" in text and "measurement 1" in text
+    assert two_speeds.two_speeds_view(grid, 32, 4)[1] == text
+    longer = grid.at(32, 8)
+    assert longer.decode_s == pytest.approx(2 * grid.at(32, 4).decode_s) and longer.ttft_s == grid.at(32, 4).ttft_s
+    _png(fig, tmp_path)
+    with pytest.raises(ValueError, match=r"prompt_len=64 was not measured; the grid has \(16, 32\)"):
+        grid.at(64, 4)
+    monkeypatch.undo()
+    grid.measure()
+    assert grid.rounds == 2 and "measurement 2" in two_speeds.two_speeds_view(grid, 16, 4)[1]
 
 
 def test_streamed_answer_and_the_cache_comparison(model, capsys, tmp_path):

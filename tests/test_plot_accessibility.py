@@ -6,6 +6,8 @@
   break the rule proves the check can fail.
 - Every figure carries a one-line description with its numbers (``fig.alt_text``), which a
   notebook stores as the image's ``alt`` and a dashboard shows as its caption.
+- Every log axis shows at least two tick labels in view (one, or none, does not give the scale).
+- No legend sits on a line of its panel, and no two labels of a panel print over each other.
 """
 
 from __future__ import annotations
@@ -238,6 +240,125 @@ def test_every_figure_says_what_it_shows(name):
     assert any(ch.isdigit() for ch in text), f"{name}: the description should carry the figure's numbers"
     titles = {ax.get_title() for ax in fig.axes}
     assert text not in titles
+
+
+def log_axes_with_few_labels(fig) -> list[tuple[int, str, list[str]]]:
+    """(panel, "x"/"y", the labels in view) of each log axis drawn with fewer than two labels."""
+    fig.canvas.draw()
+    few = []
+    for panel, ax in enumerate(fig.axes):
+        for name, axis, limits in (("x", ax.xaxis, ax.get_xlim()), ("y", ax.yaxis, ax.get_ylim())):
+            if axis.get_scale() != "log":
+                continue
+            lo, hi = sorted(limits)
+            at = 0 if name == "x" else 1
+            shown = [t.get_text() for t in axis.get_majorticklabels() + axis.get_minorticklabels()
+                     if t.get_visible() and t.get_text().strip() and lo * 0.999 <= t.get_position()[at] <= hi * 1.001]
+            if len(shown) < 2:
+                few.append((panel, name, shown))
+    return few
+
+
+def test_the_tick_check_fails_on_a_short_log_axis():
+    bare = Figure()
+    ax = bare.subplots()
+    ax.plot([1, 2], [3.0, 8.0])
+    ax.set_yscale("log")
+    plots.style.plain_ticks(ax, "y")   # plain decade labels, minor ticks unlabelled: none in 3..8
+    assert log_axes_with_few_labels(bare) == [(0, "y", [])]
+    fixed = plots.style.describe(bare, "a short log axis, 3 to 8")
+    assert log_axes_with_few_labels(fixed) == []
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_every_log_axis_shows_its_scale(name):
+    assert log_axes_with_few_labels(FIGURES[name]()) == [], f"{name}: a log axis with fewer than two labels"
+
+
+def legends_on_lines(fig) -> list[tuple[int, str]]:
+    """(panel, line label) for each line that passes under its panel's legend, drawn as shown."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    found = []
+    for panel, ax in enumerate(fig.axes):
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer).shrunk(0.98, 0.9)
+        for line in ax.get_lines():
+            xy = np.column_stack([np.asarray(line.get_xdata(orig=False), float),
+                                  np.asarray(line.get_ydata(orig=False), float)])
+            pts = ax.transData.transform(xy[np.isfinite(xy).all(axis=1)])
+            along = [a + (b - a) * t for a, b in zip(pts[:-1], pts[1:]) for t in np.linspace(0, 1, 40)]
+            if any(box.contains(x, y) for x, y in [*pts, *along]):
+                found.append((panel, line.get_label()))
+    return found
+
+
+def test_the_legend_check_fails_on_a_legend_over_a_line():
+    fig = Figure()
+    ax = fig.subplots()
+    ax.plot([0, 1], [1, 0], label="falls from the top left")
+    ax.plot([0, 1], [0.5, 0.6], "--", label="flat")
+    ax.legend(loc="upper left")
+    assert (0, "falls from the top left") in legends_on_lines(fig)
+    fig = Figure()
+    ax = fig.subplots()
+    ax.plot([0, 1], [1, 0], label="falls from the top left")
+    ax.plot([0, 1], [0.5, 0.6], "--", label="flat")
+    plots.style.legend_clear_of_data(ax, "upper left")
+    assert legends_on_lines(fig) == []
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_no_legend_on_a_line(name):
+    assert legends_on_lines(FIGURES[name]()) == [], f"{name}: its legend covers a line"
+
+
+def overlapping_labels(fig) -> list[tuple[int, str, str]]:
+    """(panel, text, text) for each two texts of a panel whose drawn boxes overlap (an
+    annotation's own text, not its leader line)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    found = []
+    for panel, ax in enumerate(fig.axes):
+        boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in ax.texts
+                 if t.get_visible() and t.get_text().strip()]
+        found += [(panel, a, b) for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2) if box_a.overlaps(box_b)]
+    return found
+
+
+def test_the_label_check_fails_on_two_close_points():
+    def two_machines(apart):
+        fig = Figure()
+        ax = fig.subplots()
+        ax.scatter([9.07, 7.81], [10.0, 9.46])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(2, 900)   # as in notebook 06, beside a quoted 4xH100 point
+        ax.set_ylim(2, 900)
+        items = [(9.07, 10.0, "10x of 9.07x"), (7.81, 9.46, "9.46x of 7.81x")]
+        if apart:
+            plots.style.annotate_apart(ax, items)
+        else:
+            for x, y, text in items:
+                ax.annotate(text, (x, y), xytext=(6, -12), textcoords="offset points", fontsize=8)
+        return fig
+
+    assert overlapping_labels(two_machines(apart=False)) == [(0, "10x of 9.07x", "9.46x of 7.81x")]
+    assert overlapping_labels(two_machines(apart=True)) == []
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_no_labels_over_each_other(name):
+    assert overlapping_labels(FIGURES[name]()) == [], f"{name}: labels print over each other"
 
 
 def test_displayed_figures_store_their_description_as_alt():

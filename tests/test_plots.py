@@ -210,3 +210,12 @@ def test_classroom_overlay_keeps_runs_apart(tmp_path):
     fig = plots.classroom_plot({"cpu (run a)": _sweep("cpu", 0.02), "cpu (run b)": _sweep("cpu", 0.03, seed=1)})
     assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["cpu (run a)", "cpu (run b)"]
     assert len({line.get_linestyle() for line in fig.axes[1].get_lines()}) == 2
+
+
+def test_the_request_timeline_writes_plain_numbers():
+    """Issue 26: 01's timeline said "1.48e+03 ms"."""
+    fig = plots.request_timeline(1.48, 0.3, 512, 16)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts] + [fig.alt_text]
+    assert any("1,480 ms" in t for t in texts) and any("300 ms" in t for t in texts), texts
+    assert not any("e+" in t for t in texts), texts
+    assert [plots.style.amount(v) for v in (0.0123, 4.56, 789.4, 1480.0)] == ["0.0123", "4.56", "789", "1,480"]

@@ -43,6 +43,39 @@ def test_dashboard_redraws_and_updates_the_readout():
     assert calls[-1] == (4, 64) and readout.value.startswith("batch size 4")
 
 
+def test_measure_again_remeasures_then_redraws_and_a_move_measures_nothing():
+    data = {"round": 1}
+    measured, calls = [], []
+
+    def view(batch):
+        calls.append(batch)
+        return _view(batch, data["round"])
+
+    def measure_again():
+        measured.append(True)
+        data["round"] += 1
+
+    board = widgets.dashboard(view, [widgets.Control("batch", "batch size", [1, 2])], measure_again=measure_again)
+    (slider,) = _find(board, W.SelectionSlider)
+    (button,) = [b for b in _find(board, W.Button) if b.description == "measure again"]
+    (readout,) = [w for w in _find(board, W.HTML) if widgets.READOUT_CLASS in w._dom_classes]
+    slider.value = 2
+    assert measured == [] and calls == [1, 2]
+    button.click()
+    assert measured == [True] and calls == [1, 2, 2] and readout.value.endswith("prompt length 2: 4 tokens")
+    assert not slider.disabled and not button.disabled
+
+    def failing():
+        raise RuntimeError("the machine went away")
+
+    board = widgets.dashboard(view, [widgets.Control("batch", "batch size", [1, 2])], measure_again=failing)
+    (button,) = [b for b in _find(board, W.Button) if b.description == "measure again"]
+    (readout,) = [w for w in _find(board, W.HTML) if widgets.READOUT_CLASS in w._dom_classes]
+    button.click()
+    assert "measuring again failed: RuntimeError: the machine went away" in readout.value and not button.disabled
+    assert not [b for b in _find(widgets.dashboard(view, [widgets.Control("batch", "batch size", [1])]), W.Button)]
+
+
 def test_a_failing_view_reports_in_the_readout():
     def sometimes(batch):
         if batch == 2:

@@ -222,13 +222,39 @@ def who_dominates(prompt_tokens: float, output_tokens: float, gap_x: float) -> s
     return f"prompt:output {ratio:.3g}:1 is above the {gap_x:.3g}x gap: prefill takes longer"
 
 
-def two_speeds_view(model, prompt_len: int, new_tokens: int):
-    result = two_speeds(model, prompt_len, new_tokens)
+class TwoSpeedsGrid:
+    """Prefill and a decode step measured once at every prompt length of the dashboard, so the
+    dashboard redraws from them at once (a slider move measures nothing; :meth:`measure` again
+    on demand). A request of ``new_tokens`` is the prefill, then that many steps at the step
+    time measured from that prompt (the cache grows by ``new_tokens`` during the answer, which
+    moves the step time little at these lengths)."""
+
+    def __init__(self, model, prompt_lengths, *, steps: int = 16):
+        self.model, self.prompt_lengths, self.steps = model, tuple(int(t) for t in prompt_lengths), steps
+        self.measure()
+
+    def measure(self) -> None:
+        points = [p for t in self.prompt_lengths for p in (timing.PrefillPoint(self.model, 1, t),
+                                                           timing.DecodePoint(self.model, 1, t, self.steps))]
+        recs = timing.measure_points(points, desc="every prompt length")
+        self.measured = {t: (recs[2 * i], recs[2 * i + 1]) for i, t in enumerate(self.prompt_lengths)}
+        self.rounds = getattr(self, "rounds", 0) + 1
+
+    def at(self, prompt_len: int, new_tokens: int) -> TwoSpeeds:
+        if prompt_len not in self.measured:
+            raise ValueError(f"prompt_len={prompt_len} was not measured; the grid has {self.prompt_lengths}")
+        return TwoSpeeds(prompt_len, new_tokens, *self.measured[prompt_len])
+
+
+def two_speeds_view(grid: TwoSpeedsGrid, prompt_len: int, new_tokens: int):
+    """Dashboard: one request's timeline from the grid's measurements (nothing is timed here)."""
+    result = grid.at(prompt_len, new_tokens)
     fig = plots.request_timeline(result.ttft_s, result.decode_s, prompt_len, new_tokens)
     share = result.decode_s / (result.ttft_s + result.decode_s)
     text = (f"prompt length {prompt_len}, new tokens {new_tokens}: first token after {result.ttft_s * 1e3:,.0f} ms, "
             f"then {result.decode_s * 1e3:,.0f} ms of decode ({share:.0%} of the request); "
-            + who_dominates(prompt_len, new_tokens, result.ratio))
+            + who_dominates(prompt_len, new_tokens, result.ratio)
+            + f" (measurement {grid.rounds}: every prompt length timed together)")
     return fig, text
 
 

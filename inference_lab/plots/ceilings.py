@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from inference_lab.analytic import costs, roofline
 from inference_lab.plots.style import (
     PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, LINESTYLES, OKABE_ITO, LabFigure,
-    describe, new_figure, log_axes, plain_ticks, length_ticks, si_label, si_ticks, flops_unit,
+    annotate_apart, describe, legend_clear_of_data, new_figure, log_axes, plain_ticks, length_ticks, si_label, si_ticks, flops_unit,
     is_decode, as_records, peak_of, palette, tint, plain_text)
 
 
@@ -63,7 +63,7 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
     ax.axvline(ridge, color=ROOF_COLOR, ls=":", lw=1.2)
     ax.text(lo * 1.3, peak / scale * 1.12, f"peak {peak / scale:,.0f} {unit}", fontsize=9, color=ROOF_COLOR)
 
-    seen = set()
+    seen, labels = set(), []
     for inten, achieved, phase, label in points:
         color = PREFILL_COLOR if phase == "prefill" else DECODE_COLOR
         marker = "o" if phase == "prefill" else "^"
@@ -78,9 +78,7 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
             ax.plot([inten, inten], [achieved / scale, on_roof], color=color, lw=0.8, alpha=0.6, zorder=3)
             ax.scatter([inten], [achieved / scale], s=55, color=color, marker=marker, zorder=5,
                        edgecolors="white", linewidths=0.6, label=meas_label)
-        ax.annotate(label, xy=(inten, on_roof if achieved is None else achieved / scale),
-                    xytext=(6, 4) if achieved is not None else (7, -12),
-                    textcoords="offset points", fontsize=8, color=color)
+        labels.append((inten, on_roof if achieved is None else achieved / scale, label, {"color": color}))
 
     log_axes(ax)
     ax.set_xlim(lo, hi)
@@ -99,6 +97,7 @@ def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,
     ax.set_ylabel(f"attainable performance ({unit})")
     ax.set_title(title or plain_text(f"Roofline of {spec.name}: where prefill and decode sit"))
     fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
+    annotate_apart(ax, labels)   # B=1 of two contexts, or T=128 beside T=512, sit close together
     where = []
     for phase, shape in (("prefill", "circles"), ("decode", "triangles")):
         mine = [p for p in points if p[2] == phase]
@@ -157,7 +156,7 @@ def intensity_vs_context(cfg, *, batches: Sequence[int] = (1, 64),
     ax.set_xlabel("context (tokens in the KV cache)")
     ax.set_ylabel("decode intensity (FLOP/byte)")
     ax.set_title(f"{cfg.name}: long context pulls decode intensity toward attention's own")
-    ax.legend(fontsize=8, frameon=False)
+    legend_clear_of_data(ax, fontsize=8, frameon=False)
     return describe(fig, f"Decode arithmetic intensity of {cfg.name} against context, {contexts[0]:,} to "
                           f"{contexts[-1]:,} tokens, log-log: " + "; ".join(
                               f"batch {b} goes from {a:,.3g} to {z:,.3g} FLOP/byte (weights only: {w:,.3g})"

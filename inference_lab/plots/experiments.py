@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 
 from inference_lab.analytic import roofline
 from inference_lab.plots.style import (
-    DECODE_COLOR, DEVICE_MARKERS, GRID, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR, batch_ticks, describe, new_figure,
-    palette, plain_ticks, si_ticks, log_axes, plain_text)
+    DECODE_COLOR, DEVICE_MARKERS, GRID, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR, annotate_apart, batch_ticks, describe,
+    legend_clear_of_data, new_figure, palette, plain_ticks, si_ticks, log_axes, plain_text, amount)
 
 COMPUTE_STYLE = dict(color=PREFILL_COLOR, ls="--", marker="s", ms=5, lw=1.4)
 BYTES_STYLE = dict(color=OKABE_ITO["green"], ls=":", marker="^", ms=6, lw=1.8)
@@ -63,7 +63,7 @@ def flops_or_bytes(batch_records: Iterable, context_records: Iterable = (), *, t
             ax.set_ylim(0.9, max(t + f + b) * 1.1)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"relative to {key} {x[0]} (x)")
-        ax.legend(fontsize=8, frameon=False, loc="upper left")
+        legend_clear_of_data(ax, "upper left", fontsize=8, frameon=False)
     axes[0].set_title("Add FLOPs, keep the bytes", fontsize=10)
     if len(axes) > 1:
         axes[1].set_title("Add bytes, keep the matmul FLOPs", fontsize=10)
@@ -113,7 +113,7 @@ def kernel_vs_model(records: Iterable, kernels: Iterable, *, cfg=None, spec=None
     ax.set_xlabel("batch size (model) = rows m (kernel)")
     ax.set_ylabel("time relative to batch 1 / m = 1 (x)")
     ax.set_title(plain_text(title) if title else "The model's step against its matmuls alone and the roofline", fontsize=10)
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    legend_clear_of_data(ax, "upper left", fontsize=8, frameon=False)
     said = [f"model decode step x{recs[-1].step_seconds / recs[0].step_seconds:.3g} at batch {recs[-1].batch}"]
     said += [f"{name} x{ks[-1].seconds / ks[0].seconds:.3g} at m = {ks[-1].m}" for name, ks in series.items()]
     return describe(fig, "Log-log lines of time relative to batch 1 (m = 1) against batch size: "
@@ -170,7 +170,7 @@ def three_regimes(ops: Iterable, spec, dtype="float32", *, title: str | None = N
     ax.set_ylabel("measured time per call (s)")
     ax.set_title(plain_text(title) if title else f"Three regimes on {plain_text(spec.name)}: overhead, bandwidth, compute",
                  fontsize=10)
-    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    legend_clear_of_data(ax, "upper left", fontsize=7, frameon=False)
     counts = {}
     for o in ops:
         compute, memory = o.flops / peak, o.bytes / bw
@@ -203,7 +203,7 @@ def users_vs_total(records: Iterable, *, highlight: int | None = None, title: st
     ax.set_xlabel("batch size (sequences decoded together)")
     ax.set_ylabel("decode throughput (tokens/s)")
     ax.set_title(plain_text(title) if title else "Throughput for the server, speed for each user", fontsize=10)
-    ax.legend(fontsize=8, frameon=False, loc="center left")
+    legend_clear_of_data(ax, "upper left", fontsize=8, frameon=False)
     first, last = recs[0], recs[-1]
     return describe(fig, f"Log-log lines of decode tokens/s against batch {b[0]} to {b[-1]}: the total goes from "
                           f"{first.decode_tokens_per_s:,.0f} to {last.decode_tokens_per_s:,.0f}, one user's from "
@@ -228,8 +228,6 @@ def ratio_vs_ridge(points: Sequence[dict], *, title: str | None = None) -> Figur
         ax.scatter([p["ideal"]], [p["measured"]], s=140 if p.get("quoted") else 70, marker=marker,
                    facecolors="white" if hollow else colors[i], edgecolors=colors[i] if hollow else "black",
                    linewidths=1.5 if hollow else 0.6, zorder=5, label=plain_text(p["label"]))
-        ax.annotate(f"{p['measured']:,.0f}x of {p['ideal']:,.0f}x", (p["ideal"], p["measured"]), xytext=(6, -12),
-                    textcoords="offset points", fontsize=8)
     log_axes(ax)
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
@@ -239,7 +237,9 @@ def ratio_vs_ridge(points: Sequence[dict], *, title: str | None = None) -> Figur
     ax.set_xlabel("prefill/decode ratio the ceilings allow (ridge x bytes per weight / 2)")
     ax.set_ylabel("measured prefill/decode ratio (batch 1)")
     ax.set_title(plain_text(title) if title else "The gap each machine shows vs the gap its ceilings allow", fontsize=10)
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    legend_clear_of_data(ax, "upper left", fontsize=8, frameon=False)
+    # two machines of one kind land on one spot: their labels are moved apart, not printed over each other
+    annotate_apart(ax, [(p["ideal"], p["measured"], f"{amount(p['measured'])}x of {amount(p['ideal'])}x") for p in points])
     return describe(fig, "Log-log scatter of measured prefill/decode ratio against the ratio the ceilings allow, "
                           "with the diagonal where they are equal: " + "; ".join(
                               f"{p['label']} {p['measured']:,.3g}x of {p['ideal']:,.3g}x" for p in points) + ".")

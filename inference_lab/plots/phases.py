@@ -13,9 +13,9 @@ from matplotlib.figure import Figure
 from inference_lab.analytic import costs, roofline
 from inference_lab.base import checks
 from inference_lab.plots.style import (
-    PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, OKABE_ITO, describe, new_figure,
+    PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, OKABE_ITO, describe, legend_clear_of_data, new_figure,
     log_axes, length_ticks, batch_ticks, si_ticks, flops_unit, is_decode, is_prefill,
-    median_by, as_records, prediction_args, peak_of, shades, tint, plain_text)
+    median_by, as_records, prediction_args, peak_of, shades, tint, plain_text, amount)
 
 
 def request_timeline(ttft_s: float, decode_s: float, prompt_len: int, new_tokens: int) -> Figure:
@@ -28,9 +28,9 @@ def request_timeline(ttft_s: float, decode_s: float, prompt_len: int, new_tokens
     step = decode_s / max(new_tokens, 1) / scale
     for i in range(1, new_tokens):  # one tick per decode step: the tokens come one by one
         ax.plot([(ttft_s / scale) + i * step] * 2, [-0.25, 0.25], color="white", lw=0.6)
-    ax.text(ttft_s / scale / 2, 0.42, f"prefill: {prompt_len} tokens read\n{ttft_s / scale:,.3g} {unit}",
+    ax.text(ttft_s / scale / 2, 0.42, f"prefill: {prompt_len} tokens read\n{amount(ttft_s / scale)} {unit}",
             ha="center", va="bottom", fontsize=9, color=PREFILL_COLOR)
-    ax.text((ttft_s + decode_s / 2) / scale, 0.42, f"decode: {new_tokens} tokens written\n{decode_s / scale:,.3g} {unit}",
+    ax.text((ttft_s + decode_s / 2) / scale, 0.42, f"decode: {new_tokens} tokens written\n{amount(decode_s / scale)} {unit}",
             ha="center", va="bottom", fontsize=9, color=DECODE_COLOR)
     ax.set_ylim(-0.5, 1.3)
     ax.set_yticks([])
@@ -38,9 +38,9 @@ def request_timeline(ttft_s: float, decode_s: float, prompt_len: int, new_tokens
     ax.set_xlabel(f"time since the request arrived ({unit})")
     ax.set_title(f"Reading {prompt_len} tokens vs writing {new_tokens}: "
                  f"{prompt_len / ttft_s:,.0f} vs {new_tokens / decode_s:,.0f} tokens/s", fontsize=10)
-    return describe(fig, f"Timeline of one request: prefill reads {prompt_len} tokens in {ttft_s / scale:,.3g} "
+    return describe(fig, f"Timeline of one request: prefill reads {prompt_len} tokens in {amount(ttft_s / scale)} "
                           f"{unit} (solid bar), then decode writes {new_tokens} tokens one by one in "
-                          f"{decode_s / scale:,.3g} {unit} (hatched bar): {prompt_len / ttft_s:,.0f} vs "
+                          f"{amount(decode_s / scale)} {unit} (hatched bar): {prompt_len / ttft_s:,.0f} vs "
                           f"{new_tokens / decode_s:,.0f} tokens/s.")
 
 
@@ -64,7 +64,7 @@ def two_speeds_bars(result, *, reference: dict | None = None) -> Figure:
     ax.set_xticks(range(len(groups)), [g[0] for g in groups])
     ax.set_ylabel("tokens/s (batch 1)")
     ax.set_title("Same model, same chip: reading vs writing")
-    ax.legend(fontsize=8, frameon=False)
+    legend_clear_of_data(ax, fontsize=8, frameon=False)
     return describe(fig, "Bars of tokens/s at batch 1, log scale, prefill (solid) beside decode (hatched): "
                           + "; ".join(f"{name} {pre:,.0f} vs {dec:,.0f} ({pre / dec:,.0f}x)"
                                       for name, pre, dec in groups) + ".")
@@ -104,7 +104,7 @@ def ttft_plot(records: Iterable = (), *, cfg=None, spec=None, dtype=None,
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("time to first token (ms)")
     ax.set_title(title or "Time to first token grows with the prompt")
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    legend_clear_of_data(ax, "upper left", fontsize=8, frameon=False)
     parts = ["measured " + "; ".join(measured)] if measured else []
     if cfg is not None:
         parts.append(f"the roofline's prediction for {spec.name} at batch 1 (grey line)")
@@ -142,7 +142,7 @@ def prefill_flops_vs_length(records: Iterable, spec, dtype, *, highlight: int | 
     ax.set_xlabel("prompt length (tokens, batch 1)")
     ax.set_ylabel(f"achieved ({unit})")
     ax.set_title("Prefill climbs toward the compute ceiling as the prompt grows")
-    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    legend_clear_of_data(ax, "lower right", fontsize=8, frameon=False)
     return describe(fig, f"Achieved prefill {unit} against prompt length, log-log: from {achieved[0] / scale:,.3g} "
                           f"at {int(T[0]):,} tokens to {achieved[-1] / scale:,.3g} at {int(T[-1]):,}, under the "
                           f"measured matmul peak of {peak / scale:,.3g} {unit}; dashed: the roofline's prediction.")
@@ -172,7 +172,7 @@ def decode_bytes_bars(records: Iterable, cfg, *, highlight: int | None = None) -
                     ax.axvspan(i - 0.45, i + 0.45, color=tint(OKABE_ITO["yellow"], 0.35), zorder=0)
     left.set_ylabel("bytes moved per step (MB)")
     left.set_title("What one decode step must move")
-    left.legend(fontsize=8, frameon=False)
+    legend_clear_of_data(left, fontsize=8, frameon=False)
     right.set_ylabel("measured step time (ms)")
     right.set_title("How long it takes (batch 1)")
     steps = [r.step_seconds * 1e3 for r in recs]
@@ -214,7 +214,7 @@ def decode_time_vs_bytes(records: Iterable, spec, dtype=None, *, label=None) -> 
     ax.set_xlabel("bytes one decode step moves (MB: weights + KV cache)")
     ax.set_ylabel("step time (ms)")
     ax.set_title("Decode step time against the bytes the step moves")
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    legend_clear_of_data(ax, "upper left", fontsize=8, frameon=False)
     mbu = [100 * (r.mbu or 0) for r in recs]
     return describe(fig, f"Measured decode step time against the bytes the step moves: {len(recs)} points from "
                           f"{b[0] / 1e6:,.0f} MB in {t[0] * 1e3:,.3g} ms to {b[-1] / 1e6:,.0f} MB in "
@@ -276,7 +276,7 @@ def decode_throughput_plot(records: Iterable, *, cfg=None, spec=None, dtype=None
     ax.set_xlabel("batch size (sequences decoded together)")
     ax.set_ylabel("decode throughput (tokens/s, whole batch)")
     ax.set_title(title or "Batching shares each weight read: decode tokens/s against batch")
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    legend_clear_of_data(ax, "upper left", fontsize=8, frameon=False)
     parts = []
     if recs:
         parts.append(f"measured from {tps[0]:,.0f} at batch {int(b[0])} to {tps[-1]:,.0f} at batch {int(b[-1])}")

@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 
 from inference_lab.analytic import economics, roofline
 from inference_lab.plots.style import (
-    DECODE_COLOR, DEVICE_MARKERS, GRID, MARKERS, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, describe, new_figure,
-    log_axes, batch_ticks, si_ticks, shades, tint)
+    DECODE_COLOR, DEVICE_MARKERS, GRID, MARKERS, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, describe,
+    legend_clear_of_data, new_figure, log_axes, batch_ticks, si_ticks, shades, tint)
 
 _LINESTYLES = ("-", "--", ":", "-.")
 
@@ -57,7 +57,7 @@ def price_ratio_plot(cfg, spec, *, batches: Sequence[int] = (1, 2, 4, 8, 16, 32,
     ax.set_xlabel("decode batch size (sequences sharing each step)")
     ax.set_ylabel("output / input price (x, per token)")
     ax.set_title(title or f"Why output costs more: {cfg.name} on {spec.name} (roofline)")
-    ax.legend(fontsize=8, frameon=False)
+    legend_clear_of_data(ax, fontsize=8, frameon=False)
     return describe(fig, f"Predicted output/input price ratio of {cfg.name} on {spec.name} against decode batch, "
                           f"one line per context (a line ends, marked x, where memory is full): {'; '.join(ends)}; shaded band: "
                           f"the {band[0]:g}-{band[1]:g}x providers charge.")
@@ -125,7 +125,7 @@ def serving_plot(rows: Sequence[dict], *, x: str = "rate", title: str | None = N
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(t)
-    axes[0].legend(fontsize=7, frameon=False)
+    legend_clear_of_data(axes[0], fontsize=7, frameon=False)
     fig.suptitle(title or "Under load: what each serving mode does to TTFT, TPOT and ITL")
     return describe(fig, f"Three panels against {xlabel}: time to first token, time per output token and "
                           f"inter-token latency, median (thin line, hollow markers) and p99 (thick, filled), one "
@@ -160,7 +160,7 @@ def latency_distributions(results: dict) -> Figure:
         ax.set_xlabel(what)
         ax.set_ylabel("fraction of requests" if "gap" not in what else "fraction of gaps")
         ax.set_title(t)
-    axes[0].legend(fontsize=8, frameon=False, loc="lower right")
+    legend_clear_of_data(axes[0], "lower right", fontsize=8, frameon=False)
     medians = [f"{name}: median TTFT {np.nanmedian(_trace_of(res).ttft) * 1e3:,.3g} ms, TPOT "
                f"{np.nanmedian(_trace_of(res).tpot) * 1e3:,.3g} ms" for name, res in results.items()]
     return describe(fig, "Cumulative distributions (log time axes, one line style and end marker per run) of time "
@@ -192,7 +192,7 @@ def goodput_plot(rows: Sequence[dict], *, x: str = "rate", series: str = "config
     ax.set_xlabel("offered load (requests/s)" if x == "rate" else x)
     ax.set_ylabel("goodput (requests/s meeting the SLO)")
     ax.set_title(title or ("Goodput" + (f" at {slo}" if slo else "")))
-    ax.legend(fontsize=7, frameon=False, loc="upper left", ncol=2)
+    legend_clear_of_data(ax, "upper left", fontsize=7, frameon=False, ncol=2)
     peaks = [f"{name} peaks at {max(r['goodput_rps'] for r in rows if r[series] == name):,.3g}" for name in names]
     return describe(fig, f"Goodput (requests/s meeting the SLO) against offered load, one line, marker and style "
                           f"per {series}: {'; '.join(peaks)} requests/s; a dotted diagonal at the offered load and a dashed "
@@ -219,7 +219,7 @@ def pool_balance_plot(splits: Sequence[str], prefill_rps: Sequence[float], decod
     ax.set_xlabel("split of the GPUs (x prefill, y decode)")
     ax.set_ylabel("sustainable load (requests/s)")
     ax.set_title(title or "Sizing the pools: each must keep up")
-    ax.legend(fontsize=8, frameon=False)
+    legend_clear_of_data(ax, fontsize=8, frameon=False)
     return describe(fig, f"Paired bars per xPyD split ({', '.join(splits)}): requests/s the prefill pool (solid) "
                           f"and the decode pool (hatched) can sustain; the system takes the smaller, best at "
                           f"{splits[best]}.")

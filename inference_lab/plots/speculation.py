@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from inference_lab.plots.style import (DECODE_COLOR, GRID, PREFILL_COLOR, ROOF_COLOR, batch_ticks, describe,
-                                       new_figure)
+                                       legend_clear_of_data, new_figure)
 
 
 def speedup_over_k(ks: Sequence[int], measured: Sequence[float], predicted: Sequence[float], *, draft: str,
@@ -32,7 +32,7 @@ def speedup_over_k(ks: Sequence[int], measured: Sequence[float], predicted: Sequ
     ax.set_xlabel("k: guesses per round")
     ax.set_ylabel("tokens/s over plain decode's")
     ax.set_title(f"Speculative decoding, draft: {draft}")
-    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    legend_clear_of_data(ax, "lower right", fontsize=8, frameon=False)
     best = int(ks[int(np.nanargmax(m))])
     return describe(fig, f"Speed-up over plain decode for the {draft} draft at k = {int(ks[0])} to {int(ks[-1])}: "
                           f"measured x{np.nanmin(m):.2f} to x{np.nanmax(m):.2f} (circles, best at k = {best}); "
@@ -61,7 +61,7 @@ def verify_cost_over_batch(batches: Sequence[int], measured: Sequence[float], pr
     ax.set_xlabel("batch size")
     ax.set_ylabel(f"verify of {k + 1} tokens / one decode step")
     ax.set_title(f"What checking {k} guesses costs, batch by batch")
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    legend_clear_of_data(ax, "upper left", fontsize=8, frameon=False)
     return describe(fig, f"A verify of {k + 1} tokens per row costs x{m[0]:.2f} a decode step at batch {int(b[0])} "
                           f"and x{m[-1]:.2f} at batch {int(b[-1])} measured (circles); the roofline says x{p[0]:.2f} "
                           f"and x{p[-1]:.2f} (squares, dashed); {k + 1} would be a step per token.")

@@ -7,7 +7,8 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from inference_lab.plots.style import DECODE_COLOR, GRID, HATCH, PREFILL_COLOR, describe, new_figure
+from inference_lab.plots.style import (DECODE_COLOR, GRID, HATCH, PREFILL_COLOR, describe, legend_clear_of_data,
+                                       new_figure)
 
 
 def token_timeline(seconds: Sequence[float], *, title: str | None = None) -> Figure:
@@ -23,7 +24,7 @@ def token_timeline(seconds: Sequence[float], *, title: str | None = None) -> Fig
     left.set_yticks([])
     left.set_xlabel("time since the request arrived (ms)")
     left.set_title("One answer, token by token")
-    left.legend(fontsize=8, frameon=False, loc="upper right")
+    legend_clear_of_data(left, "upper right", fontsize=8, frameon=False)
     idx = np.arange(2, len(t) + 1)
     right.plot(idx, gaps, "o", color=DECODE_COLOR, ms=4, label="gap before this token")
     right.axhline(np.median(gaps), color="black", ls="--", lw=1, label=f"median {np.median(gaps):,.1f} ms")
@@ -32,7 +33,7 @@ def token_timeline(seconds: Sequence[float], *, title: str | None = None) -> Fig
     right.set_xlabel("token number")
     right.set_ylabel("inter-token latency (ms)")
     right.set_title("The gaps between tokens")
-    right.legend(fontsize=8, frameon=False)
+    legend_clear_of_data(right, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
     return describe(fig, f"Timeline of one streamed answer of {len(t)} tokens: the first appeared after "
@@ -56,7 +57,7 @@ def cache_vs_recompute(lengths: Sequence[int], uncached_s: Sequence[float], cach
     ax.set_xlabel("tokens in the text so far")
     ax.set_ylabel("time of one step (ms)")
     ax.set_title(title or "Same answer, two ways: what the KV cache saves")
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    legend_clear_of_data(ax, "upper left", fontsize=8, frameon=False)
     return describe(fig, f"Step time against text length from {int(n[0])} to {int(n[-1])} tokens: without a cache "
                           f"it grows from {un[0]:,.2f} to {un[-1]:,.2f} ms (circles, solid); with the KV cache it "
                           f"stays near {np.median(ca):,.2f} ms (triangles, dashed).")

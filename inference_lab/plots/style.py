@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.transforms import Affine2D
 
 from inference_lab.base import checks
 
@@ -75,9 +76,113 @@ def alt_text(fig) -> str:
 
 
 def describe(fig, text: str):
-    """Set ``fig.alt_text`` to ``text`` on one line; returns the figure."""
+    """Set ``fig.alt_text`` to ``text`` on one line, give every short log axis readable ticks
+    (:func:`label_short_log_axes`; every lesson figure ends here); returns the figure."""
     fig.alt_text = " ".join(text.split())
+    label_short_log_axes(fig)
     return fig
+
+
+def label_short_log_axes(fig) -> None:
+    """Label the minor ticks (2 and 5 of each decade; every one on a span under 3x) of a log
+    axis whose major ticks leave fewer than two labels in view: one decade label, or none, does
+    not tell a reader the scale. On a CPU the lessons' ranges are often that short."""
+    for ax in fig.axes:
+        for axis, limits in ((ax.xaxis, ax.get_xlim), (ax.yaxis, ax.get_ylim)):
+            lo, hi = sorted(limits())
+            if axis.get_scale() != "log" or lo <= 0:
+                continue
+            majors = [v for v in axis.get_major_locator()() if lo <= v <= hi]
+            if sum(bool(axis.get_major_formatter()(v)) for v in majors) >= 2:
+                continue
+            keep = range(1, 10) if hi / lo < 3 else (2, 5)
+
+            def minor(v, _pos, keep=keep):
+                mantissa = round(v / 10 ** math.floor(math.log10(v) + 1e-9))
+                return si_label(v).replace(" ", "") if mantissa in keep else ""
+
+            axis.set_minor_formatter(FuncFormatter(minor))
+
+
+LEGEND_PLACES = ("upper left", "upper right", "lower right", "lower left", "center left", "center right",
+                 "upper center", "lower center")
+
+
+def legend_clear_of_data(ax, prefer: str = "upper left", **kwargs):
+    """The legend of ``ax`` in the first place (``prefer``, then :data:`LEGEND_PLACES`) where it
+    covers no line and no scatter point of the axes; outside the axes on the right when every
+    place inside does.
+
+    Measured data moves from machine to machine, so no fixed place is clear for every learner
+    (05's legend sat on its two lines on one CPU)."""
+    to_axes = ax.transData + ax.transAxes.inverted()
+    data = [_densified(to_axes.transform(np.column_stack([np.asarray(line.get_xdata(orig=False), float),
+                                                          np.asarray(line.get_ydata(orig=False), float)])))
+            for line in ax.get_lines() if line.get_visible() and len(line.get_xdata(orig=False))]
+    data += [to_axes.transform(np.asarray(c.get_offsets(), float)) for c in ax.collections
+             if c.get_visible() and len(c.get_offsets())]
+    for place in dict.fromkeys((prefer, *LEGEND_PLACES)):
+        legend = ax.legend(loc=place, **kwargs)
+        box = legend.get_window_extent().transformed(ax.transAxes.inverted())
+        if not any(_inside(points, box) for points in data):
+            return legend
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kwargs)
+
+
+def annotate_apart(ax, items, *, offset=(6, -12), fontsize: float = 8, gap: float = 1.5,
+                   leader: bool = False) -> list:
+    """Label points so no two labels print over each other: ``items`` are ``(x, y, text)`` or
+    ``(x, y, text, annotate_kwargs)`` (a colour, say). Call it once the panel is complete (limits,
+    titles, legend): positions are taken from the laid-out figure.
+
+    Each label starts ``offset`` points from its point; one that would overlap a label already
+    placed (higher points first) moves down below it, with a thin line back to its point (always,
+    with ``leader``). Sizes are estimated from the font, so the layout is the same on every
+    machine. Returns the annotations."""
+    fig = ax.figure
+    fig.draw_without_rendering()   # constrained layout moves the axes; place labels where they end up
+    to_points = ax.transData + fig.dpi_scale_trans.inverted() + _POINTS_PER_INCH
+    placed, out = [], []
+    for x, y, text, *style in sorted(items, key=lambda it: -to_points.transform((it[0], it[1]))[1]):
+        px, py = to_points.transform((x, y))
+        lines = str(text).split("\n")
+        width = 0.62 * fontsize * max(len(line) for line in lines)
+        height = 1.3 * fontsize * len(lines)
+        dx, dy = offset
+        moved = True
+        while moved:
+            moved = False
+            for (x0, y0, x1, y1) in placed:
+                left, bottom = px + dx, py + dy
+                if left < x1 and left + width > x0 and bottom < y1 and bottom + height > y0:
+                    dy = y0 - gap - height - py
+                    moved = True
+        placed.append((px + dx, py + dy, px + dx + width, py + dy + height))
+        line = dict(arrowstyle="-", lw=0.6, color="#888888") if leader or dy != offset[1] else None
+        label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                            va="bottom", arrowprops=line, **(style[0] if style else {}))
+        label.set_in_layout(False)   # else the layout would move the axes again, and the points under the labels
+        out.append(label)
+    return out
+
+
+_POINTS_PER_INCH = Affine2D().scale(72.0)
+
+
+def _densified(points, per_segment: int = 24):
+    """Points along every segment of a line (in axes coordinates), so a segment that crosses a box
+    between two markers counts as crossing it."""
+    points = points[np.isfinite(points).all(axis=1)]
+    if len(points) < 2:
+        return points
+    t = np.linspace(0.0, 1.0, per_segment, endpoint=False)[None, :, None]
+    a, b = points[:-1, None, :], points[1:, None, :]
+    return np.concatenate([(a + (b - a) * t).reshape(-1, 2), points[-1:]])
+
+
+def _inside(points, box, margin: float = 0.005) -> bool:
+    return bool(((points[:, 0] > box.x0 + margin) & (points[:, 0] < box.x1 - margin)
+                 & (points[:, 1] > box.y0 + margin) & (points[:, 1] < box.y1 - margin)).any())
 
 
 def shades(color, n: int) -> list:
@@ -135,6 +240,11 @@ def batch_ticks(ax, batches):
     if len(ticks) <= 12:
         ax.set_xticks(ticks)
     plain_ticks(ax, "x")
+
+
+def amount(v: float) -> str:
+    """Three significant digits, never in e-notation: 0.0123, 4.56, 789, 1,480."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def si_label(v: float) -> str:
