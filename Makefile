@@ -30,7 +30,7 @@ help:
 	@echo "make test       set up, then run every test (unit, notebooks under nbval, browser)"
 	@echo "make reset-lesson LESSON=05  put lesson 05 back as shipped in my-notebooks/ (your copy is kept)"
 	@echo "make notebooks  re-execute the notebooks in place so they are stored with outputs"
-	@echo "make site       the stored notebooks as a static site in $(SITE)/ (reads offline)"
+	@echo "make site       the stored notebooks as a static site in $(SITE)/ (reads offline; installs only nbconvert)"
 	@echo "make gpu-check  on a GPU machine: GPU tests, kernel benchmarks and the probe"
 	@echo "make triton-report  no GPU needed: compile every kernel the model launches for sm_90 and sm_80"
 	@echo "options: PYTHON=/path/to/python3.12  ACCEL=cpu|cuda12|cuda13  ALLOW_ROOT=1 (make lab as root)"
@@ -125,9 +125,21 @@ notebooks: setup
 	# A streamed answer prints one piece per token: store it as one block of text, not hundreds.
 	$(VENV)/bin/jupyter nbconvert --to notebook --inplace --CoalesceStreamsPreprocessor.enabled=True notebooks/*.ipynb
 
-# The stored notebooks as HTML (nothing is executed, nothing is downloaded): open $(SITE)/index.html.
-site: setup
-	$(PY) scripts/build_site.py --out $(SITE)
+# The stored notebooks as HTML (nothing is executed, and the pages load nothing from elsewhere):
+# open $(SITE)/index.html. It needs nbconvert and BeautifulSoup only: with no lab environment
+# set up yet, they go into a small one of their own (.venv-site, ~65 MB, ~15 s), pinned by
+# constraints.txt, so reading the course never installs jax.
+SITE_VENV  := .venv-site
+SITE_STAMP := $(SITE_VENV)/.installed
+SITE_PY    := $(if $(wildcard $(VENV)/.installed-*),$(PY),$(SITE_VENV)/bin/python)
+site: check-python $(if $(wildcard $(VENV)/.installed-*),,$(SITE_STAMP))
+	$(SITE_PY) scripts/build_site.py --out $(SITE)
+
+$(SITE_STAMP): constraints.txt
+	@py=$$(scripts/find_python.sh); rm -rf $(SITE_VENV); "$$py" -m venv $(SITE_VENV)
+	@echo "installing nbconvert and beautifulsoup4 (pinned by constraints.txt) into $(SITE_VENV) for the site..."
+	@$(SITE_VENV)/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt nbconvert beautifulsoup4
+	@touch $@
 
 # The GPU image's own python3 (jax + flax, nothing installable): no venv, PYTHONPATH=.
 gpu-check:
@@ -147,4 +159,4 @@ triton-report: setup-dev
 	$(PY) -m inference_lab.triton_report --target all --json test-artifacts/triton-report.json
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache test-artifacts $(SITE)
+	rm -rf $(VENV) $(SITE_VENV) .cache .pytest_cache test-artifacts $(SITE)

@@ -31,6 +31,11 @@ from inference_lab.plots.style import alt_text
 
 READOUT_CLASS = "inference-lab-readout"
 CAPTION_CLASS = "inference-lab-caption"
+# What each of the lab's widgets is, stored with its state: the static site (scripts/build_site.py)
+# draws a stored dashboard, quiz or prediction as a picture and text, not as dead controls.
+DASHBOARD_CLASS = "inference-lab-dashboard"
+QUIZ_CLASS = "inference-lab-quiz"
+PREDICTION_CLASS = "inference-lab-prediction"
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ def dashboard(compute: Callable, controls: Sequence[Control], *, title: str | No
         output.outputs = ()
         image = figure_image(fig)
         output.append_display_data(image)
-        caption.value = (f'<span style="color:#555;font-size:0.9em">Figure: {html.escape(image.alt)}</span>'
+        caption.value = (f'<span style="color:#555">Figure: {html.escape(image.alt)}</span>'
                          if image.alt else "")
         readout.value = html.escape(text)
 
@@ -175,7 +180,9 @@ def dashboard(compute: Callable, controls: Sequence[Control], *, title: str | No
         children.insert(2, busy)
     if title:
         children.insert(0, W.HTML(f"<b>{html.escape(title)}</b>"))
-    return W.VBox(children)
+    board = W.VBox(children)
+    board.add_class(DASHBOARD_CLASS)
+    return board
 
 
 def _format_values(controls, values) -> str:
@@ -215,7 +222,7 @@ def quiz(question: str, options: Sequence[str], answer: str, explanation: str, *
             feedback.value = WRONG + html.escape(reason)
 
     button.on_click(check)
-    return W.VBox([W.HTML(f"<b>{html.escape(question)}</b>"), choice, button, feedback])
+    return W.VBox([W.HTML(f"<b>{html.escape(question)}</b>"), choice, button, feedback]).add_class(QUIZ_CLASS)
 
 
 def numeric_quiz(question: str, answer: float, *, rel_tol: float = 0.15, unit: str = "",
@@ -242,7 +249,7 @@ def numeric_quiz(question: str, answer: float, *, rel_tol: float = 0.15, unit: s
                               + html.escape(hint or "Try again."))
 
     button.on_click(check)
-    return W.VBox([W.HTML(f"<b>{html.escape(question)}</b>"), W.HBox([box, button]), feedback])
+    return W.VBox([W.HTML(f"<b>{html.escape(question)}</b>"), W.HBox([box, button]), feedback]).add_class(QUIZ_CLASS)
 
 
 def _factor(guess: float, answer: float) -> str:
@@ -277,6 +284,7 @@ class Prediction(W.VBox):
         self._button.on_click(self._lock)
         controls = [self._input, self._button] if self.ranges else [W.HBox([self._input, self._button])]
         super().__init__([W.HTML(f"<b>Predict:</b> {html.escape(question)}"), *controls, self._status])
+        self.add_class(PREDICTION_CLASS)
 
     def _lock(self, _=None):
         value = self._input.value
@@ -313,7 +321,7 @@ class Prediction(W.VBox):
         width = max(len(r[0]) for r in rows) + 2
         lines = [f"{name:<{width}}{value}" for name, value in rows]
         if self.value is None:
-            lines.append("(no prediction locked in: next time, commit to a number first)")
+            lines.append("(no prediction was locked in for this run: in the notebook, lock yours in before you measure)")
         elif self.ranges:
             hit = self._range_of(measured) == self.value
             lines.append("your range holds the measurement" if hit else

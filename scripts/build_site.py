@@ -1,17 +1,19 @@
 """Build the curriculum as a static site that reads offline: ``make site``.
 
 Each stored notebook becomes one HTML page through nbconvert, from its stored outputs (nothing
-is executed). The pages keep JupyterLab's look, the glossaries stay folded (``<details>``),
-and the stored widget views (sliders, readouts, figures) are drawn from the widget state the
-notebooks carry, by the widget manager vendored in ``scripts/site/vendor/`` (see
-``scripts/vendor_site_js.sh``). ``index.html`` holds the README's table of notebooks with a
+is executed). The pages keep JupyterLab's look and the glossaries stay folded (``<details>``).
+Each page says at its top that it is a stored run. A stored widget view (a dashboard, a quiz, a
+prediction) becomes plain HTML drawn from the widget state the notebook carries
+(:func:`static_widget`): its figure as a picture, its readout and caption as text, each slider
+as the setting it was left at, a quiz's or a prediction's question with its choices; no control
+that would move and do nothing. ``index.html`` holds the README's table of notebooks with a
 link to each lesson; every lesson links to the index and to its neighbours.
 
-Nothing is fetched to build the site or to read it: every script and stylesheet a page loads
-is in the site's ``_static/`` folder, and the build fails on a page that would need anything
-else (TeX math for MathJax, a Mermaid diagram, a JavaScript output), or whose HTML points a
-script, stylesheet or image at another host. Open ``index.html`` from disk or serve the folder
-as it is.
+Nothing is fetched to build the site or to read it, and the pages run no script: the one
+stylesheet a page loads is in the site's ``_static/`` folder, and the build fails on a page that
+would need anything else (TeX math for MathJax, a Mermaid diagram, a JavaScript output), or whose
+HTML points a script, stylesheet or image at another host. Open ``index.html`` from disk or serve
+the folder as it is. It needs nbconvert and BeautifulSoup only (``make site`` installs just those).
 
 Every figure gets an ``alt`` text: the one-line description the lab's figures store with their
 output (``fig.alt_text``, see inference_lab/plots), or, for outputs stored before the lab did
@@ -24,8 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
-import json
+import html
 import re
 import shutil
 import sys
@@ -36,7 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SITE_SOURCES = ROOT / "scripts" / "site"
 TEMPLATE_DIR = SITE_SOURCES / "template"
 TEMPLATE_NAME = "inference_lab"
-VENDOR = SITE_SOURCES / "vendor" / "html-manager"
 STATIC = "_static"
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -132,8 +132,7 @@ def needs_the_network(nb) -> list[str]:
             MarkdownWithMath(renderer=spotter).render(cell.source)
             if spotter.found:
                 reasons.append(f"cell {i}: TeX math ({spotter.found[0][:40]!r}) needs MathJax, which the "
-                               "site does not vendor; write it in words or vendor MathJax "
-                               "(scripts/vendor_site_js.sh)")
+                               "site does not carry; write it in words")
             if re.search(r"^```\s*mermaid", cell.source, re.M):
                 reasons.append(f"cell {i}: a Mermaid diagram needs mermaid.js, which the site does not vendor")
         for out in cell.get("outputs", []):
@@ -189,6 +188,108 @@ def describe_figures(nb, title: str) -> tuple[int, int]:
     return figures, fallbacks
 
 
+# --------------------------------------------------------------------------- stored widget views
+# The lab's widgets carry a CSS class saying what they are (inference_lab/widgets.py).
+DASHBOARD, QUIZ, PREDICTION = "inference-lab-dashboard", "inference-lab-quiz", "inference-lab-prediction"
+# Inputs and buttons: on a page nothing would happen when they are used, so they are left out.
+DEAD_CONTROLS = {"ButtonModel", "FloatTextModel", "BoundedFloatTextModel", "IntTextModel", "BoundedIntTextModel",
+                 "TextModel", "TextareaModel", "CheckboxModel", "ToggleButtonModel"}
+CHOICES = {"RadioButtonsModel", "ToggleButtonsModel", "DropdownModel", "SelectModel"}
+SLIDERS = {"SelectionSliderModel", "IntSliderModel", "FloatSliderModel", "FloatLogSliderModel"}
+NOTES = {
+    DASHBOARD: "Stored view: the dashboard as this run left it. In the notebook, the sliders redraw it "
+               "from your machine's measurements.",
+    QUIZ: "In the notebook, pick an answer and press \u201ccheck\u201d to see whether it holds, and why.",
+    PREDICTION: "Decide on your answer before you read on: the measurement below is folded until you open "
+                "it. In the notebook you lock your prediction in here, before your machine measures.",
+}
+
+
+def _children(state: dict, model: dict) -> list[str]:
+    return [c[len("IPY_MODEL_"):] for c in model.get("children", []) if str(c).startswith("IPY_MODEL_")]
+
+
+def _output_html(out: dict) -> str:
+    data = out.get("data", {})
+    if "image/png" in data:
+        alt = str(out.get("metadata", {}).get("image/png", {}).get("alt", ""))
+        return (f'<img src="data:image/png;base64,{html.escape(str(data["image/png"]).strip())}" '
+                f'alt="{html.escape(alt)}">')
+    if "text/html" in data:
+        return "".join(data["text/html"])
+    text = "".join(out.get("text", "")) if out.get("output_type") == "stream" else "".join(data.get("text/plain", ""))
+    return f"<pre>{html.escape(text)}</pre>" if text else ""
+
+
+def static_widget(state: dict, model_id: str, where: str) -> str:
+    """The stored view of widget ``model_id`` as plain HTML (``where``: the page, for errors).
+
+    Boxes keep their children in order; HTML widgets their HTML; an Output widget its outputs
+    (a PNG as an ``<img>`` with its alt); a slider becomes the setting it was left at and its
+    positions; a choice its options, the chosen one marked; inputs and buttons are left out. A
+    dashboard, a quiz or a prediction of the lab's widgets gets one line saying what the page
+    shows instead of the live control. A widget of another kind is refused, not dropped.
+    """
+    entry = state.get(model_id)
+    if entry is None:
+        return ""
+    name, model = entry.get("model_name", ""), entry.get("state", {})
+    kind = next((k for k in (DASHBOARD, QUIZ, PREDICTION) if k in model.get("_dom_classes", [])), None)
+    if name in ("VBoxModel", "HBoxModel", "BoxModel", "GridBoxModel"):
+        children = _children(state, model)
+        if kind == PREDICTION:
+            children = children[:-1]   # its status line ("No prediction yet: ..."), which the note replaces
+        inner = "".join(static_widget(state, child, where) for child in children)
+        box = "il-hbox" if name == "HBoxModel" else "il-vbox"
+        note = f'<p class="il-note">{NOTES[kind]}</p>' if kind else ""
+        classes = f"il-widget {box}" + (f" il-{kind.rsplit('-', 1)[1]}" if kind else "")
+        return f'<div class="{classes}">{inner}{note}</div>'
+    if name in ("HTMLModel", "HTMLMathModel"):
+        return f'<div class="il-html {" ".join(model.get("_dom_classes", []))}">{model.get("value", "")}</div>'
+    if name == "LabelModel":
+        return f"<div>{html.escape(str(model.get('value', '')))}</div>"
+    if name == "OutputModel":
+        return "".join(_output_html(out) for out in model.get("outputs", []))
+    if name in SLIDERS:
+        labels = model.get("_options_labels")
+        value = labels[model.get("index") or 0] if labels else model.get("value")
+        positions = f" (its positions: {', '.join(labels)})" if labels else f" (from {model.get('min')} to {model.get('max')})"
+        return (f'<p class="il-setting">{html.escape(str(model.get("description", "")))}: '
+                f"<b>{html.escape(str(value))}</b>{html.escape(positions)}</p>")
+    if name in CHOICES:
+        chosen = model.get("index")
+        items = "".join(f"<li>{html.escape(str(label))}{' (chosen)' if i == chosen else ''}</li>"
+                        for i, label in enumerate(model.get("_options_labels", [])))
+        return f'<ul class="il-choices">{items}</ul>'
+    if name in DEAD_CONTROLS:
+        return ""
+    raise SiteError(f"{where}: a stored {name} widget has no static form; add one to build_site.static_widget")
+
+
+def render_stored_widgets(nb, where: str) -> int:
+    """Replace every stored widget view of ``nb`` by its static HTML, and drop the widget state
+    (nothing on the page draws widgets). Changes ``nb`` in place; returns how many views."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    views = 0
+    for cell in nb.cells:
+        for i, out in enumerate(cell.get("outputs", [])):
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            if view:
+                views += 1
+                cell.outputs[i] = {"output_type": "display_data", "metadata": {},
+                                   "data": {"text/html": static_widget(state, view["model_id"], where)}}
+    nb.metadata.pop("widgets", None)
+    return views
+
+
+def stored_run(nb) -> str:
+    """When the notebook was run (its last cell's finish, from nbclient's timing), or ""."""
+    stamps = [cell.get("metadata", {}).get("execution", {}).get("shell.execute_reply", "")
+              for cell in nb.cells if cell.cell_type == "code"]
+    stamps = [s for s in stamps if s]
+    return max(stamps)[:10] if stamps else ""
+
+
 # --------------------------------------------------------------------------- checking pages
 def offline_problems(page_html: str, folder: Path) -> list[str]:
     """Scripts, stylesheets, images and frames the page would load from elsewhere or that are
@@ -216,19 +317,6 @@ def offline_problems(page_html: str, folder: Path) -> list[str]:
         for url in re.findall(r"@import\s+['\"]((?:https?:)?//[^'\"]+)", style.get_text()):
             problems.append(f"a stylesheet imports {url}")
     return problems
-
-
-def vendored_embed_js() -> Path:
-    """The vendored widget manager, checked against the sha256 recorded when it was vendored."""
-    record = json.loads((VENDOR / "VENDOR.json").read_text())
-    path = VENDOR / "embed.js"
-    if not path.is_file():
-        raise SiteError(f"{path} is missing: run scripts/vendor_site_js.sh")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != record["files"]["embed.js"]:
-        raise SiteError(f"{path} does not match VENDOR.json (sha256 {digest}): "
-                        "run scripts/vendor_site_js.sh to restore it")
-    return path
 
 
 # --------------------------------------------------------------------------- the index page
@@ -313,15 +401,11 @@ def build_site(notebooks, out: Path, *, readme: Path = ROOT / "README.md", log=p
     notebooks = sorted(Path(p) for p in notebooks)
     if not notebooks:
         raise SiteError("no notebooks to build")
-    embed_js = vendored_embed_js()
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
     (out / STATIC).mkdir(parents=True)
-    for src in (embed_js, VENDOR / "embed.js.LICENSE.txt", VENDOR / "LICENSE", VENDOR / "VENDOR.json",
-                SITE_SOURCES / "static" / "site.css", SITE_SOURCES / "static" / "figure_alt.js"):
-        dest = out / STATIC / ("html-manager-LICENSE" if src.name == "LICENSE" else src.name)
-        shutil.copyfile(src, dest)
+    shutil.copyfile(SITE_SOURCES / "static" / "site.css", out / STATIC / "site.css")
 
     loaded = [(path, nbformat.read(path, as_version=4)) for path in notebooks]
     problems = [f"{path.name}: {why}" for path, nb in loaded for why in needs_the_network(nb)]
@@ -332,10 +416,12 @@ def build_site(notebooks, out: Path, *, readme: Path = ROOT / "README.md", log=p
     exporter = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATE_DIR)])
     report = SiteReport(out=out, pages=pages)
     for i, ((path, nb), page) in enumerate(zip(loaded, pages)):
-        nb = copy.deepcopy(nb)  # alt texts are added to the copy; the stored notebook is untouched
+        nb = copy.deepcopy(nb)  # alt texts and static views go into the copy; the stored notebook is untouched
         page.figures, page.fallback_alts = describe_figures(nb, page.title)
+        render_stored_widgets(nb, path.name)
         site = {
             "static": STATIC,
+            "stored_run": stored_run(nb),
             "index": "index.html",
             "previous": {"href": pages[i - 1].href, "title": pages[i - 1].title} if i > 0 else None,
             "next": {"href": pages[i + 1].href, "title": pages[i + 1].title} if i + 1 < len(pages) else None,

@@ -311,3 +311,22 @@ def test_make_lab_as_root_refuses_before_installing(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "refusing to start JupyterLab as root" in done.stderr
     assert time.time() - started < 10 and not (tmp_path / "never").exists()     # nothing was installed
+
+
+def test_make_site_without_the_lab_installs_only_what_the_site_needs(tmp_path):
+    """Issue 26: "read it without installing anything: make site" set up the 1.1 GB lab first.
+    Without a lab environment it makes .venv-site with nbconvert and BeautifulSoup alone; with
+    one, it uses that (a dry run of each)."""
+    for name in ("Makefile", "constraints.txt", "pyproject.toml"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    fresh = subprocess.run(["make", "-n", "site"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=clean)
+    assert fresh.returncode == 0, fresh.stderr
+    assert "-m pip install -q --disable-pip-version-check -c constraints.txt nbconvert beautifulsoup4" in fresh.stdout
+    assert ".venv-site/bin/python scripts/build_site.py --out build/site" in fresh.stdout
+    assert "jax" not in fresh.stdout and ".venv/bin/python" not in fresh.stdout
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / ".installed-cpu").write_text("")
+    lab = subprocess.run(["make", "-n", "site"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=clean)
+    assert ".venv/bin/python scripts/build_site.py" in lab.stdout and "pip install" not in lab.stdout, lab.stdout

@@ -1,13 +1,12 @@
 """scripts/build_site.py: the stored notebooks as a static site that reads offline.
 
 The pages themselves are opened in Chromium by tests/browser/test_site_in_browser.py; here the
-builder is checked without a browser: links, alt texts, the refusals, the vendored script.
+builder is checked without a browser: links, alt texts, the refusals, the stored-run notice, and
+the stored widget views drawn as pictures and text, never as dead controls.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import sys
 from pathlib import Path
@@ -109,28 +108,71 @@ def test_builds_linked_pages_with_alt_text_and_only_local_scripts(lessons, tmp_p
                     "Figure drawn by the code above, in the section \u201cMeasure it\u201d of \u201cA · First\u201d"]
     for page in (first, second, index):
         assert build_site.offline_problems(page, out) == []
-        assert not re.search(r"<script[^>]+src=\"https?:", page)
-    assert (out / "_static" / "embed.js").read_bytes() == (build_site.VENDOR / "embed.js").read_bytes()
+        assert not re.search(r"<script[^>]+src=", page)
+    assert "A stored run" in first and "make lab" in first
+    assert sorted(p.name for p in (out / "_static").iterdir()) == ["site.css"]
     assert a.read_bytes() == stored  # the stored notebook is never touched
 
 
-def test_a_lesson_with_widgets_loads_the_vendored_manager_and_keeps_their_state(tmp_path):
-    """A real lesson: its widget views and their stored state go into the page, and every
-    image inside the state gets an alt."""
-    lesson = ROOT / "notebooks" / "01_one_model_two_speeds.ipynb"
-    if not lesson.exists():
-        pytest.fail("notebooks/01_one_model_two_speeds.ipynb is missing")
-    out = tmp_path / "site"
-    build_site.build_site([lesson], out, log=lambda _: None)
-    page = (out / lesson.with_suffix(".html").name).read_text()
-    assert '<script src="_static/embed.js"></script>' in page
-    assert 'type="application/vnd.jupyter.widget-view+json"' in page
-    (state_json,) = re.findall(
-        r'<script type="application/vnd.jupyter.widget-state\+json">\s*(.*?)\s*</script>', page, re.S)
-    state = json.loads(state_json)["state"]
-    images = [o for m in state.values() for o in m["state"].get("outputs", []) if "image/png" in o.get("data", {})]
-    assert images and all(o["metadata"]["image/png"]["alt"] for o in images)
+@pytest.fixture(scope="module")
+def stored_pages(tmp_path_factory):
+    """Lessons 01 and 07 built from the stored notebooks (a dashboard, quizzes, predictions, a table)."""
+    lessons = [ROOT / "notebooks" / f"{name}.ipynb" for name in ("01_one_model_two_speeds", "07_serving_economics")]
+    missing = [p.name for p in lessons if not p.exists()]
+    if missing:
+        pytest.fail(f"lessons missing from notebooks/: {missing}")
+    out = tmp_path_factory.mktemp("site")
+    build_site.build_site(lessons, out, log=lambda _: None)
+    return {p.stem: (out / f"{p.stem}.html").read_text() for p in lessons}, out
+
+
+def test_stored_widget_views_become_pictures_and_text(stored_pages):
+    """Issue 26: on the site the sliders moved and nothing redrew, "lock in" did nothing. A stored
+    view is now its picture, its readout and caption, its settings as text and a line saying what
+    the notebook does live; the page runs no script and keeps no control."""
+    from bs4 import BeautifulSoup
+
+    pages, out = stored_pages
+    page = pages["01_one_model_two_speeds"]
+    soup = BeautifulSoup(page, "html.parser")
+    assert soup.find("script", src=True) is None and "widget-state+json" not in page and "widget-view+json" not in page
+    assert not soup.select("input, button, select, .widget-slider"), "a control that would do nothing"
+    (board,) = soup.select(".il-widget.il-dashboard")
+    assert "Stored view" in board.get_text() and board.select_one(".inference-lab-readout").get_text(strip=True)
+    assert re.search(r"prompt length: \d+ \(its positions: \d+, \d+", board.get_text()), board.get_text()
+    (figure,) = board.find_all("img")
+    assert figure["src"].startswith("data:image/png;base64,") and figure["alt"].startswith("Timeline of one request")
+    predictions = soup.select(".il-widget.il-prediction")
+    assert predictions and all("Decide on your answer before you read on" in p.get_text() for p in predictions)
+    quizzes = soup.select(".il-widget.il-quiz")
+    assert quizzes and all(q.select("li") or "check" in q.get_text() for q in quizzes)
     assert build_site.offline_problems(page, out) == []
+
+
+def test_the_lessons_markdown_tables_are_tables(stored_pages):
+    """Issue 26: 07's metric table printed as raw ``| ... |`` text on the site."""
+    from bs4 import BeautifulSoup
+
+    pages, _ = stored_pages
+    for name, page in pages.items():
+        text = BeautifulSoup(page, "html.parser").select_one("main, body").get_text()
+        raw = [line for line in text.splitlines() if re.match(r"^\s*\|.*\|\s*$", line) and "---" in line]
+        assert raw == [], f"{name}: markdown table left as text: {raw[:2]}"
+    assert "<table>" in pages["07_serving_economics"]
+
+
+def test_a_widget_without_a_static_form_is_refused():
+    state = {"a": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_b", "IPY_MODEL_c", "IPY_MODEL_d"]}},
+             "b": {"model_name": "SelectionSliderModel", "state": {"description": "batch size", "index": 2,
+                                                                   "_options_labels": ["1", "8", "64"]}},
+             "c": {"model_name": "RadioButtonsModel", "state": {"index": 0, "_options_labels": ["x", "y"]}},
+             "d": {"model_name": "ButtonModel", "state": {"description": "check"}}}
+    shown = build_site.static_widget(state, "a", "t.ipynb")
+    assert "batch size: <b>64</b> (its positions: 1, 8, 64)" in shown
+    assert "<li>x (chosen)</li><li>y</li>" in shown and "check" not in shown
+    state["d"]["model_name"] = "ColorPickerModel"
+    with pytest.raises(build_site.SiteError, match="t.ipynb: a stored ColorPickerModel widget has no static form"):
+        build_site.static_widget(state, "a", "t.ipynb")
 
 
 def test_refuses_pages_that_would_need_the_network(lessons, tmp_path):
@@ -159,24 +201,40 @@ def test_every_lesson_is_in_the_readme_table(lessons, tmp_path):
         build_site.build_site([stray], tmp_path / "site", readme=readme, log=lambda _: None)
 
 
-def test_the_vendored_widget_manager_is_checked(tmp_path, monkeypatch):
-    record = json.loads((build_site.VENDOR / "VENDOR.json").read_text())
-    assert record["package"] == "@jupyter-widgets/html-manager"
-    assert build_site.vendored_embed_js() == build_site.VENDOR / "embed.js"
-    assert hashlib.sha256((build_site.VENDOR / "embed.js").read_bytes()).hexdigest() == record["files"]["embed.js"]
-    assert (build_site.VENDOR / "LICENSE").is_file() and (build_site.VENDOR / "embed.js.LICENSE.txt").is_file()
-    tampered = tmp_path / "vendor"
-    tampered.mkdir()
-    (tampered / "VENDOR.json").write_text(json.dumps(record))
-    (tampered / "embed.js").write_text("// not the vendored file")
-    monkeypatch.setattr(build_site, "VENDOR", tampered)
-    with pytest.raises(build_site.SiteError, match="does not match VENDOR.json"):
-        build_site.vendored_embed_js()
-
-
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
 def test_stored_lessons_read_offline_and_are_indexed(path):
     nb = nbformat.read(path, as_version=4)
     assert build_site.needs_the_network(nb) == []
     _, table = build_site.readme_parts((ROOT / "README.md").read_text())
     assert f"`{path.stem}`" in table, f"README.md's notebook table does not list {path.stem}"
+
+
+def test_the_labs_own_widgets_have_a_static_form():
+    """The state of real lab widgets (a dashboard, a quiz, a prediction), as a notebook stores it,
+    drawn by the builder: each with its line, no control, the dashboard's picture kept."""
+    W = pytest.importorskip("ipywidgets")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from inference_lab import widgets
+
+    def view(batch):
+        fig, ax = plt.subplots()
+        ax.plot([1, 2], [1, batch])
+        return fig, f"batch size {batch}: fine"
+
+    made = {"dashboard": widgets.dashboard(view, [widgets.Control("batch", "batch size", [1, 8], 8)],
+                                           measure_again=lambda: None),
+            "quiz": widgets.quiz("Which?", ["a", "b"], "a", "because"),
+            "prediction": widgets.prediction("How many?", ranges=[("few", 0, 5), ("many", 5, 99)])}
+    state = W.Widget.get_manager_state(drop_defaults=False)["state"]
+    shown = {k: build_site.static_widget(state, w.model_id, "t.ipynb") for k, w in made.items()}
+    assert "batch size: <b>8</b> (its positions: 1, 8)" in shown["dashboard"] and "Stored view" in shown["dashboard"]
+    assert '<img src="data:image/png;base64,' in shown["dashboard"] and "batch size 8: fine" in shown["dashboard"]
+    assert "<li>a</li><li>b</li>" in shown["quiz"] and "press \u201ccheck\u201d" in shown["quiz"]
+    assert "How many?" in shown["prediction"] and "<li>few</li><li>many</li>" in shown["prediction"]
+    assert "No prediction yet" not in shown["prediction"] and "Decide on your answer" in shown["prediction"]
+    for html_text in shown.values():
+        assert "measure again" not in html_text and "lock in" not in html_text and "<input" not in html_text

@@ -168,7 +168,7 @@ def test_prediction_number_then_report():
     assert isinstance(guess, W.VBox) and guess.value is None
     report = str(guess.report(12.0, roofline=7.8, what="ratio:"))
     assert report.startswith("ratio:\nyour prediction  -") and "roofline" in report and "measured here" in report
-    assert "no prediction locked in" in report
+    assert "no prediction was locked in for this run" in report
     # Stored in a notebook with no prediction locked in, the answer is folded under the empty prediction.
     page = guess.report(12.0, roofline=7.8)._repr_html_()
     head, folded = page.split("<details>")

@@ -227,16 +227,19 @@ class TwoSpeedsGrid:
     dashboard redraws from them at once (a slider move measures nothing; :meth:`measure` again
     on demand). A request of ``new_tokens`` is the prefill, then that many steps at the step
     time measured from that prompt (the cache grows by ``new_tokens`` during the answer, which
-    moves the step time little at these lengths)."""
+    moves the step time little at these lengths). Three repeats of eight steps by default: the
+    grid is for exploring (the lesson's own verdicts use :func:`two_speeds`' full repeats), and
+    its cost is mostly the longest prompt's prefill."""
 
-    def __init__(self, model, prompt_lengths, *, steps: int = 16):
-        self.model, self.prompt_lengths, self.steps = model, tuple(int(t) for t in prompt_lengths), steps
+    def __init__(self, model, prompt_lengths, *, steps: int = 8, repeats: int = 3):
+        self.model, self.prompt_lengths = model, tuple(int(t) for t in prompt_lengths)
+        self.steps, self.repeats = steps, repeats
         self.measure()
 
     def measure(self) -> None:
         points = [p for t in self.prompt_lengths for p in (timing.PrefillPoint(self.model, 1, t),
                                                            timing.DecodePoint(self.model, 1, t, self.steps))]
-        recs = timing.measure_points(points, desc="every prompt length")
+        recs = timing.measure_points(points, repeats=self.repeats, desc="every prompt length")
         self.measured = {t: (recs[2 * i], recs[2 * i + 1]) for i, t in enumerate(self.prompt_lengths)}
         self.rounds = getattr(self, "rounds", 0) + 1
 

@@ -2,10 +2,11 @@
 index.html and two lessons opened from disk (file://) in headless Chromium, with every request
 to anything but the site's own files refused and reported.
 
-Checked on each lesson: every figure decodes and has alt text; the glossary is folded and opens
-on a click; the stored widget view renders (its slider, its readout and its figure, with the
-figure's alt); the lesson bar links to the index and the neighbouring lesson; nothing is asked
-of the network and no script fails. On the index: the README's table with a working link.
+Checked on each lesson: it says it is a stored run; every figure decodes and has alt text; the
+glossary is folded and opens on a click; the stored dashboard shows as a picture and text (its
+setting, its readout, its figure with the figure's alt) with no control that would do nothing;
+the lesson bar links to the index and the neighbouring lesson; nothing is asked of the network
+and no script fails. On the index: the README's table with a working link.
 
 Only 01 and 05 are built (~5 s): the builder itself is tested on every lesson in tests/test_site.py.
 """
@@ -82,15 +83,13 @@ def test_index_lists_the_lessons_and_links_to_them(site, page):
 @pytest.mark.parametrize("name", LESSONS)
 def test_lesson_page_shows_figures_glossary_and_stored_widgets(site, page, name):
     page.goto((site / f"{name}.html").as_uri())
-    # The widget manager draws the stored views after the page has loaded.
-    page.wait_for_selector(".widget-output img", timeout=20_000)
+    notice = page.locator(".il-stored-run")
+    assert notice.is_visible() and "A stored run" in notice.inner_text() and "make lab" in notice.inner_text()
     page.wait_for_function(
-        "() => [...document.querySelectorAll('img')].every(i => i.complete && i.naturalWidth > 0)"
-        " && [...document.querySelectorAll('.widget-output img')].every(i => i.getAttribute('alt'))",
-        timeout=20_000)
+        "() => [...document.querySelectorAll('img')].every(i => i.complete && i.naturalWidth > 0)", timeout=20_000)
     images = page.evaluate(
         "() => [...document.querySelectorAll('img')].map(i => ({alt: i.getAttribute('alt') || '',"
-        " width: i.naturalWidth, widget: !!i.closest('.widget-output')}))")
+        " width: i.naturalWidth, widget: !!i.closest('.il-dashboard')}))")
     assert len([i for i in images if not i["widget"]]) >= 1 and any(i["widget"] for i in images), images
     for image in images:
         assert image["width"] > 0 and image["alt"].strip() and image["alt"] != NO_ALT, image
@@ -105,11 +104,15 @@ def test_lesson_page_shows_figures_glossary_and_stored_widgets(site, page, name)
     first.locator("summary").click()
     assert first.evaluate("d => d.open") and page.get_by_text(body[:30], exact=False).first.is_visible()
 
-    # The stored widget view: a slider described as the lesson's sweep, its readout, its figure.
-    labels = page.locator(".widget-slider .widget-label").all_inner_texts()
-    assert any(label in ("batch size", "prompt length") for label in labels), labels
-    readout = page.locator(".inference-lab-readout").first
+    # The stored dashboard: the setting of the lesson's sweep as text, its readout, its figure,
+    # and no slider, button or input that would move and redraw nothing.
+    board = page.locator(".il-dashboard").first
+    settings = board.locator(".il-setting").all_inner_texts()
+    assert any(s.startswith(("batch size:", "prompt length:")) for s in settings), settings
+    readout = board.locator(".inference-lab-readout").first
     assert readout.is_visible() and readout.inner_text().strip()
+    assert "Stored view" in board.inner_text()
+    assert page.locator("input, button, select, .widget-slider").count() == 0
 
     # The lesson bar: the index and the neighbouring lesson, both files of the site.
     hrefs = page.locator("nav.il-lessonbar").first.locator("a").evaluate_all("as => as.map(a => a.href)")
