@@ -46,14 +46,16 @@ $(error ACCEL=$(ACCEL) is not one of cpu, cuda12, cuda13)
 endif
 
 # install(SPEC): create the venv if needed, install SPEC editable through constraints.txt (every
-# wheel pinned, the CUDA plugins included), install the lab's JupyterLab defaults.
+# wheel pinned, the CUDA plugins included), install the lab's JupyterLab defaults. --no-compile:
+# pip would byte-compile every module of every wheel (~30 s of a fresh set-up); Python compiles
+# the ones that are imported, once, when they are.
 define install
 	@py=$$(scripts/find_python.sh); \
 	if ! $(PY) -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then \
 	  echo "creating $(VENV) with $$py"; rm -rf $(VENV); "$$py" -m venv $(VENV); \
 	fi
 	@echo "installing inference-lab$(patsubst .%,%,$(1)) with the pinned stack (constraints.txt)..."
-	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e "$(1)"
+	@$(PY) -m pip install -q --disable-pip-version-check --no-compile -c constraints.txt -e "$(1)"
 	@$(PY) scripts/lab_settings.py >/dev/null
 	@$(PY) -c "import jax, flax, inference_lab; print('jax', jax.__version__, 'flax', flax.__version__, 'ready in $(VENV)')"
 	@rm -f $(VENV)/.installed-*
@@ -85,7 +87,13 @@ check-root:
 	  exit 1; \
 	fi
 
-test: setup-dev unit-test notebook-test browser-test
+# The unit tests and the notebooks run as one pytest session: the two workers share one queue
+# of files (the longest first, tests/conftest.py), so neither idles while the other finishes
+# one part before the next part starts. make unit-test and make notebook-test run each alone.
+test: setup-dev
+	INFERENCE_LAB_PROGRESS=0 $(PY) -m pytest tests notebooks --ignore=tests/browser $(NBVAL_FLAGS) -q \
+	  --durations=15 -n 2 --dist loadfile
+	$(MAKE) --no-print-directory browser-test
 	@echo "make test: all passed"
 
 # Two workers: most of a unit test's time is XLA compiling one program, on one core; no unit

@@ -189,7 +189,9 @@ def describe_figures(nb, title: str) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------- stored widget views
-# The lab's widgets carry a CSS class saying what they are (inference_lab/widgets.py).
+# The lab's widgets carry a CSS class saying what they are: inference_lab/widgets.py's *_CLASS,
+# written out here because the site's environment has no ipywidgets to import them with
+# (tests/test_site.py draws real widgets through them).
 DASHBOARD, QUIZ, PREDICTION = "inference-lab-dashboard", "inference-lab-quiz", "inference-lab-prediction"
 # Inputs and buttons: on a page nothing would happen when they are used, so they are left out.
 DEAD_CONTROLS = {"ButtonModel", "FloatTextModel", "BoundedFloatTextModel", "IntTextModel", "BoundedIntTextModel",
@@ -205,7 +207,7 @@ NOTES = {
 }
 
 
-def _children(state: dict, model: dict) -> list[str]:
+def _children(model: dict) -> list[str]:
     return [c[len("IPY_MODEL_"):] for c in model.get("children", []) if str(c).startswith("IPY_MODEL_")]
 
 
@@ -236,7 +238,7 @@ def static_widget(state: dict, model_id: str, where: str) -> str:
     name, model = entry.get("model_name", ""), entry.get("state", {})
     kind = next((k for k in (DASHBOARD, QUIZ, PREDICTION) if k in model.get("_dom_classes", [])), None)
     if name in ("VBoxModel", "HBoxModel", "BoxModel", "GridBoxModel"):
-        children = _children(state, model)
+        children = _children(model)
         if kind == PREDICTION:
             children = children[:-1]   # its status line ("No prediction yet: ..."), which the note replaces
         inner = "".join(static_widget(state, child, where) for child in children)

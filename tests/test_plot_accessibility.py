@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -220,6 +221,23 @@ FIGURES = {
 }
 
 
+@functools.cache
+def lesson_figure(name: str):
+    """FIGURES[name], built once for all the checks of this module (they only read it)."""
+    return FIGURES[name]()
+
+
+def _renderer(fig):
+    """The figure drawn once by Agg, as it will be shown; its renderer."""
+    if getattr(fig, "_checked_renderer", None) is None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        fig._checked_renderer = canvas.get_renderer()
+    return fig._checked_renderer
+
+
 def test_every_public_figure_is_checked():
     public = {name for name in plots.__all__ if name[0].islower() and name != "alt_text"}
     assert public == set(FIGURES), f"add these figures to FIGURES: {sorted(public - set(FIGURES))}"
@@ -227,13 +245,13 @@ def test_every_public_figure_is_checked():
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_no_series_told_apart_by_colour_alone(name):
-    fig = FIGURES[name]()
+    fig = lesson_figure(name)
     assert colour_only_pairs(fig) == [], f"{name}: series that differ by colour only"
 
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_every_figure_says_what_it_shows(name):
-    fig = FIGURES[name]()
+    fig = lesson_figure(name)
     text = fig.alt_text
     assert isinstance(fig, plots.LabFigure) and plots.alt_text(fig) == text
     assert "\n" not in text and 40 <= len(text) <= 700, f"{name}: {text!r}"
@@ -244,7 +262,7 @@ def test_every_figure_says_what_it_shows(name):
 
 def log_axes_with_few_labels(fig) -> list[tuple[int, str, list[str]]]:
     """(panel, "x"/"y", the labels in view) of each log axis drawn with fewer than two labels."""
-    fig.canvas.draw()
+    _renderer(fig)
     few = []
     for panel, ax in enumerate(fig.axes):
         for name, axis, limits in (("x", ax.xaxis, ax.get_xlim()), ("y", ax.yaxis, ax.get_ylim())):
@@ -272,16 +290,12 @@ def test_the_tick_check_fails_on_a_short_log_axis():
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_every_log_axis_shows_its_scale(name):
-    assert log_axes_with_few_labels(FIGURES[name]()) == [], f"{name}: a log axis with fewer than two labels"
+    assert log_axes_with_few_labels(lesson_figure(name)) == [], f"{name}: a log axis with fewer than two labels"
 
 
 def legends_on_lines(fig) -> list[tuple[int, str]]:
     """(panel, line label) for each line that passes under its panel's legend, drawn as shown."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    renderer = canvas.get_renderer()
+    renderer = _renderer(fig)
     found = []
     for panel, ax in enumerate(fig.axes):
         legend = ax.get_legend()
@@ -315,18 +329,15 @@ def test_the_legend_check_fails_on_a_legend_over_a_line():
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_no_legend_on_a_line(name):
-    assert legends_on_lines(FIGURES[name]()) == [], f"{name}: its legend covers a line"
+    assert legends_on_lines(lesson_figure(name)) == [], f"{name}: its legend covers a line"
 
 
 def overlapping_labels(fig) -> list[tuple[int, str, str]]:
     """(panel, text, text) for each two texts of a panel whose drawn boxes overlap (an
     annotation's own text, not its leader line)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.text import Text
 
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    renderer = canvas.get_renderer()
+    renderer = _renderer(fig)
     found = []
     for panel, ax in enumerate(fig.axes):
         boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in ax.texts
@@ -358,7 +369,7 @@ def test_the_label_check_fails_on_two_close_points():
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_no_labels_over_each_other(name):
-    assert overlapping_labels(FIGURES[name]()) == [], f"{name}: labels print over each other"
+    assert overlapping_labels(lesson_figure(name)) == [], f"{name}: labels print over each other"
 
 
 def test_displayed_figures_store_their_description_as_alt():

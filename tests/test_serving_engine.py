@@ -69,7 +69,9 @@ class KernelServer:
 @pytest.fixture(scope="module")
 def servers():
     """One server per policy: chunked with a key, prefill-first with two slots and a queue of three
-    (for the 429), disaggregated (two worker processes, started by a stand-in kernel)."""
+    (for the 429), disaggregated (two worker processes, started by a stand-in kernel). One after
+    another, from this thread: a server dies with the thread that started it (PR_SET_PDEATHSIG
+    follows the thread), so they cannot be started side by side from worker threads."""
     started = {}
     try:
         started["disaggregated"] = KernelServer("disaggregated")

@@ -43,7 +43,9 @@ def plain(target):
     return {"one": engine.generate(target, PROMPTS[0], NEW), "ragged": engine.generate(target, PROMPTS, NEW)}
 
 
-@pytest.mark.parametrize("k", range(1, 9))
+# k = 1 (one guess), 2, an odd middle one and 8, past the lessons' largest (6): each k compiles
+# its own verify width, so the sweep keeps to the cases that differ (its cost is the suite's budget).
+@pytest.mark.parametrize("k", [1, 2, 5, 8])
 def test_ngram_and_never_right_drafts_write_plain_greedy_text(target, plain, k):
     for draft in (NgramDraft(), ConstantDraft()):
         one = speculative_generate(target, draft, PROMPTS[0], NEW, k=k)
@@ -56,7 +58,7 @@ def test_ngram_and_never_right_drafts_write_plain_greedy_text(target, plain, k):
     assert ngram.accepted.sum() > 0            # the greedy text repeats itself: some guesses are kept
 
 
-@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("k", [1, 4])
 def test_draft_models_write_plain_greedy_text(target, weak_draft, plain, k):
     for draft in (ModelDraft(weak_draft), ModelDraft(target)):
         for prompts, want in ((PROMPTS[0], [plain["one"]]), (PROMPTS, plain["ragged"])):
@@ -247,9 +249,13 @@ def test_verify_and_check_guesses_refuse_bad_input(target):
 
 
 def test_verify_through_the_interpreted_pallas_kernels_equals_the_reference():
-    """verify_attention's one decode-attention call over B x T rows, in the Pallas kernels' mode."""
-    interp = pretrained.load(kernels="interpret")
-    ref = pretrained.load(kernels="reference")
+    """verify_attention's one decode-attention call over B x T rows, in the Pallas kernels' mode.
+    A small random model (the same seed, so the same weights, both ways): the interpreter's cost
+    grows with the model, and which weights the kernels multiply does not matter here."""
+    cfg = dataclasses.replace(ModelConfig.preset("shakespeare"), name="small-random", n_layers=2, d_model=64,
+                              n_heads=4, n_kv_heads=2, d_ff=128)
+    interp = Transformer(cfg, rngs=nnx.Rngs(5), kernels="interpret")
+    ref = Transformer(cfg, rngs=nnx.Rngs(5), kernels="reference")
     rows = [tokenizer.encode("ROMEO:"), tokenizer.encode("JULIET:\nO")]
     tokens, lengths = engine.padded(rows)
     feed = np.array([[10, 32, 116], [97, 110, 100]], np.int32)

@@ -234,6 +234,7 @@ class TwoSpeedsGrid:
     def __init__(self, model, prompt_lengths, *, steps: int = 8, repeats: int = 3):
         self.model, self.prompt_lengths = model, tuple(int(t) for t in prompt_lengths)
         self.steps, self.repeats = steps, repeats
+        self.rounds = 0   # how many times the grid was measured (the readout says which)
         self.measure()
 
     def measure(self) -> None:
@@ -241,7 +242,7 @@ class TwoSpeedsGrid:
                                                            timing.DecodePoint(self.model, 1, t, self.steps))]
         recs = timing.measure_points(points, repeats=self.repeats, desc="every prompt length")
         self.measured = {t: (recs[2 * i], recs[2 * i + 1]) for i, t in enumerate(self.prompt_lengths)}
-        self.rounds = getattr(self, "rounds", 0) + 1
+        self.rounds += 1
 
     def at(self, prompt_len: int, new_tokens: int) -> TwoSpeeds:
         if prompt_len not in self.measured:

@@ -11,8 +11,8 @@ from matplotlib.figure import Figure
 from inference_lab.analytic import costs, roofline
 from inference_lab.plots.style import (
     PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, LINESTYLES, OKABE_ITO, LabFigure,
-    annotate_apart, describe, legend_clear_of_data, new_figure, log_axes, plain_ticks, length_ticks, si_label, si_ticks, flops_unit,
-    is_decode, as_records, peak_of, palette, tint, plain_text)
+    annotate_apart, describe, legend_clear_of_data, new_figure, log_axes, plain_ticks, length_ticks, si_label,
+    si_ticks, flops_unit, is_decode, as_records, peak_of, palette, tint, plain_text)
 
 
 def roofline_plot(spec, dtype="bf16", records: Iterable = (), *, cfg=None,

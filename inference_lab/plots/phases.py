@@ -13,8 +13,8 @@ from matplotlib.figure import Figure
 from inference_lab.analytic import costs, roofline
 from inference_lab.base import checks
 from inference_lab.plots.style import (
-    PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, OKABE_ITO, describe, legend_clear_of_data, new_figure,
-    log_axes, length_ticks, batch_ticks, si_ticks, flops_unit, is_decode, is_prefill,
+    PREFILL_COLOR, DECODE_COLOR, ROOF_COLOR, GRID, HATCH, MARKERS, OKABE_ITO, describe, legend_clear_of_data,
+    new_figure, log_axes, length_ticks, batch_ticks, si_ticks, flops_unit, is_decode, is_prefill,
     median_by, as_records, prediction_args, peak_of, shades, tint, plain_text, amount)
 
 

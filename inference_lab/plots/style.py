@@ -129,16 +129,15 @@ def legend_clear_of_data(ax, prefer: str = "upper left", **kwargs):
     return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kwargs)
 
 
-def annotate_apart(ax, items, *, offset=(6, -12), fontsize: float = 8, gap: float = 1.5,
-                   leader: bool = False) -> list:
+def annotate_apart(ax, items, *, offset=(6, -12), fontsize: float = 8, gap: float = 1.5) -> list:
     """Label points so no two labels print over each other: ``items`` are ``(x, y, text)`` or
     ``(x, y, text, annotate_kwargs)`` (a colour, say). Call it once the panel is complete (limits,
     titles, legend): positions are taken from the laid-out figure.
 
     Each label starts ``offset`` points from its point; one that would overlap a label already
-    placed (higher points first) moves down below it, with a thin line back to its point (always,
-    with ``leader``). Sizes are estimated from the font, so the layout is the same on every
-    machine. Returns the annotations."""
+    placed (higher points first) moves down below it, with a thin line back to its point. Sizes
+    are estimated from the font, so the layout is the same on every machine. Returns the
+    annotations."""
     fig = ax.figure
     fig.draw_without_rendering()   # constrained layout moves the axes; place labels where they end up
     to_points = ax.transData + fig.dpi_scale_trans.inverted() + _POINTS_PER_INCH
@@ -158,7 +157,7 @@ def annotate_apart(ax, items, *, offset=(6, -12), fontsize: float = 8, gap: floa
                     dy = y0 - gap - height - py
                     moved = True
         placed.append((px + dx, py + dy, px + dx + width, py + dy + height))
-        line = dict(arrowstyle="-", lw=0.6, color="#888888") if leader or dy != offset[1] else None
+        line = dict(arrowstyle="-", lw=0.6, color="#888888") if dy != offset[1] else None
         label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
                             va="bottom", arrowprops=line, **(style[0] if style else {}))
         label.set_in_layout(False)   # else the layout would move the axes again, and the points under the labels
