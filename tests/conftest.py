@@ -7,8 +7,7 @@ import pytest
 # one) to the workers in collection order, and a long file collected last (the speculative
 # lesson, the serving tests that start three servers) would run alone at the end while the other
 # worker idles. Measured in a fresh clone (cold compile caches), longest first.
-LONGEST_FIRST = ("08_speculative_decoding.ipynb", "test_notebooks_in_browser.py", "test_serving_engine.py",
-                 "test_speculative.py",
+LONGEST_FIRST = ("08_speculative_decoding.ipynb", "test_serving_engine.py", "test_speculative.py",
                  "test_lessons.py", "07_serving_economics.ipynb", "09_serving_engine.ipynb",
                  "01_one_model_two_speeds.ipynb", "test_parallel.py", "test_mosaic_kernels.py",
                  "test_pretrained.py", "05_batching.ipynb", "test_kernels.py", "04_arithmetic_intensity.ipynb",
