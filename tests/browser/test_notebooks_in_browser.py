@@ -103,9 +103,19 @@ def stored_widget_views(notebook: Path) -> int:
 
 
 def check_stored_widget_views(lab, notebook: Path) -> None:
-    """Every widget view stored in ``notebook`` is drawn, none shown as plain text."""
+    """Every widget view stored in ``notebook`` is drawn, none shown as plain text.
+
+    Once in four fresh-clone runs JupyterLab's widget manager drew every view of one lesson (06)
+    as "Error displaying widget: model not found" although the notebook stores each one's state
+    (it can finish restoring from the new, empty kernel before the notebook's state is loaded);
+    reopening the notebook draws them. A learner who meets it reopens the tab: so does this
+    check, once, and then every view must be drawn."""
     expected = stored_widget_views(notebook)
     views = lab.widget_views(expected)
+    if views["drawn"] < expected and lab.page.get_by_text("model not found").count():
+        assert lab.close_notebook(), f"{notebook.name}: could not close the tab to reopen it"
+        lab.open(notebook, wait_for_kernel=False)
+        views = lab.widget_views(expected)
     assert views["plain"] == [] and views["drawn"] == expected, (
         f"{notebook.name}: {views['drawn']} of {expected} stored widget views drawn; shown as "
         f"plain text: {views['plain']} (an untrusted notebook, or its widget state not stored)"
