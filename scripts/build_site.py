@@ -268,20 +268,17 @@ def static_widget(state: dict, model_id: str, where: str) -> str:
     raise SiteError(f"{where}: a stored {name} widget has no static form; add one to build_site.static_widget")
 
 
-def render_stored_widgets(nb, where: str) -> int:
+def render_stored_widgets(nb, where: str) -> None:
     """Replace every stored widget view of ``nb`` by its static HTML, and drop the widget state
-    (nothing on the page draws widgets). Changes ``nb`` in place; returns how many views."""
+    (nothing on the page draws widgets). Changes ``nb`` in place."""
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    views = 0
     for cell in nb.cells:
         for i, out in enumerate(cell.get("outputs", [])):
             view = out.get("data", {}).get(WIDGET_VIEW)
             if view:
-                views += 1
                 cell.outputs[i] = {"output_type": "display_data", "metadata": {},
                                    "data": {"text/html": static_widget(state, view["model_id"], where)}}
     nb.metadata.pop("widgets", None)
-    return views
 
 
 def stored_run(nb) -> str:
