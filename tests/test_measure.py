@@ -1,5 +1,6 @@
 """Measurement: records, MFU/MBU arithmetic, sweeps (skip, OOM), files, measured ceilings."""
 
+import functools
 import json
 import re
 import sys
@@ -356,6 +357,10 @@ def test_a_measurement_shows_its_bar_while_it_runs_and_leaves_none(monkeypatch, 
 
     monkeypatch.setenv(progress.ENV_VAR, "1")
     monkeypatch.setattr(progress, "DELAY_S", 0)
+    # every update drawn: these runs end sooner than tqdm's default 0.1 s between redraws
+    import tqdm.auto
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", functools.partial(tqdm.auto.tqdm, mininterval=0, miniters=1))
     matmuls.matmul_sweep((1, 2), k=64, n=64, repeats=2)
     drawn = capsys.readouterr().err
     assert re.search(r"matmul: +\d+%.*\d+/6 \[\d\d:\d\d<\d\d:\d\d", drawn), repr(drawn)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from inference_lab import plots
+from inference_lab.base.random_arrays import normal
 from inference_lab.measure import timing
 from pallas_kernels.timing import timed
 from inference_lab.analytic import costs, roofline
@@ -75,11 +76,11 @@ def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matm
     total = jax.jit(jnp.sum)
     mm = jax.jit(lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST))
     points = [_OpPoint("stream", _size(n), n // 4, n, total,
-                       lambda n=n: (jax.random.normal(jax.random.key(n), (n // 4,), jnp.float32),))
+                       lambda n=n: (normal((n // 4,), "float32", n),))
               for n in stream_bytes]
     for n in matmul_sizes:
         def square(n=n):
-            a = jax.random.normal(jax.random.key(n + 1), (n, n), jnp.float32)
+            a = normal((n, n), "float32", n + 1)
             return a, a
         points.append(_OpPoint("matmul", f"{n}\u00b3", 2.0 * n ** 3, 3 * n * n * 4, mm, square))
     return list(timing.measure_points(points, repeats=repeats, ceilings=None, desc="three regimes"))

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
 from inference_lab import plots
+from inference_lab.base.random_arrays import normal
 from inference_lab.measure import matmuls, timing
 from inference_lab.analytic import costs, roofline
 from inference_lab.lessons.machine import DECODE_COLUMNS, Sweep, percent, kernel_check_mode
@@ -21,10 +21,9 @@ from pallas_kernels.testing import decode_attention_f64, rel_err
 def decode_kernel_check(seed: int = 0) -> dict:
     """Decode attention under the interpreter vs float64 NumPy, ragged lengths 1..S_max."""
     mode = kernel_check_mode()   # compiled on a GPU, interpreted elsewhere
-    k = jax.random.split(jax.random.key(seed), 3)
     B, S, Hq, Hkv, D = 3, 77, 8, 2, 32
-    q = jax.random.normal(k[0], (B, Hq, D))
-    kc, vc = jax.random.normal(k[1], (B, S, Hkv, D)), jax.random.normal(k[2], (B, S, Hkv, D))
+    q = normal((B, Hq, D), "float32", (seed, 0))
+    kc, vc = normal((B, S, Hkv, D), "float32", (seed, 1)), normal((B, S, Hkv, D), "float32", (seed, 2))
     lengths = jnp.array([1, 40, S], jnp.int32)
     return {"decode attention lengths 1/40/77 GQA 8/2":
             rel_err(pk.decode_attention(q, kc, vc, lengths, mode=mode),

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
+from inference_lab.base.random_arrays import normal
 from pallas_kernels.mosaic import decode_attention as mosaic_decode
 from pallas_kernels.mosaic import matmul as mosaic_matmul
 from pallas_kernels.testing import decode_attention_f64, matmul_f64, rel_err
@@ -73,12 +73,11 @@ def decode_attention_plans(batch: int, s_max: int, hq: int, hkv: int, d: int, nu
 def mosaic_check(seed: int = 0) -> dict:
     """The Hopper matmul and decode attention under GPU interpret mode vs float64 NumPy (a few
     seconds on a CPU: the simulator runs every warpgroup, barrier and TMA copy)."""
-    k = jax.random.split(jax.random.key(seed), 5)
-    a = jax.random.normal(k[0], (5, 128), jnp.bfloat16)
-    b = jax.random.normal(k[1], (128, 192), jnp.bfloat16)
-    q = jax.random.normal(k[2], (2, 8, 64), jnp.bfloat16)
-    kc = jax.random.normal(k[3], (2, 64, 2, 64), jnp.bfloat16)
-    vc = jax.random.normal(k[4], (2, 64, 2, 64), jnp.bfloat16)
+    a = normal((5, 128), "bfloat16", (seed, 0))
+    b = normal((128, 192), "bfloat16", (seed, 1))
+    q = normal((2, 8, 64), "bfloat16", (seed, 2))
+    kc = normal((2, 64, 2, 64), "bfloat16", (seed, 3))
+    vc = normal((2, 64, 2, 64), "bfloat16", (seed, 4))
     lengths = jnp.array([1, 64], jnp.int32)
     return {
         "Mosaic matmul 5x128 @ 128x192 (bf16)": rel_err(pk.matmul(a, b, mode="mosaic_interpret"), matmul_f64(a, b)),

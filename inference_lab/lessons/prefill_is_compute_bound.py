@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 
 import pallas_kernels as pk
 from inference_lab import plots
+from inference_lab.base.random_arrays import normal
 from inference_lab.measure import timing
 from inference_lab.analytic import costs, roofline, workload
 from inference_lab.lessons.machine import DECODE_STEPS, PREFILL_COLUMNS, Sweep, percent, kernel_check_mode
@@ -19,10 +19,9 @@ from pallas_kernels.testing import flash_attention_f64, matmul_f64, rel_err
 def prefill_kernels_check(seed: int = 0) -> dict:
     """The matmul and flash attention under the interpreter vs float64 NumPy (awkward sizes)."""
     mode = kernel_check_mode()   # compiled on a GPU, interpreted elsewhere
-    k = jax.random.split(jax.random.key(seed), 5)
-    a, b = jax.random.normal(k[0], (37, 100)), jax.random.normal(k[1], (100, 70))
-    q = jax.random.normal(k[2], (2, 45, 8, 32))
-    kk, vv = jax.random.normal(k[3], (2, 61, 2, 32)), jax.random.normal(k[4], (2, 61, 2, 32))
+    a, b = normal((37, 100), "float32", (seed, 0)), normal((100, 70), "float32", (seed, 1))
+    q = normal((2, 45, 8, 32), "float32", (seed, 2))
+    kk, vv = normal((2, 61, 2, 32), "float32", (seed, 3)), normal((2, 61, 2, 32), "float32", (seed, 4))
     return {
         "matmul 37x100 @ 100x70": rel_err(pk.matmul(a, b, mode=mode), matmul_f64(a, b)),
         "flash attention T45 S61 GQA 8/2": rel_err(pk.flash_attention(q, kk, vv, causal=True, mode=mode),

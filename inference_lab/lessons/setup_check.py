@@ -3,12 +3,12 @@ numbers here, its two ceilings, and the predicted split of a decode step."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 import pallas_kernels as pk
 from inference_lab import plots
 from inference_lab.analytic import costs, roofline
+from inference_lab.base.random_arrays import normal
 from inference_lab.lessons.machine import Machine, kernel_check_mode
 from pallas_kernels.testing import rel_err
 
@@ -20,17 +20,15 @@ def plan_line(here: Machine) -> str:
             f"decode batch sweep up to {max(here.sizes.batch_sizes)}, prompts up to {max(here.sizes.prefill_lengths)} tokens.")
 
 
-def _rand(key, shape):
-    return jax.random.normal(key, shape, jnp.float32)   # random values, never zeros
-
-
 def pallas_vs_reference(seed: int = 0) -> dict:
     """Each Pallas kernel under the interpreter against its plain-jnp twin, at awkward sizes."""
     mode = kernel_check_mode()   # compiled on a GPU, interpreted elsewhere
-    k = jax.random.split(jax.random.key(seed), 8)
-    a, b = _rand(k[0], (37, 100)), _rand(k[1], (100, 70))
-    q, kk, vv = _rand(k[2], (2, 45, 8, 32)), _rand(k[3], (2, 61, 2, 32)), _rand(k[4], (2, 61, 2, 32))
-    dq, kc, vc = _rand(k[5], (3, 8, 32)), _rand(k[6], (3, 77, 2, 32)), _rand(k[7], (3, 77, 2, 32))
+    def rand(i, shape):
+        return normal(shape, "float32", (seed, i))   # random values, never zeros
+
+    a, b = rand(0, (37, 100)), rand(1, (100, 70))
+    q, kk, vv = rand(2, (2, 45, 8, 32)), rand(3, (2, 61, 2, 32)), rand(4, (2, 61, 2, 32))
+    dq, kc, vc = rand(5, (3, 8, 32)), rand(6, (3, 77, 2, 32)), rand(7, (3, 77, 2, 32))
     lengths = jnp.array([1, 40, 77], jnp.int32)
     return {
         "matmul": rel_err(pk.matmul(a, b, mode=mode), pk.reference.matmul(a, b)),

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_kernels as pk
-from inference_lab.base import checks
+from inference_lab.base import checks, random_arrays
 from inference_lab.measure.timing import measure_points
 from pallas_kernels.timing import timed
 
@@ -96,9 +96,8 @@ class MatmulPoint(_KernelPointBase):
 
     def prepare(self) -> None:
         dt = jnp.dtype(self.dtype_name)
-        key_w, key_x = jax.random.split(jax.random.fold_in(jax.random.key(self.seed), self.m))
-        w = jax.random.normal(key_w, (self.k, self.n), jnp.float32).astype(dt)   # random, never zeros
-        x = jax.random.normal(key_x, (self.m, self.k), jnp.float32).astype(dt)
+        w = random_arrays.normal((self.k, self.n), dt, (self.seed, self.m, 0))   # random, never zeros
+        x = random_arrays.normal((self.m, self.k), dt, (self.seed, self.m, 1))
         self.fn = jax.jit(lambda x, w: pk.matmul(x, w, mode=self.kernels))
         self.args = (x, w)
 
@@ -135,10 +134,8 @@ class ModelMatmulsPoint(_KernelPointBase):
 
     def prepare(self) -> None:
         dt, mode = jnp.dtype(self.dtype_name), self.kernels
-        key = jax.random.key(self.seed)
         widths = sorted({w.shape[0] for w in self.weights})
-        xs = {k: jax.random.normal(jax.random.fold_in(key, k * 1000 + self.m), (self.m, k), jnp.float32).astype(dt)
-              for k in widths}
+        xs = {k: random_arrays.normal((self.m, k), dt, (self.seed, k, self.m)) for k in widths}
         self.fn = jax.jit(lambda xs, ws: [pk.matmul(xs[w.shape[0]], w, mode=mode) for w in ws])
         self.args = (xs, self.weights)
 

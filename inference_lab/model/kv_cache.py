@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference_lab.base import random_arrays
 from inference_lab.base.config import ModelConfig
 
 
@@ -69,10 +70,8 @@ class KVCache:
             raise ValueError(f"context={context!r} must be in 1..max_len={max_len}")
         dt = jnp.dtype(cfg.dtype)
         shape = (cache.batch, cache.max_len, cfg.n_kv_heads, cfg.head_dim)
-        keys = jax.random.split(jax.random.key(seed), 2 * cfg.n_layers)
-        fill = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(dt))
-        k = [fill(keys[2 * i]) for i in range(cfg.n_layers)]
-        v = [fill(keys[2 * i + 1]) for i in range(cfg.n_layers)]
+        k = [random_arrays.normal(shape, dt, (seed, 2 * i)) for i in range(cfg.n_layers)]
+        v = [random_arrays.normal(shape, dt, (seed, 2 * i + 1)) for i in range(cfg.n_layers)]
         lengths = np.full((cache.batch,), context, np.int32)
         return cls(k, v, jnp.asarray(lengths), host_lengths=lengths)
 
