@@ -88,22 +88,33 @@ check-root:
 	fi
 
 # The unit tests and the notebooks run as one pytest session: the two workers share one queue
-# of files (the longest first, tests/conftest.py), so neither idles while the other finishes one
-# part before the next starts. Then the browser tests, alone: run as a third worker beside the
-# timing lessons, in a fresh clone, they made three of the lessons' verdicts fail rather than say
-# CANNOT DECIDE. make unit-test and make notebook-test run each part alone.
-test: setup-dev
+# of whole files (a notebook is one), so neither idles while the other finishes one part before
+# the next starts. The queue's order is tests/conftest.py's, the longest first;
+# --no-loadscope-reorder keeps it (xdist would sort the files by how many tests each holds).
+# Then the browser tests, alone: beside a timing lesson, as a third busy process on two cores,
+# they made three of its verdicts fail rather than say CANNOT DECIDE, and inside the session, as
+# one of the two workers, their JupyterLab pages took 3-5x as long to draw (the suite ran longer).
+# make unit-test and make notebook-test run each part alone. In CI, Chromium's install (apt) runs
+# beside the Python set-up (pip): both mostly wait on downloads. Each part's time is printed
+# (seconds since make started).
+MAKE_STARTED := $(shell date +%s)
+elapsed = $$(( $$(date +%s) - $(MAKE_STARTED) )) s
+test: check-python
+	@$(MAKE) --no-print-directory -j2 setup-dev chromium
+	@echo "make test: set-up done at $(elapsed)"
 	INFERENCE_LAB_PROGRESS=0 $(PY) -m pytest tests notebooks --ignore=tests/browser $(NBVAL_FLAGS) -q \
-	  --durations=15 -n 2 --dist loadfile
+	  --durations=15 -n 2 --dist loadfile --no-loadscope-reorder
+	@echo "make test: unit tests and notebooks done at $(elapsed)"
 	$(MAKE) --no-print-directory browser-test
-	@echo "make test: all passed"
+	@echo "make test: all passed in $(elapsed)"
 
 # Two workers: most of a unit test's time is XLA compiling one program, on one core; no unit
 # test times anything (performance is measured by the benchmarks), so sharing the cores bends
 # no result. UNIT_WORKERS=0 runs them in this process.
 UNIT_WORKERS ?= 2
 unit-test: setup-dev
-	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist loadfile)
+	$(PY) -m pytest tests -q --ignore=tests/browser --durations=15 \
+	  $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # Notebooks run two at a time, each whole on one worker (--dist loadfile: a notebook's cells share
 # one kernel, in order). A timing lesson then runs beside another one: its verdicts weigh their

@@ -3,10 +3,10 @@
 import pytest
 
 
-# The longest files run first: `make test` and `make unit-test` hand whole files (a notebook is
-# one) to the workers in collection order, and a long file collected last (the speculative
-# lesson, the serving tests that start three servers) would run alone at the end while the other
-# worker idles. Measured in a fresh clone (cold compile caches), longest first.
+# The order `make test` hands whole files (a notebook is one) to its two workers: the longest
+# first, since a long file handed out last (the speculative lesson, the serving tests that start
+# three servers) would run alone at the end while the other worker idles (measured in a fresh
+# clone, cold compile caches, longest first); then the other lessons; then the other unit tests.
 LONGEST_FIRST = ("08_speculative_decoding.ipynb", "test_serving_engine.py", "test_speculative.py",
                  "test_lessons.py", "07_serving_economics.ipynb", "09_serving_engine.ipynb",
                  "01_one_model_two_speeds.ipynb", "test_parallel.py", "test_mosaic_kernels.py",
@@ -16,7 +16,13 @@ LONGEST_FIRST = ("08_speculative_decoding.ipynb", "test_serving_engine.py", "tes
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: the rest keep their order
+
+    def place(item):
+        if item.path.name in rank:
+            return rank[item.path.name]
+        return len(rank) + (0 if item.path.suffix == ".ipynb" else 1)
+
+    items.sort(key=place)   # stable: within a group, files keep their order
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
