@@ -81,6 +81,16 @@ def noise(*records) -> float:
     return u
 
 
+def drift(before, after) -> float:
+    """How far one measurement moved between two timings of it, as a factor >= 1: the same
+    program timed when a prediction's inputs were, and again beside the run the prediction is
+    checked against. A repeat's spread shows load that comes and goes *within* a measurement; a
+    machine that got busier or quieter *between* two measurements shows only here. Records are
+    read by ``step_seconds`` (decode) or ``seconds``."""
+    a, b = (getattr(r, "step_seconds", None) or r.seconds for r in (before, after))
+    return max(a / b, b / a)
+
+
 def decide(value: float, need: float, u: float = 1.0, *, at_least: bool = True):
     """True when ``value`` clears ``need`` (``>=``, or ``<=`` with ``at_least=False``) even if the
     noise ``u`` moved it; False when it misses even so; None in between (too noisy to decide)."""
@@ -100,8 +110,12 @@ def all_hold(*results):
     return None if any(r is None for r in results) else True
 
 
-def _noise_note(u: float) -> str:
-    return f" (noise: x{u:.2f}, from the repeats' spread)" if u > 1.005 else ""
+def _noise_note(u: float, moved: float = 1.0) -> str:
+    note = f" (noise: x{u:.2f}, from the repeats' spread" if u > 1.005 else ""
+    if moved > 1.005:
+        note += ("; " if note else " (") + f"x{moved:.2f} more: the plain step moved that much between its timing " \
+                "for the prediction and its timing beside this run"
+    return note + ")" if note else ""
 
 
 def log_midpoint(effect: float, absent: float = 1.0) -> float:
@@ -506,22 +520,30 @@ def verify_costs_about_one_step(verifies, k: int, *, predicted: float) -> Verdic
                    f"x{ratio:.2f} (predicted x{predicted:.2f})" + _noise_note(u))
 
 
-def speedup_as_predicted(plain, speculative, *, predicted: float, min_effect: float = 1.25) -> Verdict:
+def speedup_as_predicted(plain, speculative, *, predicted: float, min_effect: float = 1.25,
+                         moved: float = 1.0) -> Verdict:
     """Speculative decoding changes decode's speed as the cost model predicted it would, made
     before the run from the measured acceptance rate and step times: a predicted speed-up of at
     least ``min_effect`` must reach the log-midpoint between no change and ``predicted``; a
     predicted slow-down (a draft never right, or too costly: ``predicted`` at most ``1 /
     min_effect``) must reach the log-midpoint the other way. A prediction in between has no effect
-    to test: undecided. The text is checked apart (speculation never changes it)."""
+    to test: undecided. The text is checked apart (speculation never changes it).
+
+    ``moved``: :func:`drift` of the plain step between its timing for the prediction and its timing
+    beside the generations. The prediction rests on step times taken earlier; if the machine's
+    load changed since, the prediction is off by about that much, whatever the repeats' spread
+    says, so it widens the noise allowance."""
     _need(plain.draft is None and speculative.draft is not None, "pass the plain record, then a speculative one")
     _need(plain.batch == speculative.batch and plain.new_tokens == speculative.new_tokens,
           "pass records of the same prompts and lengths")
+    _need(moved >= 1, "moved must be a factor >= 1 (claims.drift)")
     gain = plain.seconds / speculative.seconds
     u = noise(plain, speculative)
     evidence = (f"plain {plain.tokens_per_s:,.1f} tok/s, {speculative.draft} k={speculative.k} "
                 f"{speculative.tokens_per_s:,.1f} tok/s: x{gain:.2f} (predicted x{predicted:.2f}; "
                 f"{speculative.tokens_per_step:.2f} tokens per target step, acceptance "
-                f"{speculative.acceptance:.0%})" + _noise_note(u))
+                f"{speculative.acceptance:.0%})" + _noise_note(u, moved))
+    u *= moved
     need = log_midpoint(predicted)
     if predicted >= min_effect:
         return Verdict(f"speculation ({speculative.draft}, k={speculative.k}) writes at least x{need:.2f} the "

@@ -23,6 +23,7 @@ TARGET, DRAFT = "shakespeare_large", "shakespeare"
 NEW_TOKENS = 48      # new tokens per prompt in the timed generations
 CONTEXT = 128        # cached tokens of the verify measurements: a prompt and half an answer
 LESSON_K = 4         # the k the batch experiment and the acceptance runs use
+PLAIN_STEPS = 16     # decode steps in the loop that times plain decode's step
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,7 +96,7 @@ def predicted_from_steps(verifies, plain_step_s: float, draft_step_s: float, ks,
             for name, a in acceptance.items() for k in ks}
 
 
-def plain_step(target, steps: int = 16):
+def plain_step(target, steps: int = PLAIN_STEPS):
     """Plain decode's batch-1 step inside its compiled loop, at :data:`CONTEXT`: a DecodeRecord
     (``step_seconds``, ``mbu`` against this machine's read ceiling), as notebook 01 measures."""
     return timing.decode_points(target, [(1, CONTEXT)], steps)[0]
@@ -172,11 +173,14 @@ def show_rounds(result, row: int = 0, width: int = 96) -> str:
 
 @dataclasses.dataclass
 class Grid:
-    """The timed generations at batch 1: plain decode and each (draft, k)."""
+    """The timed generations at batch 1: plain decode and each (draft, k), and plain decode's
+    step timed in the same rounds (``plain_step``: how far the machine moved since the step the
+    predictions rest on was timed, :func:`claims.drift`)."""
 
     plain: measure.GenerationRecord
     runs: dict          # (draft name, k) -> GenerationRecord
     ks: tuple
+    plain_step: object = None   # a DecodeRecord
 
     def speedup(self, name: str, k: int) -> float:
         return self.plain.seconds / self.runs[(name, k)].seconds
@@ -195,13 +199,17 @@ class Grid:
 
 def speedup_grid(target, drafts_by_name: dict, ks, *, prompt: int = 0, repeats: int = 3,
                  new_tokens: int = NEW_TOKENS) -> Grid:
-    """Plain decode and every (draft, k) on one held-out prompt at batch 1, side by side."""
+    """Plain decode and every (draft, k) on one held-out prompt at batch 1, side by side, with
+    plain decode's step (:func:`plain_step`'s point) in the same rounds."""
     configs = [(d, k) for d in drafts_by_name.values() for k in ks]
-    recs = measure.generation_sweep(target, [prompts()[prompt]], new_tokens, configs, repeats=repeats)
+    step = timing.DecodePoint(target, 1, CONTEXT, PLAIN_STEPS)
+    *recs, step_rec = measure.generation_sweep(target, [prompts()[prompt]], new_tokens, configs, beside=[step],
+                                               repeats=repeats)
     if not measure.same_text(recs):
         raise AssertionError("a speculative run wrote other tokens than plain decode")
     names = [n for n in drafts_by_name for _ in ks]
-    return Grid(plain=recs[0], runs={(n, k): r for n, (_, k), r in zip(names, configs, recs[1:])}, ks=tuple(ks))
+    return Grid(plain=recs[0], runs={(n, k): r for n, (_, k), r in zip(names, configs, recs[1:])}, ks=tuple(ks),
+                plain_step=step_rec)
 
 
 def speedup_view(grid: Grid, predicted: dict, draft: str, k: int):

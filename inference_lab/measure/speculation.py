@@ -170,13 +170,14 @@ def verify_sweep(model, tokens=(1, 2, 3, 5, 7), *, batches=(1,), context: int = 
                                desc="verify steps"))
 
 
-def generation_sweep(target, prompts, max_new_tokens: int, configs, *, repeats: int | None = 3,
+def generation_sweep(target, prompts, max_new_tokens: int, configs, *, beside=(), repeats: int | None = 3,
                      progress: bool = True) -> list:
     """Plain decode and each ``(draft, k)`` of ``configs`` on the same prompts, side by side.
-    The first record is plain decode; the rest follow ``configs``."""
+    The first record is plain decode; the rest follow ``configs``; then the records of
+    ``beside``, points timed in the same rounds (a decode step a prediction rests on, say)."""
     points = [GenerationPoint(target, prompts, max_new_tokens)]
     points += [GenerationPoint(target, prompts, max_new_tokens, draft=d, k=k) for d, k in configs]
-    return list(measure_points(points, repeats=repeats, ceilings=None, progress=progress,
+    return list(measure_points(points + list(beside), repeats=repeats, ceilings=None, progress=progress,
                                desc="generations"))
 
 
