@@ -59,7 +59,7 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from inference_lab.model import parallel, weights
-from inference_lab.base import checks
+from inference_lab.base import checks, random_arrays
 from inference_lab.base.config import ModelConfig
 from inference_lab.model.weights import LAYER_PARAMS
 
@@ -293,37 +293,27 @@ def forward(params, tokens, *, cfg, mode):
 
 
 # ----------------------------------------------------------------------------- the module
-@functools.partial(jax.jit, static_argnames=("shape", "std", "dtype"))
-def _normal_jit(key, *, shape, std, dtype):
-    return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-
-
 class _Initializer:
-    """Draws each weight as ``std * N(0, 1)`` (std = 1/sqrt(fan_in)), all from one seed.
+    """Draws each weight as ``std * N(0, 1)`` (std = 1/sqrt(fan_in)), all from one seed
+    (:func:`random_arrays.normal`, seeded by the key's words and the weight's index).
 
-    Models up to ``HOST_MAX_PARAMS`` parameters are drawn by NumPy on the host: no compile
-    per weight shape (each costs ~0.3 s on a busy 2-core CPU), ~1 s for the 56M ``small``.
-    Larger models are drawn by ``jax.random`` on the device, where NumPy would take minutes.
-    Either way the same seed gives the same weights for a given preset on every machine.
+    Models up to ``HOST_MAX_PARAMS`` parameters are drawn by NumPy on the host, whatever each
+    weight's size: no compile per weight shape (each costs ~0.3 s on a busy 2-core CPU), ~1 s for
+    the 56M ``small``. Larger models are drawn by ``jax.random`` on the device, where NumPy would
+    take minutes. Either way the same seed gives the same weights for a given preset on every
+    machine.
     """
 
     HOST_MAX_PARAMS = 300_000_000
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.key = rngs.params()
+        self.entropy = [int(w) for w in np.asarray(jax.random.key_data(rngs.params())).ravel()]
         self.count = 0
         self.on_host = cfg.num_params <= self.HOST_MAX_PARAMS
-        if self.on_host:
-            self.entropy = [int(w) for w in np.asarray(jax.random.key_data(self.key)).ravel()]
 
     def __call__(self, shape, std, dtype):
         i, self.count = self.count, self.count + 1
-        if self.on_host:
-            rng = np.random.default_rng(self.entropy + [i])
-            x = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-            return jnp.asarray(x.astype(jnp.dtype(dtype)))   # ml_dtypes casts to bf16 on the host
-        return _normal_jit(jax.random.fold_in(self.key, i), shape=tuple(shape), std=float(std),
-                           dtype=jnp.dtype(dtype))
+        return random_arrays.normal(shape, dtype, self.entropy + [i], std=std, on_host=self.on_host)
 
 
 class LayerWeights(nnx.Module):
