@@ -23,11 +23,15 @@ HOST_MAX_ELEMENTS = 1 << 20
 
 def normal(shape, dtype, seed, *, std: float = 1.0, on_host: bool | None = None) -> jax.Array:
     """``std * N(0, 1)`` values of ``shape`` in ``dtype`` (drawn in float32, scaled, then cast).
-    ``seed``: an int, or a sequence of ints (a seed and the index of what it draws, say).
-    ``on_host``: NumPy or the device; None chooses by size (:data:`HOST_MAX_ELEMENTS`)."""
+    ``seed``: an int, or a sequence of ints (a seed and the index of what it draws, say), or a
+    ``jax.random`` key, which draws on the device (and works while traced: a model built under
+    ``jax.eval_shape``). ``on_host``: NumPy or the device; None chooses by size
+    (:data:`HOST_MAX_ELEMENTS`)."""
     shape = tuple(int(n) for n in shape)
-    seeds = [int(s) for s in np.atleast_1d(seed)]
     dt = jnp.dtype(dtype)
+    if isinstance(seed, jax.Array) and jax.dtypes.issubdtype(seed.dtype, jax.dtypes.prng_key):
+        return _normal_on_device(seed, shape=shape, std=float(std), dtype=dt)
+    seeds = [int(s) for s in np.atleast_1d(seed)]
     if on_host is None:
         on_host = int(np.prod(shape)) <= HOST_MAX_ELEMENTS
     if on_host:

@@ -307,13 +307,16 @@ class _Initializer:
     HOST_MAX_PARAMS = 300_000_000
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.entropy = [int(w) for w in np.asarray(jax.random.key_data(rngs.params())).ravel()]
+        self.key = rngs.params()
         self.count = 0
         self.on_host = cfg.num_params <= self.HOST_MAX_PARAMS
+        if self.on_host:   # the key's words seed NumPy (a large model may be built traced: no words then)
+            self.entropy = [int(w) for w in np.asarray(jax.random.key_data(self.key)).ravel()]
 
     def __call__(self, shape, std, dtype):
         i, self.count = self.count, self.count + 1
-        return random_arrays.normal(shape, dtype, self.entropy + [i], std=std, on_host=self.on_host)
+        seed = self.entropy + [i] if self.on_host else jax.random.fold_in(self.key, i)
+        return random_arrays.normal(shape, dtype, seed, std=std)
 
 
 class LayerWeights(nnx.Module):
