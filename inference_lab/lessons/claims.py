@@ -497,27 +497,40 @@ def verify_ratio(verifies, batch: int, tokens: int):
     """(a verify of ``tokens`` tokens over a one-token step at ``batch``, measured; the one-token
     record; the ``tokens`` record), from verify records (``batch``, ``tokens``, ``seconds``)."""
     by = {(r.batch, r.tokens): r for r in verifies}
-    _need((batch, 1) in by and (batch, tokens) in by,
-          f"pass verify records at batch {batch} for 1 and {tokens} tokens")
-    one, many = by[(batch, 1)], by[(batch, tokens)]
+    one, many = by.get((batch, 1)), by.get((batch, tokens))
+    _need(one and many, f"pass verify records at batch {batch} for 1 and {tokens} tokens")
     return many.seconds / one.seconds, one, many
 
 
-def verify_costs_about_one_step(verifies, k: int, *, predicted: float) -> Verdict:
-    """Checking ``k`` guesses (a verify of ``k + 1`` tokens per row at batch 1) costs about one
-    decode step, not ``k + 1``: the step is bound by reading the weights, which the ``k + 1``
-    tokens share. ``predicted`` is the roofline's verify / step on this machine. Holds if the
-    measured ratio is at most the log-midpoint between that and ``k + 1`` (the ratio if every
-    token cost a step of its own: a step bound by its FLOPs, or by work done per token)."""
-    _need(k >= 1, "k must be at least 1")
-    _need(1.0 <= predicted < k + 1, "predicted must be the roofline's ratio, in 1..k+1")
+def verify_costs_about_one_step(verifies, k: int, *, predicted: float, matmuls=()) -> Verdict:
+    """Checking ``k`` guesses (a verify of ``k + 1`` tokens per row at batch 1) costs about one decode
+    step, not ``k + 1``: the step is bound by reading the weights, which the tokens share. Holds if
+    the measured ratio is at most the log-midpoint between the expected one and ``k + 1`` (every
+    token a step of its own). Expected: ``predicted``, the roofline's; or, where ``matmuls`` (the
+    model's weight matrices alone at 1 and ``k + 1`` rows, timed in the same rounds) say more, the
+    one-token step plus what the extra rows cost them: a CPU's one-row kernel (matrix-vector) is not
+    its several-row one, and a busy core can slow the second most. Matmuls that alone cost more
+    than halfway to ``k + 1`` steps (log scale) leave no room to see the shared read: undecided."""
+    _need(k >= 1 and 1.0 <= predicted < k + 1, "k must be at least 1, predicted the roofline's ratio in 1..k+1")
     ratio, one, many = verify_ratio(verifies, 1, k + 1)
-    need, u = log_midpoint(predicted, k + 1), noise(one, many)
-    return Verdict(f"a verify of {k + 1} tokens costs at most {need:.2f} decode steps (between the roofline's "
-                   f"{predicted:.2f} and the {k + 1} of a step per token, on a log scale)",
-                   decide(ratio, need, u, at_least=False),
-                   f"1 token: {one.seconds * 1e3:,.3f} ms, {k + 1} tokens: {many.seconds * 1e3:,.3f} ms: "
-                   f"x{ratio:.2f} (predicted x{predicted:.2f})" + _noise_note(u))
+    expected, u, kernels = predicted, noise(one, many), ""
+    if matmuls:
+        lone, rows = (_by(matmuls, "m").get(m) for m in (1, k + 1))
+        _need(lone and rows, f"pass the model's matmuls timed at 1 and {k + 1} rows")
+        alone = 1 + (rows.seconds - lone.seconds) / one.seconds
+        expected, u = max(predicted, alone), noise(one, many, lone, rows)
+        kernels = (f"; the model's matmuls alone: {lone.seconds * 1e3:,.3f} ms at 1 row, {rows.seconds * 1e3:,.3f} "
+                   f"ms at {k + 1} (x{rows.seconds / lone.seconds:.2f}), so a step plus their extra rows is "
+                   f"x{alone:.2f} a step")
+    evidence = (f"1 token: {one.seconds * 1e3:,.3f} ms, {k + 1} tokens: {many.seconds * 1e3:,.3f} ms: "
+                f"x{ratio:.2f} (the roofline: x{predicted:.2f}{kernels})" + _noise_note(u))
+    if expected > log_midpoint(k + 1):
+        return Verdict(f"a verify of {k + 1} tokens costs about one decode step: its matmuls alone cost x{expected:.2f} "
+                       f"a step here, past halfway to {k + 1}: no room to see the shared weight read", None, evidence)
+    need = log_midpoint(expected, k + 1)
+    return Verdict(f"a verify of {k + 1} tokens costs at most {need:.2f} decode steps (between the expected "
+                   f"{expected:.2f} and the {k + 1} of a step per token, on a log scale)",
+                   decide(ratio, need, u, at_least=False), evidence)
 
 
 def speedup_as_predicted(plain, speculative, *, predicted: float, min_effect: float = 1.25,
@@ -568,8 +581,7 @@ def verification_stops_being_free(verifies, k: int, *, predicted_small: float, p
     ``nearly_free`` times the roofline's): then there is no idle compute to use up."""
     batches = sorted({r.batch for r in verifies})
     _need(len(batches) >= 2, "pass verify records at two batches or more")
-    small = verify_ratio(verifies, batches[0], k + 1)[0]
-    large = verify_ratio(verifies, batches[-1], k + 1)[0]
+    small, large = (verify_ratio(verifies, b, k + 1)[0] for b in (batches[0], batches[-1]))
     growth, predicted = large / small, predicted_large / predicted_small
     u = noise(*[r for r in verifies if r.batch in (batches[0], batches[-1]) and r.tokens in (1, k + 1)])
     evidence = (f"verify of {k + 1} tokens / step: x{small:.2f} at batch {batches[0]}, x{large:.2f} at batch "

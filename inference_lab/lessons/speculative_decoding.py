@@ -15,6 +15,7 @@ from inference_lab.base.progress import bar as progress_bar
 from inference_lab.base.config import ModelConfig
 from inference_lab.lessons import claims
 from inference_lab.measure import speculation as measure, timing
+from inference_lab.measure.matmuls import ModelMatmulsPoint
 from inference_lab.model import pretrained
 from inference_lab.runtime import engine
 from inference_lab.runtime.speculative import ConstantDraft, ModelDraft, NgramDraft, speculative_generate
@@ -129,6 +130,17 @@ def verify_steps(model, ks, *, batches=(1,)) -> list:
     :data:`CACHE_LEN` positions, as the generations' do, so both run the same compiled programs."""
     return measure.verify_sweep(model, tokens=(1,) + tuple(k + 1 for k in ks), batches=batches, context=CONTEXT,
                                 max_len=min(CACHE_LEN, model.cfg.max_seq_len))
+
+
+def verify_steps_and_matmuls(model, ks) -> tuple[list, list]:
+    """Batch-1 verify steps as :func:`verify_steps` times them, and in the same rounds the model's
+    weight matrices alone at the same row counts (1 and each ``k + 1``: :class:`ModelMatmulsPoint`):
+    (verify records, matmul records). What the extra rows cost the matmul kernels, measured beside
+    the steps, so that a core that gets busy slows both alike."""
+    rows = (1,) + tuple(k + 1 for k in ks)
+    recs = measure.verify_sweep(model, tokens=rows, context=CONTEXT, max_len=min(CACHE_LEN, model.cfg.max_seq_len),
+                                beside=[ModelMatmulsPoint(model, m) for m in rows])
+    return recs[:len(rows)], recs[len(rows):]
 
 
 def answer_text(tokens) -> str:
@@ -312,37 +324,48 @@ def where_it_stops_paying(acceptance: float, k: int, spec) -> str:
 
 
 # ----------------------------------------------------------------------------- readings
-def verify_table(verifies, predicted: dict) -> str:
-    """Batch-1 verify steps: time, x a decode step, the roofline's x, and the extra tokens' rate."""
+def verify_table(verifies, predicted: dict, matmuls=()) -> str:
+    """Batch-1 verify steps: time, x a decode step, the roofline's x, the model's matmuls alone at
+    as many rows (x their one-row time; where ``matmuls`` are given) and the extra tokens' rate."""
     one = next(r for r in verifies if r.batch == 1 and r.tokens == 1)
-    lines = [f"{'tokens':>7}{'ms':>9}{'x step':>9}{'roofline x':>12}{'extra GFLOP/s':>15}"]
+    alone = {r.m: r.seconds for r in matmuls}
+    header = f"{'tokens':>7}{'ms':>9}{'x step':>9}{'roofline x':>12}"
+    lines = [header + (f"{'matmuls alone x':>17}" if alone else "") + f"{'extra GFLOP/s':>15}"]
     for r in sorted((r for r in verifies if r.batch == 1), key=lambda r: r.tokens):
         extra = ((r.flops - one.flops) / (r.seconds - one.seconds) / 1e9
                  if r.tokens > 1 and r.seconds > one.seconds else float("nan"))
         roof = predicted.get(r.tokens - 1, 1.0) if r.tokens > 1 else 1.0
-        lines.append(f"{r.tokens:>7}{r.seconds * 1e3:>9.3f}{r.seconds / one.seconds:>9.2f}{roof:>12.2f}"
-                     + (f"{extra:>15.1f}" if r.tokens > 1 else f"{'-':>15}"))
+        line = f"{r.tokens:>7}{r.seconds * 1e3:>9.3f}{r.seconds / one.seconds:>9.2f}{roof:>12.2f}"
+        if alone:
+            line += f"{alone[r.tokens] / alone[1]:>17.2f}" if r.tokens in alone and 1 in alone else f"{'-':>17}"
+        lines.append(line + (f"{extra:>15.1f}" if r.tokens > 1 else f"{'-':>15}"))
     return "\n".join(lines)
 
 
-def verify_reading(verifies, predicted: dict, k: int, spec, dtype) -> str:
-    """Why the measured verify ratio sits where it does against the roofline's, from the numbers."""
+def verify_reading(verifies, predicted: dict, k: int, spec, dtype, matmuls=()) -> str:
+    """Why the measured verify ratio sits where it does against the roofline's, from the numbers:
+    the extra tokens' FLOP rate and, where ``matmuls`` are given, the model's matmuls alone."""
     ratio, one, many = claims.verify_ratio(verifies, 1, k + 1)
     roof = predicted[k]
-    extra = (many.flops - one.flops) / max(many.seconds - one.seconds, 1e-12)
-    peak = spec.peak_flops(dtype)
     if ratio <= 1.25 * roof:
         return (f"A verify of {k + 1} tokens costs x{ratio:.2f} a decode step here, close to the roofline's "
                 f"x{roof:.2f}: the extra tokens ride on the weight bytes the step reads anyway.")
-    return (f"A verify of {k + 1} tokens costs x{ratio:.2f} a decode step here, more than the roofline's x{roof:.2f}. "
+    extra = (many.flops - one.flops) / max(many.seconds - one.seconds, 1e-12)
+    peak = spec.peak_flops(dtype)
+    text = (f"A verify of {k + 1} tokens costs x{ratio:.2f} a decode step here, more than the roofline's x{roof:.2f}. "
             f"The roofline charges the extra {k} tokens' FLOPs at this machine's matmul peak, {peak / 1e9:,.0f} "
-            f"GFLOP/s, measured on one large square matmul; the matmuls of a few rows that a verify runs do "
-            f"{extra / 1e9:,.1f} GFLOP/s for the extra work ({extra / peak:.0%} of that peak), so those FLOPs cost "
-            f"time the bytes do not hide. It is notebook 05's knee again: there the model's own matmuls, timed "
-            f"alone, slowed down at a few rows long before the roofline said they would, because the matmul kernel "
-            f"here is built for one row (a matrix-vector product) or for many, and a verify step is {k + 1}. The verdict "
-            f"below allows "
-            f"for it: it asks only that checking {k} guesses cost far less than {k} more steps.")
+            f"GFLOP/s, measured on one large square matmul; the verify did the extra work at {extra / 1e9:,.1f} "
+            f"GFLOP/s ({extra / peak:.0%} of that peak), so those FLOPs cost time the bytes do not hide.")
+    alone = {r.m: r.seconds for r in matmuls}
+    if 1 in alone and k + 1 in alone:
+        share = (alone[k + 1] - alone[1]) / max(many.seconds - one.seconds, 1e-12)
+        text += (f" The model's weight matrices alone, timed beside the steps, take x{alone[k + 1] / alone[1]:.2f} as "
+                 f"long at {k + 1} rows as at one: {max(share, 0):.0%} of the verify's extra time. It is notebook 05's "
+                 f"knee again: the matmul kernel here is built for one row (a matrix-vector product) or for many, and "
+                 f"a verify step is {k + 1}; and another program busy on the machine can slow the many-row kernel more "
+                 f"than the one-row one. The verdict below expects what those matmuls cost here, timed in the same "
+                 f"rounds, and asks that checking {k} guesses cost far less than {k} more steps.")
+    return text
 
 
 def speedup_reading(grid: Grid, verifies, plain_step_s: float, predicted: dict, roofline: dict, name: str, k: int) -> str:

@@ -162,11 +162,12 @@ class GenerationPoint:
 
 
 def verify_sweep(model, tokens=(1, 2, 3, 5, 7), *, batches=(1,), context: int = 128, max_len: int | None = None,
-                 repeats: int | None = None, progress: bool = True) -> list:
-    """:class:`VerifyPoint` at every (batch, tokens), side by side. Records in that order."""
+                 beside=(), repeats: int | None = None, progress: bool = True) -> list:
+    """:class:`VerifyPoint` at every (batch, tokens), side by side. Records in that order, then the
+    records of ``beside``, points timed in the same rounds (the model's matmuls alone, say)."""
     points = [VerifyPoint(model, b, context, t, max_len=max_len, seed=i) for i, (b, t) in
               enumerate((b, t) for b in batches for t in tokens)]
-    return list(measure_points(points, repeats=repeats, ceilings=None, progress=progress,
+    return list(measure_points(points + list(beside), repeats=repeats, ceilings=None, progress=progress,
                                desc="verify steps"))
 
 
