@@ -60,7 +60,7 @@ class LessonSizes:
                 ("04: the roofline points", max(self.roofline_batches), self.context + steps),
                 ("05: the batch sweep", max(self.batch_sizes), self.context + steps),
                 ("06: the probe", max(self.probe_batches), self.prompt_len + 8),
-                ("07: measured prices", max(self.probe_batches), self.prompt_len + DECODE_STEPS),
+                ("07: measured prices", max(self.probe_batches), self.prompt_len + steps),
                 ("08: verify steps over the batch", max(self.speculation_batches), 128 + max(self.speculation_ks) + 1)]
 
     def problems(self, cfg: ModelConfig, memory_bytes: float | None = None) -> list:

@@ -92,10 +92,12 @@ class MeasuredPrices:
         return "\n".join(lines)
 
 
-def measured_price_ratios(model, price, *, batches, prompt_len: int) -> MeasuredPrices:
-    """Token prices from this machine's own prefill and decode throughput, per decode batch."""
+def measured_price_ratios(model, price, *, batches, prompt_len: int, steps: int = DECODE_STEPS) -> MeasuredPrices:
+    """Token prices from this machine's own prefill and decode throughput, per decode batch
+    (``steps`` decode steps per timed loop: the notebook passes its sizes' ``decode_steps``, so
+    these loops are the programs notebooks 05 and 06 compiled, read from the compile cache)."""
     points = [timing.PrefillPoint(model, 1, prompt_len)]
-    points += [timing.DecodePoint(model, int(b), prompt_len, DECODE_STEPS) for b in batches]
+    points += [timing.DecodePoint(model, int(b), prompt_len, steps) for b in batches]
     recs = timing.measure_points(points)   # side by side: the ratios are what the prices rest on
     rows = economics.measured_token_prices(recs, price.dollars_per_hour)
     return MeasuredPrices(rows, {r["batch"]: r["ratio"] for r in rows})
