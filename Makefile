@@ -50,9 +50,10 @@ endif
 # with uv (pinned too, put into the venv by pip in ~3 s): it downloads, unpacks and byte-compiles
 # them side by side, ~25 s for the dev stack on 2 cores where pip took ~1:45. uv does not read
 # pip's own settings (a mirror in pip.conf, say): where it cannot install, pip does, as before.
-# Both byte-compile every module: where PYTHONDONTWRITEBYTECODE is set (the 2-core build machines set it),
-# Python never writes a .pyc itself, and each new process (a notebook's kernel, a server, a test's
-# child) compiled jax, flax and the rest from source again: `import jax` 2.9 s instead of 1.0 s.
+# Both byte-compile every module: where PYTHONDONTWRITEBYTECODE is set (the 2-core build machines
+# set it), Python never writes a .pyc itself, and each new process (a notebook's kernel, a server,
+# a test's child) compiled jax, flax and the rest from source again: `import jax` took 2.9 s, 1.0 s
+# compiled.
 define install
 	@py=$$(scripts/find_python.sh); \
 	if ! $(PY) -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then \
