@@ -82,12 +82,12 @@ def noise(*records) -> float:
 
 
 def drift(before, after) -> float:
-    """How far one measurement moved between two timings of it, as a factor >= 1: the same
-    program timed when a prediction's inputs were, and again beside the run the prediction is
-    checked against. A repeat's spread shows load that comes and goes *within* a measurement; a
-    machine that got busier or quieter *between* two measurements shows only here. Records are
-    read by ``step_seconds`` (decode) or ``seconds``."""
-    a, b = (getattr(r, "step_seconds", None) or r.seconds for r in (before, after))
+    """How far one measurement moved between two timings of it, as a factor >= 1: a program timed
+    when a prediction's inputs were and again beside the run it is checked against (or the
+    prediction, made again from the second timings). A repeat's spread shows load that comes and
+    goes *within* a measurement; load that changed *between* two shows only here. Numbers, or
+    records read by ``step_seconds`` (decode) or ``seconds``."""
+    a, b = (r if isinstance(r, (int, float)) else getattr(r, "step_seconds", None) or r.seconds for r in (before, after))
     return max(a / b, b / a)
 
 
@@ -113,8 +113,8 @@ def all_hold(*results):
 def _noise_note(u: float, moved: float = 1.0) -> str:
     note = f" (noise: x{u:.2f}, from the repeats' spread" if u > 1.005 else ""
     if moved > 1.005:
-        note += ("; " if note else " (") + f"x{moved:.2f} more: the plain step moved that much between its timing " \
-                "for the prediction and its timing beside this run"
+        note += ("; " if note else " (") + f"x{moved:.2f} more: the prediction moved that much when made again " \
+                "from the steps timed beside this run"
     return note + ")" if note else ""
 
 
@@ -542,10 +542,10 @@ def speedup_as_predicted(plain, speculative, *, predicted: float, min_effect: fl
     min_effect``) must reach the log-midpoint the other way. A prediction in between has no effect
     to test: undecided. The text is checked apart (speculation never changes it).
 
-    ``moved``: :func:`drift` of the plain step between its timing for the prediction and its timing
-    beside the generations. The prediction rests on step times taken earlier; if the machine's
-    load changed since, the prediction is off by about that much, whatever the repeats' spread
-    says, so it widens the noise allowance."""
+    ``moved``: :func:`drift` between the prediction and the same one made again from the steps
+    timed beside the generations. If the machine's load changed since the steps were first timed
+    (it moves a one-row step and a several-row verify differently), the prediction is off by about
+    that much, whatever the repeats' spread says: it widens the noise allowance."""
     _need(plain.draft is None and speculative.draft is not None, "pass the plain record, then a speculative one")
     _need(plain.batch == speculative.batch and plain.new_tokens == speculative.new_tokens,
           "pass records of the same prompts and lengths")

@@ -185,17 +185,26 @@ def show_rounds(result, row: int = 0, width: int = 96) -> str:
 
 @dataclasses.dataclass
 class Grid:
-    """The timed generations at batch 1: plain decode and each (draft, k), and plain decode's
-    step timed in the same rounds (``plain_step``: how far the machine moved since the step the
-    predictions rest on was timed, :func:`claims.drift`)."""
+    """The timed generations at batch 1: plain decode and each (draft, k); and, in the same
+    rounds, the steps the predictions rest on, timed again: plain decode's step in its loop
+    (``plain_step``), the target's verify steps of 1 and each ``k + 1`` tokens (``verify_steps``)
+    and the draft model's step (``draft_step``). From those, :meth:`predicted_beside` makes the
+    predictions again: how far they move is how far the machine moved since they were made."""
 
     plain: measure.GenerationRecord
     runs: dict          # (draft name, k) -> GenerationRecord
     ks: tuple
     plain_step: object = None   # a DecodeRecord
+    verify_steps: list = dataclasses.field(default_factory=list)   # VerifyRecords, batch 1
+    draft_step: object = None   # a VerifyRecord of one token
 
     def speedup(self, name: str, k: int) -> float:
         return self.plain.seconds / self.runs[(name, k)].seconds
+
+    def predicted_beside(self, acceptance: dict) -> dict:
+        """:func:`predicted_from_steps` from the steps timed beside the generations."""
+        return predicted_from_steps(self.verify_steps, self.plain_step.step_seconds,
+                                    self.draft_step.seconds if self.draft_step else 0.0, self.ks, acceptance)
 
     def table(self, predicted: dict, roofline: dict) -> str:
         """Measured speed-up, then the predictions from the measured steps and from the roofline."""
@@ -209,19 +218,36 @@ class Grid:
         return "\n".join(lines)
 
 
-def speedup_grid(target, drafts_by_name: dict, ks, *, prompt: int = 0, repeats: int = 3,
+def speedup_grid(target, drafts_by_name: dict, ks, *, draft_model=None, prompt: int = 0, repeats: int = 3,
                  new_tokens: int = NEW_TOKENS) -> Grid:
-    """Plain decode and every (draft, k) on one held-out prompt at batch 1, side by side, with
-    plain decode's step (:func:`plain_step`'s point) in the same rounds."""
+    """Plain decode and every (draft, k) on one held-out prompt at batch 1, side by side, with the
+    steps the predictions rest on in the same rounds: plain decode's step (:func:`plain_step`'s
+    point), the target's verify steps (:func:`verify_steps`' points) and ``draft_model``'s step."""
     configs = [(d, k) for d in drafts_by_name.values() for k in ks]
-    step = timing.DecodePoint(target, 1, CONTEXT, PLAIN_STEPS)
-    *recs, step_rec = measure.generation_sweep(target, [prompts()[prompt]], new_tokens, configs, beside=[step],
-                                               repeats=repeats)
+    rows = (1,) + tuple(k + 1 for k in ks)
+    beside = [timing.DecodePoint(target, 1, CONTEXT, PLAIN_STEPS)]
+    beside += [measure.VerifyPoint(target, 1, CONTEXT, t, max_len=min(CACHE_LEN, target.cfg.max_seq_len)) for t in rows]
+    if draft_model is not None:
+        beside.append(measure.VerifyPoint(draft_model, 1, CONTEXT, 1, max_len=min(CACHE_LEN, draft_model.cfg.max_seq_len)))
+    recs = measure.generation_sweep(target, [prompts()[prompt]], new_tokens, configs, beside=beside, repeats=repeats)
+    recs, step_rec, verify_recs = recs[:1 + len(configs)], recs[1 + len(configs)], recs[2 + len(configs):]
     if not measure.same_text(recs):
         raise AssertionError("a speculative run wrote other tokens than plain decode")
     names = [n for n in drafts_by_name for _ in ks]
     return Grid(plain=recs[0], runs={(n, k): r for n, (_, k), r in zip(names, configs, recs[1:])}, ks=tuple(ks),
-                plain_step=step_rec)
+                plain_step=step_rec, verify_steps=verify_recs[:len(rows)],
+                draft_step=verify_recs[len(rows)] if draft_model is not None else None)
+
+
+def drift_lines(grid: Grid, step, predicted: dict, again: dict, checks) -> str:
+    """The steps and the predictions of ``checks`` ((draft, k) pairs) as made before the
+    generations and again from the steps timed beside them (:meth:`Grid.predicted_beside`)."""
+    lines = [f"plain decode's step: {step.step_seconds * 1e3:.2f} ms when the predictions were made, "
+             f"{grid.plain_step.step_seconds * 1e3:.2f} ms beside the generations"]
+    lines += [f"{n}, k = {k}: predicted x{predicted[(n, k)]:.2f}, made again from the steps timed beside the "
+              f"generations x{again[(n, k)]:.2f} (moved x{claims.drift(predicted[(n, k)], again[(n, k)]):.2f})"
+              for n, k in checks]
+    return "\n".join(lines)
 
 
 def speedup_view(grid: Grid, predicted: dict, draft: str, k: int):
