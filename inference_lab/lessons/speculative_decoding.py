@@ -112,7 +112,7 @@ def streaming_line(rec) -> str:
 def draft_step_seconds(draft_model, context: int = CONTEXT) -> float:
     """The draft model's one-token step, timed as the target's were."""
     return measure.verify_sweep(draft_model, tokens=(1,), context=context,
-                                max_len=min(CACHE_LEN, draft_model.cfg.max_seq_len))[0].seconds
+                                max_len=_cache_len(draft_model))[0].seconds
 
 
 def best_predicted(predicted: dict, name: str) -> int:
@@ -124,22 +124,31 @@ def best_predicted(predicted: dict, name: str) -> int:
 CACHE_LEN = 256      # positions of every cache the lesson times: the trained models' whole context
 
 
-def verify_steps(model, ks, *, batches=(1,)) -> list:
+def _cache_len(model) -> int:
+    return min(CACHE_LEN, model.cfg.max_seq_len)
+
+
+def _verify_rows(ks) -> tuple:
+    """The tokens per row of the verify steps timed for ``ks``: a one-token step and each ``k + 1``."""
+    return (1,) + tuple(k + 1 for k in ks)
+
+
+def verify_steps(model, ks, *, batches=(1,), beside=()) -> list:
     """A one-token step and a verify of ``k + 1`` tokens for each ``k``, at each batch, after
-    :data:`CONTEXT` cached tokens, side by side (:func:`measure.verify_sweep`). The caches hold
-    :data:`CACHE_LEN` positions, as the generations' do, so both run the same compiled programs."""
-    return measure.verify_sweep(model, tokens=(1,) + tuple(k + 1 for k in ks), batches=batches, context=CONTEXT,
-                                max_len=min(CACHE_LEN, model.cfg.max_seq_len))
+    :data:`CONTEXT` cached tokens, side by side (:func:`measure.verify_sweep`; ``beside``: points
+    timed in the same rounds, their records last). The caches hold :data:`CACHE_LEN` positions, as
+    the generations' do, so both run the same compiled programs."""
+    return measure.verify_sweep(model, tokens=_verify_rows(ks), batches=batches, context=CONTEXT,
+                                max_len=_cache_len(model), beside=beside)
 
 
 def verify_steps_and_matmuls(model, ks) -> tuple[list, list]:
-    """Batch-1 verify steps as :func:`verify_steps` times them, and in the same rounds the model's
-    weight matrices alone at the same row counts (1 and each ``k + 1``: :class:`ModelMatmulsPoint`):
-    (verify records, matmul records). What the extra rows cost the matmul kernels, measured beside
-    the steps, so that a core that gets busy slows both alike."""
-    rows = (1,) + tuple(k + 1 for k in ks)
-    recs = measure.verify_sweep(model, tokens=rows, context=CONTEXT, max_len=min(CACHE_LEN, model.cfg.max_seq_len),
-                                beside=[ModelMatmulsPoint(model, m) for m in rows])
+    """Batch-1 :func:`verify_steps`, and in the same rounds the model's weight matrices alone at the
+    same row counts (1 and each ``k + 1``: :class:`ModelMatmulsPoint`): (verify records, matmul
+    records). What the extra rows cost the matmul kernels, measured beside the steps, so that a
+    core that gets busy slows both alike."""
+    rows = _verify_rows(ks)
+    recs = verify_steps(model, ks, beside=[ModelMatmulsPoint(model, m) for m in rows])
     return recs[:len(rows)], recs[len(rows):]
 
 
@@ -203,6 +212,9 @@ class Grid:
 
     def predicted_beside(self, acceptance: dict) -> dict:
         """:func:`predicted_from_steps` from the steps timed beside the generations."""
+        if self.draft_step is None and "shakespeare" in acceptance:
+            raise ValueError("the draft model's step was not timed beside the generations: "
+                             "pass speedup_grid(..., draft_model=) to predict its speed-up again")
         return predicted_from_steps(self.verify_steps, self.plain_step.step_seconds,
                                     self.draft_step.seconds if self.draft_step else 0.0, self.ks, acceptance)
 
@@ -224,11 +236,11 @@ def speedup_grid(target, drafts_by_name: dict, ks, *, draft_model=None, prompt: 
     steps the predictions rest on in the same rounds: plain decode's step (:func:`plain_step`'s
     point), the target's verify steps (:func:`verify_steps`' points) and ``draft_model``'s step."""
     configs = [(d, k) for d in drafts_by_name.values() for k in ks]
-    rows = (1,) + tuple(k + 1 for k in ks)
+    rows = _verify_rows(ks)
     beside = [timing.DecodePoint(target, 1, CONTEXT, PLAIN_STEPS)]
-    beside += [measure.VerifyPoint(target, 1, CONTEXT, t, max_len=min(CACHE_LEN, target.cfg.max_seq_len)) for t in rows]
+    beside += [measure.VerifyPoint(target, 1, CONTEXT, t, max_len=_cache_len(target)) for t in rows]
     if draft_model is not None:
-        beside.append(measure.VerifyPoint(draft_model, 1, CONTEXT, 1, max_len=min(CACHE_LEN, draft_model.cfg.max_seq_len)))
+        beside.append(measure.VerifyPoint(draft_model, 1, CONTEXT, 1, max_len=_cache_len(draft_model)))
     recs = measure.generation_sweep(target, [prompts()[prompt]], new_tokens, configs, beside=beside, repeats=repeats)
     recs, step_rec, verify_recs = recs[:1 + len(configs)], recs[1 + len(configs)], recs[2 + len(configs):]
     if not measure.same_text(recs):
