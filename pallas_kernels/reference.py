@@ -36,10 +36,11 @@ def _attend(q, k, v, visible, sm_scale):
                       preferred_element_type=jnp.float32)
 
 
-def flash_attention(q, k, v, *, causal=True, sm_scale=None):
+def flash_attention(q, k, v, *, causal=True, sm_scale=None, q_offsets=None):
     """Attention for q [B,T,Hq,D] over k, v [B,S,Hkv,D] -> [B,T,Hq,D] (q's dtype).
 
-    ``causal`` is aligned to the end: query ``i`` sees keys ``j <= i + (S - T)``.
+    ``causal`` is aligned to the end: query ``i`` sees keys ``j <= i + (S - T)``; with
+    ``q_offsets`` [B], query ``i`` of row ``b`` sees ``j <= q_offsets[b] + i``.
     ``sm_scale`` defaults to ``D ** -0.5``.
     """
     b, t, hq, d = q.shape
@@ -49,7 +50,10 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None):
     if causal:
         i = jnp.arange(t)[:, None]
         j = jnp.arange(s_len)[None, :]
-        visible = j <= i + (s_len - t)                     # [T, S]
+        if q_offsets is None:
+            visible = j <= i + (s_len - t)                 # [T, S]
+        else:                                              # [B, 1, 1, T, S]
+            visible = (j[None] <= i[None] + q_offsets[:, None, None])[:, None, None]
     else:
         visible = jnp.ones((t, s_len), bool)
     out = _attend(qg, k, v, visible, sm_scale)

@@ -83,9 +83,13 @@ def attention_f64(q, k, v, visible, sm_scale=None) -> np.ndarray:
     return np.einsum("bhts,bshd->bthd", p, v)
 
 
-def flash_attention_f64(q, k, v, causal=True, sm_scale=None) -> np.ndarray:
-    """:func:`attention_f64` with the kernels' causal rule: query i sees keys j <= i + S - T."""
+def flash_attention_f64(q, k, v, causal=True, sm_scale=None, q_offsets=None) -> np.ndarray:
+    """:func:`attention_f64` with the kernels' causal rule: query i sees keys j <= i + S - T, or
+    j <= q_offsets[b] + i when the offsets are given."""
     t, s = q.shape[1], k.shape[1]
+    if q_offsets is not None:
+        offsets = np.asarray(q_offsets)[:, None, None]
+        return attention_f64(q, k, v, np.arange(s)[None, None, :] <= np.arange(t)[None, :, None] + offsets, sm_scale)
     visible = np.arange(s)[None, :] <= np.arange(t)[:, None] + (s - t) if causal else np.ones((t, s), bool)
     return attention_f64(q, k, v, visible[None], sm_scale)
 

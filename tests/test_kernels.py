@@ -186,6 +186,32 @@ def test_flash_attention_small_blocks(mode, causal):
     assert_close(out, np_flash(q, k, v, causal, sm_scale=0.3), F32, mode, "flash 16x16 blocks")
 
 
+# (B, T, S, Hq, Hkv, D, block, q_offsets, dtype): pieces of prompts placed inside their rows (chunked
+# prefill): at 0, ragged starts, a piece past the last key (it sees them all), blocks cut at odd places
+OFFSET_CASES = [
+    (3, 16, 64, 6, 2, 64, None, [0, 23, 48], F32),
+    (2, 19, 40, 4, 2, 32, (16, 16), [5, 30], F32),
+    (4, 16, 37, 8, 1, 32, (16, 16), [0, 1, 21, 36], BF16),
+    (1, 33, 50, 4, 4, 64, None, [17], F16),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("b,t,s,hq,hkv,d,block,offsets,dtype", OFFSET_CASES)
+def test_flash_attention_with_q_offsets_matches_float64(mode, b, t, s, hq, hkv, d, block, offsets, dtype):
+    rng = np.random.default_rng(t * 7 + s + sum(offsets))
+    q, k, v = rand(rng, (b, t, hq, d), dtype), rand(rng, (b, s, hkv, d), dtype), rand(rng, (b, s, hkv, d), dtype)
+    config = None if block is None else pk.FlashAttentionConfig(*block, num_warps=4, num_stages=2)
+    at = jnp.asarray(offsets, jnp.int32)
+    out = pk.flash_attention(q, k, v, mode=mode, config=config, q_offsets=at)
+    what = f"flash B{b} T{t} S{s} q_offsets={offsets}"
+    assert_close(out, np_flash(q, k, v, q_offsets=offsets), dtype, mode, what)
+    assert_close(out, f64(pk.reference.flash_attention(q, k, v, q_offsets=at)), dtype, mode, what + " vs reference")
+    # a row whose piece sits at the end of the keys is plain causal attention aligned to the end
+    if offsets[-1] == s - t:
+        assert_close(out[-1:], np_flash(q[-1:], k[-1:], v[-1:], True), dtype, mode, what + " at the end")
+
+
 def test_flash_attention_sm_scale_and_reference_mode():
     rng = np.random.default_rng(3)
     q, k, v = rand(rng, (1, 5, 2, 16), F32), rand(rng, (1, 9, 2, 16), F32), rand(rng, (1, 9, 2, 16), F32)
@@ -379,6 +405,10 @@ def test_flash_attention_errors():
     _err(lambda: fa_(q.astype(jnp.int32), k.astype(jnp.int32), k.astype(jnp.int32)), "q", "int32")
     _err(lambda: fa_(q, k, k, sm_scale=-1.0), "sm_scale")
     _err(lambda: fa_(q, k, k, sm_scale="big"), "sm_scale")
+    _err(lambda: fa_(q, k, k, q_offsets=jnp.asarray([1, 2])), "q_offsets", "[B]")
+    _err(lambda: fa_(q, k, k, q_offsets=jnp.asarray([1.5])), "q_offsets", "integers")
+    _err(lambda: fa_(q, k, k, q_offsets=jnp.asarray([-1])), "q_offsets", ">= 0")
+    _err(lambda: fa_(q, k, k, causal=False, q_offsets=jnp.asarray([0])), "q_offsets", "causal")
 
 
 def test_decode_attention_errors():
@@ -430,6 +460,15 @@ def test_matmul_lowers_for_cuda(m, k, n, dtype):
 def test_flash_attention_lowers_for_cuda(b, t, s, hq, hkv, d, causal):
     text = _lower_for_cuda(lambda q, k, v: fa_mod.pallas_flash_attention(q, k, v, causal=causal, interpret=False),
                            S((b, t, hq, d), BF16), S((b, s, hkv, d), BF16), S((b, s, hkv, d), BF16))
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+@pytest.mark.parametrize("b,t,s,hkv,d,dtype", [(12, 16, 256, 2, 64, F32), (8, 16, 4096, 8, 128, BF16)])
+def test_flash_attention_with_q_offsets_lowers_for_cuda(b, t, s, hkv, d, dtype):
+    """The serving engine's prompt pieces: 16 queries each, placed inside a slot's row."""
+    text = _lower_for_cuda(lambda q, k, v, o: fa_mod.pallas_flash_attention(q, k, v, q_offsets=o, interpret=False),
+                           S((b, t, 4 * hkv, d), dtype), S((b, s, hkv, d), dtype), S((b, s, hkv, d), dtype),
+                           S((b,), jnp.int32))
     assert text.count("__gpu$xla.gpu.triton") == 1
 
 

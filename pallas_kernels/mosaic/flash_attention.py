@@ -264,10 +264,12 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None,
     return out[:, :t] if t8 != t else out
 
 
-def unsupported(q, k, v, *, allow_copies: bool = True) -> str | None:
+def unsupported(q, k, v, *, allow_copies: bool = True, q_offsets=None) -> str | None:
     """Why this tier cannot take these operands (a one-line reason), or None when it can. (Ragged
     T and S cost copies of q, k, v of a few rows, padded to whole 8-row tiles: cheap next to the
     attention, so ``allow_copies`` changes nothing.)"""
+    if q_offsets is not None:
+        return "the Mosaic GPU flash attention takes no q_offsets (queries placed inside the keys)"
     if jnp.dtype(q.dtype) not in C.MMA_DTYPES:
         return f"q has dtype {q.dtype}; the Mosaic GPU flash attention takes bfloat16 or float16"
     if q.shape[-1] not in HEAD_DIMS:

@@ -7,7 +7,9 @@ straight from k and v (grouped-query attention without repeating K/V in memory).
 Math. For one query row ``i`` with scores ``s_j = sm_scale * q_i . k_j`` over the visible
 keys, ``out_i = sum_j softmax(s)_j v_j``. Causal masking is aligned to the end (the T
 queries are the last T of the S positions): query ``i`` sees key ``j`` iff
-``j <= i + (S - T)``.
+``j <= i + (S - T)``. With ``q_offsets`` [B] the queries of row ``b`` sit at key positions
+``q_offsets[b] + i`` instead and see ``j <= q_offsets[b] + i``: a piece of a prompt attending to
+the cache that the pieces before it filled (chunked prefill), wherever it sits in the row.
 
 Grid, blocks and why
 --------------------
@@ -49,9 +51,11 @@ LOG2E = math.log2(math.e)
 
 
 # ----------------------------------------------------------------------------- the kernel
-def flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, scale_log2,
-                  block_q, block_k):
-    # q_ref: [B, T, Hq, D]; k_ref, v_ref: [B, S, Hkv, D]; o_ref: [B, T, Hq, D] (whole arrays).
+def flash_attention_kernel(*refs, t, s, groups, causal, scale_log2, block_q, block_k, offsets):
+    # The refs: with offsets, offsets_ref [B] int32 first; then q_ref [B, T, Hq, D]; k_ref, v_ref
+    # [B, S, Hkv, D]; o_ref [B, T, Hq, D] (whole arrays).
+    offsets_ref = refs[0] if offsets else None
+    q_ref, k_ref, v_ref, o_ref = refs[1:] if offsets else refs
     d = q_ref.shape[-1]
     num_q_blocks = pl.cdiv(t, block_q)
     qb = num_q_blocks - 1 - pl.program_id(0)      # heaviest (last) query blocks first
@@ -64,7 +68,8 @@ def flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, 
     q = common.masked_load(q_ref.at[b, pl.ds(q0, block_q), h, :],
                       common.block_mask(row_ok, None, (block_q, d)))          # [block_q, D]
 
-    offset = s - t                                 # causal: row i sees keys j <= i + offset
+    # causal: row i sees keys j <= i + offset (read per row when given: a prompt piece's place)
+    offset = offsets_ref[b] if offsets else s - t
     if causal:
         # Keys visible to some row of this block end at (last row) + offset; keys visible
         # to *every* row end at (first row) + offset.
@@ -102,58 +107,77 @@ def flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, *, t, s, groups, causal, 
 
 
 # ----------------------------------------------------------------------------- launcher and entry points
-def launch(q, k, v, *, causal, sm_scale, interpret: bool, config: FlashAttentionConfig | None = None):
+def launch(q, k, v, *, causal, sm_scale, interpret: bool, config: FlashAttentionConfig | None = None,
+           q_offsets=None):
     """Run :func:`flash_attention_kernel` on checked operands over the plan's grid (query blocks, Hq, B)."""
     b, t, hq, d = q.shape
     s, hkv = k.shape[1], k.shape[2]
     p = plan(b, t, s, hq, d, config=config)
     c = p.config
     kernel = functools.partial(flash_attention_kernel, t=t, s=s, groups=hq // hkv, causal=bool(causal),
-                               scale_log2=sm_scale * LOG2E, block_q=c.block_q, block_k=c.block_k)
-    return common.call(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), grid=p.grid, args=(q, k, v),
+                               scale_log2=sm_scale * LOG2E, block_q=c.block_q, block_k=c.block_k,
+                               offsets=q_offsets is not None)
+    args = (q, k, v) if q_offsets is None else (q_offsets, q, k, v)
+    return common.call(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), grid=p.grid, args=args,
                         interpret=interpret, num_warps=c.num_warps, num_stages=c.num_stages,
                         name="flash_attention")
 
 
 def flash_attention(q, k, v, *, causal=True, sm_scale=None, mode: str = "auto",
-                    config: FlashAttentionConfig | None = None):
+                    config: FlashAttentionConfig | None = None, q_offsets=None):
     """Attention of q ``[B,T,Hq,D]`` over k, v ``[B,S,Hkv,D]`` -> ``[B,T,Hq,D]``.
 
     ``causal`` (default True) is aligned to the end: query ``i`` sees keys
-    ``j <= i + (S - T)``. ``sm_scale`` defaults to ``D ** -0.5``. Softmax in f32; products
+    ``j <= i + (S - T)``. ``q_offsets`` (int32 ``[B]``, >= 0; causal only) places row ``b``'s
+    queries at key positions ``q_offsets[b] + i`` instead: query ``i`` sees ``j <= q_offsets[b] + i``
+    (a piece of a prompt over the cache the pieces before it filled; the Mosaic GPU tier does not
+    take it, so ``"pallas"`` runs such a call on the Triton tier). ``sm_scale`` defaults to
+    ``D ** -0.5``. Softmax in f32; products
     accumulate in f32. ``mode``: see :mod:`pallas_kernels.mode`. ``config``: a
     :class:`FlashAttentionConfig` (Triton tier) or ``mosaic.flash_attention.MosaicFlashConfig``
     (Hopper tier) instead of the one the tier's ``plan`` picks.
     """
     if not isinstance(causal, bool):   # "no" is truthy: it would run causal attention
         raise ValueError(f"causal={causal!r} must be True or False")
-    q, k, v, sm_scale = check(q, k, v, sm_scale)
+    q, k, v, sm_scale, q_offsets = check(q, k, v, sm_scale, q_offsets, causal)
     tier = choose_tier(mode, config, triton_config=FlashAttentionConfig, mosaic=("flash_attention", "MosaicFlashConfig"),
-                       mosaic_problem=lambda mosaic, copies: mosaic.unsupported(q, k, v, allow_copies=copies))
+                       mosaic_problem=lambda mosaic, copies: mosaic.unsupported(q, k, v, allow_copies=copies,
+                                                                                q_offsets=q_offsets))
     if tier.name == "reference":
-        return reference.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+        return reference.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, q_offsets=q_offsets)
     if tier.name == "mosaic":
         return tier.module.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, config=config,
                                            interpret=tier.interpret)
-    return launch(q, k, v, causal=causal, sm_scale=sm_scale, interpret=tier.interpret, config=config)
+    return launch(q, k, v, causal=causal, sm_scale=sm_scale, interpret=tier.interpret, config=config,
+                  q_offsets=q_offsets)
 
 
 def pallas_flash_attention(q, k, v, *, causal=True, sm_scale=None, config: FlashAttentionConfig | None = None,
-                           interpret: bool = False):
+                           interpret: bool = False, q_offsets=None):
     """The Pallas kernel itself, without the mode decision (compiled, or under the
     interpreter): what :func:`flash_attention` runs in modes "pallas" and "interpret"."""
-    q, k, v, sm_scale = check(q, k, v, sm_scale)
+    q, k, v, sm_scale, q_offsets = check(q, k, v, sm_scale, q_offsets, causal)
     return launch(q, k, v, causal=causal, sm_scale=sm_scale, interpret=interpret,
-                config=checks.check_config(config, FlashAttentionConfig))
+                  config=checks.check_config(config, FlashAttentionConfig), q_offsets=q_offsets)
 
 
-def check(q, k, v, sm_scale):
-    """q, k, v as arrays after every check (one-line errors), and the softmax scale."""
+def check(q, k, v, sm_scale, q_offsets=None, causal=True):
+    """q, k, v as arrays after every check (one-line errors), the softmax scale and the offsets."""
     q, k, v, sm_scale = checks.attention_operands(q, k, v, q_rank=4, q_layout="[B, T, Hq, D]", k_name="k",
                                                     v_name="v", kv_layout="[B, S, Hkv, D]", sm_scale=sm_scale)
-    if k.shape[1] < q.shape[1]:
-        raise ValueError(f"k has {k.shape[1]} keys but q has {q.shape[1]} queries; flash_attention needs S >= T")
-    return q, k, v, sm_scale
+    if q_offsets is None:
+        if k.shape[1] < q.shape[1]:
+            raise ValueError(f"k has {k.shape[1]} keys but q has {q.shape[1]} queries; flash_attention needs S >= T")
+        return q, k, v, sm_scale, None
+    if not causal:
+        raise ValueError("q_offsets place the queries for causal attention; pass causal=True, or no q_offsets")
+    q_offsets = checks.as_array(q_offsets, "q_offsets")
+    if q_offsets.shape != (q.shape[0],) or not jnp.issubdtype(q_offsets.dtype, jnp.integer):
+        raise ValueError(f"q_offsets has shape {tuple(q_offsets.shape)} and dtype {q_offsets.dtype}; it must be "
+                         f"[B] = ({q.shape[0]},) integers: the key position of each row's first query")
+    if checks.is_concrete(q_offsets) and int(jnp.min(q_offsets)) < 0:
+        raise ValueError(f"q_offsets must be >= 0 (every query sees key 0); got {int(jnp.min(q_offsets))}")
+    return q, k, v, sm_scale, q_offsets.astype(jnp.int32)
 
 
 
