@@ -22,10 +22,10 @@ _PUBLIC = {
     "ModelConfig": "inference_lab.base.config",
     "Transformer": "inference_lab.model.transformer",
     "KVCache": "inference_lab.model.kv_cache",
-    "prefill": "inference_lab.runtime.engine",
-    "decode_step": "inference_lab.runtime.engine",
-    "decode_loop": "inference_lab.runtime.engine",
-    "generate": "inference_lab.runtime.engine",
+    "prefill": "inference_lab.runtime.generation",
+    "decode_step": "inference_lab.runtime.generation",
+    "decode_loop": "inference_lab.runtime.generation",
+    "generate": "inference_lab.runtime.generation",
 }
 
 __all__ = list(_PUBLIC)

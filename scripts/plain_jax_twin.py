@@ -28,7 +28,7 @@ from inference_lab.base import hardware
 from inference_lab.base.config import ModelConfig
 from inference_lab.measure import timing
 from inference_lab.model.transformer import Transformer
-from inference_lab.runtime import engine
+from inference_lab.runtime import generation
 from pallas_kernels.timing import round_robin, timed
 
 HI = jax.lax.Precision.HIGHEST
@@ -125,7 +125,7 @@ def check_same_tokens(model, w, prompt_len: int, steps: int = 8) -> None:
                                   empty_caches(cfg, 1, prompt_len + steps), cfg=cfg)
     first = jnp.argmax(logits, -1).astype(jnp.int32)
     theirs = [int(first[0])] + np.asarray(twin_decode(w, first, prompt_len, ks, vs, cfg=cfg, steps=steps - 1))[0].tolist()
-    ours = engine.generate(model, [prompt[0].tolist()], max_new_tokens=steps)[0]
+    ours = generation.generate(model, [prompt[0].tolist()], max_new_tokens=steps)[0]
     assert ours == theirs, f"the twin is not the same model: {ours} vs {theirs}"
 
 

@@ -21,7 +21,7 @@ from inference_lab.analytic.workload import Requests
 from inference_lab.base import hardware
 from inference_lab.serving.load import bench_serve, drive_engine
 from inference_lab.serving.models import load_model
-from inference_lab.serving.scheduler import Engine
+from inference_lab.serving.engine import Engine
 from inference_lab.serving.server import ServerProcess
 
 

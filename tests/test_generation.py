@@ -1,4 +1,4 @@
-"""KV cache and engine: the cache invariant, row independence, sampling, errors, no copies."""
+"""KV cache and the generation calls: the cache invariant, row independence, sampling, errors, no copies."""
 
 import jax
 import jax.numpy as jnp
@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from inference_lab.runtime import engine, hlo
+from inference_lab.runtime import generation, hlo
 from inference_lab.base import tokenizer
 from inference_lab.model.kv_cache import KVCache
 from inference_lab.base.config import ModelConfig
-from inference_lab.runtime.engine import decode_step, generate, prefill
+from inference_lab.runtime.generation import decode_step, generate, prefill
 from inference_lab.model.transformer import Transformer
 
 TINY = ModelConfig.preset("tiny")
@@ -62,7 +62,7 @@ def test_decode_loop_matches_steps(model):
     c1 = KVCache.create(TINY, B, S)
     logits, c1 = prefill(model, prompt, c1)
     first = np.asarray(jnp.argmax(logits, -1))
-    out, c1 = engine.decode_loop(model, first, c1, steps=4)
+    out, c1 = generation.decode_loop(model, first, c1, steps=4)
     c2 = KVCache.create(TINY, B, S)
     _, c2 = prefill(model, prompt, c2)
     tok, manual = first, []
@@ -118,11 +118,40 @@ def test_sample_top_k_and_greedy():
     logits = jnp.asarray(np.random.default_rng(5).normal(size=(2, 50)), jnp.float32)
     best = np.argmax(np.asarray(logits), -1)
     key = jax.random.key(0)
-    np.testing.assert_array_equal(engine._sample(logits, key, None, None), best)
-    np.testing.assert_array_equal(engine._sample(logits, key, jnp.float32(5.0), 1), best)
-    draws = np.stack([engine._sample(logits, jax.random.key(i), jnp.float32(5.0), 3) for i in range(20)])
+    np.testing.assert_array_equal(generation._sample(logits, key, None, None), best)
+    np.testing.assert_array_equal(generation._sample(logits, key, jnp.float32(5.0), 1), best)
+    draws = np.stack([generation._sample(logits, jax.random.key(i), jnp.float32(5.0), 3) for i in range(20)])
     top3 = np.argsort(-np.asarray(logits), -1)[:, :3]
     assert all(d in top3[r] for r in range(2) for d in draws[:, r]) and len(np.unique(draws[:, 0])) > 1
+
+
+def test_sample_rows_draws_what_sample_draws_row_by_row():
+    """The serving engine's batched sampler: each row its own seed, token index, temperature and
+    top-k (greedy, top-1, all of the vocabulary among them), equal to one sample() call per row;
+    a different seed, index or temperature moves a sampled row."""
+    v = 259
+    logits = jnp.asarray(np.random.default_rng(6).normal(size=(8, v)) * 3, jnp.float32)
+    seeds = [7, 123, 2**40 + 5, 0, 99, 2**63 - 1, 5, 6]
+    index = [0, 3, 1, 10, 2, 7, 0, 4]
+    temps = [0.9, 1.0, 0.5, 1.3, 0.0, 1.0, 2.0, 1e-6]
+    top_k = [None, 5, None, 40, 1, v, 3, None]
+    want = [int(generation.sample(logits[r:r + 1], jax.random.fold_in(jax.random.key(s), i), t, k)[0])
+            for r, (s, i, t, k) in enumerate(zip(seeds, index, temps, top_k))]
+    words = np.stack([generation.seed_words(s) for s in seeds])
+    args = (jnp.asarray(index, jnp.int32), jnp.asarray(temps, jnp.float32),
+            jnp.asarray([v if k is None else k for k in top_k], jnp.int32))
+    draw = jax.jit(generation.sample_rows)
+    assert np.asarray(draw(logits, jnp.asarray(words), *args)).tolist() == want
+    moved = [np.asarray(draw(logits, jnp.asarray(words + 1), *args)),
+             np.asarray(draw(logits, jnp.asarray(words), args[0] + 1, *args[1:])),
+             np.asarray(draw(logits, jnp.asarray(words), args[0], args[1] * 3, args[2]))]
+    sampled = [r for r, t in enumerate(temps) if t > 1e-5 and top_k[r] != 1]
+    assert all((m[sampled] != np.array(want)[sampled]).any() for m in moved)
+
+
+def test_seed_words_are_jax_keys():
+    for seed in (0, 1, 7, 2**31 - 1, 2**31, 2**32, 2**32 + 3, 2**40 + 5, 2**63 - 1):
+        assert generation.seed_words(seed).tolist() == np.asarray(jax.random.key_data(jax.random.key(seed))).tolist()
 
 
 def test_tokenizer_round_trip():
@@ -168,7 +197,7 @@ def test_errors_before_any_work(model):
         decode_step(model, [1, 2], c)
     assert not c.consumed                              # a refused call leaves the cache usable
     with pytest.raises(ValueError, match="past max_len"):
-        engine.decode_loop(model, [1, 2], c, steps=1)
+        generation.decode_loop(model, [1, 2], c, steps=1)
     with pytest.raises(ValueError, match="does not match"):
         prefill(model, toks, KVCache.create(TINY.replace(n_layers=3), B, S))
     with pytest.raises(ValueError, match="temperature"):
@@ -177,7 +206,7 @@ def test_errors_before_any_work(model):
         generate(model, [[1, 2], [3.5]])
     with pytest.raises(ValueError, match=r"prompts\[1\] is str"):
         generate(model, [[1, 2], "hi"])
-    with pytest.raises(ValueError, match="prompts holds ids such as"):
+    with pytest.raises(ValueError, match=r"prompts\[0\] holds ids such as"):
         generate(model, [[1, TINY.vocab_size]])
     assert len(generate(model, [[1, 2]], max_new_tokens=2, temperature=np.float32(0.5))[0]) == 2
     with pytest.raises(ValueError, match="top_k"):
@@ -209,7 +238,7 @@ def test_vocabulary_and_max_seq_len_at_every_entry_point(model):
     with pytest.raises(ValueError, match="decoding past max_seq_len: 1 step from 512 tokens"):
         decode_step(model, [1], big_cache(L))
     with pytest.raises(ValueError, match="decoding past max_seq_len: 5 steps from 508 tokens"):
-        engine.decode_loop(model, [1], big_cache(L - 4), steps=5)
+        generation.decode_loop(model, [1], big_cache(L - 4), steps=5)
     with pytest.raises(ValueError, match=r"longest prompt \(500 tokens\) \+ max_new_tokens=13 is past"):
         generate(model, [[1] * 500], max_new_tokens=13)
     with pytest.raises(ValueError, match="max_new_tokens"):
@@ -303,9 +332,9 @@ def test_decode_step_keeps_device_tokens_on_the_device(model, monkeypatch):
                 raise AssertionError("a device array was copied to the host")
             return np.asarray(x, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "np", HostOnlyNumpy())
+    monkeypatch.setattr(generation, "np", HostOnlyNumpy())
     with pytest.raises(AssertionError, match="copied to the host"):   # the spy itself works
-        engine.np.asarray(token)
+        generation.np.asarray(token)
     logits, cache = decode_step(model, token, cache)
     logits, cache = decode_step(model, jnp.argmax(logits, -1).astype(jnp.int32), cache)
     assert cache.host_lengths.tolist() == [5, 5]

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from inference_lab import plots
 from inference_lab.analytic import costs, economics, roofline
 from inference_lab.analytic.phases import roofline_phases
-from inference_lab.runtime import engine
+from inference_lab.runtime import generation
 from inference_lab.measure import matmuls, timing
 from inference_lab.base import hardware, tokenizer
 from inference_lab.lessons import arithmetic_intensity as intensity
@@ -113,7 +113,7 @@ def test_streamed_answer_and_the_cache_comparison(model, capsys, tmp_path):
     answer = two_speeds.stream_answer(model, "Hello there", 12, seed=1)
     shown = capsys.readouterr().out
     assert answer.text and shown.startswith(answer.text)             # printed as it came
-    assert answer.tokens == tuple(engine.generate(model, [tokenizer.encode("Hello there")], 12,
+    assert answer.tokens == tuple(generation.generate(model, [tokenizer.encode("Hello there")], 12,
                                                   temperature=0.8, top_k=40, seed=1)[0])
     assert len(answer.itl_s) == 11 and all(g >= 0 for g in answer.itl_s) and answer.ttft_s > 0
     assert "12 tokens" in answer.line() and "tokens/s" in answer.line()

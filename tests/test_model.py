@@ -72,7 +72,7 @@ def test_interpret_equals_reference():
     """The Pallas kernels (interpreted) and the jnp references give the same logits:
     prefill of a ragged batch, then one decode step."""
     from inference_lab.model.kv_cache import KVCache
-    from inference_lab.runtime.engine import decode_step, prefill
+    from inference_lab.runtime.generation import decode_step, prefill
 
     tokens = np.random.default_rng(2).integers(0, TINY.vocab_size, (2, 7))
     out = {}
@@ -160,7 +160,7 @@ def test_pallas_model_matches_reference_bf16_base_shape():
     """Compiled on a GPU: the whole model on the Pallas kernels against the XLA reference, in
     bf16 at the base (Llama-3.2-1B) shape with 3 layers: a ragged prefill, then 16 decode steps
     fed the reference's greedy tokens. bf16 logits of size ~O(1): compared at 3% of their scale."""
-    from inference_lab.runtime.engine import decode_step, prefill
+    from inference_lab.runtime.generation import decode_step, prefill
     from inference_lab.model.kv_cache import KVCache
 
     cfg = ModelConfig.preset("base", n_layers=3)

@@ -130,14 +130,14 @@ def test_two_processes_form_one_mesh_and_match_one_process(tmp_path):
                 p.communicate()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-2000:] for x in logs)
 
-    from inference_lab.runtime import engine
+    from inference_lab.runtime import generation
     from inference_lab.model.kv_cache import KVCache
     from inference_lab.model.transformer import Transformer
 
     got = np.load(out)
     one = Transformer(TINY, kernels="reference")
-    pre, cache = engine.prefill(one, got["tokens"], KVCache.create(TINY, 2, 8), lengths=[6, 4])
-    dec, _ = engine.decode_step(one, [5, 7], cache)
+    pre, cache = generation.prefill(one, got["tokens"], KVCache.create(TINY, 2, 8), lengths=[6, 4])
+    dec, _ = generation.decode_step(one, [5, 7], cache)
     np.testing.assert_allclose(got["prefill"], np.asarray(pre), atol=5e-5, rtol=0)
     np.testing.assert_allclose(got["decode"], np.asarray(dec), atol=5e-5, rtol=0)
 

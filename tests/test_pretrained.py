@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from inference_lab.model import pretrained
 from inference_lab.base import tokenizer
 from inference_lab.base.config import ModelConfig
-from inference_lab.runtime.engine import generate
+from inference_lab.runtime.generation import generate
 from inference_lab.model.transformer import Transformer
 
 PROMPT = "ROMEO:"

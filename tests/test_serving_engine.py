@@ -27,7 +27,8 @@ from inference_lab.analytic.workload import Requests
 from inference_lab.base import tokenizer
 from inference_lab.lessons import serving_engine as lesson
 from inference_lab.serving import server as serving_server
-from inference_lab.serving.scheduler import Engine, QueueFull, Request
+from inference_lab.serving.engine import Engine
+from inference_lab.serving.scheduler import QueueFull, Request
 
 PRESET = "shakespeare"
 KEY = "test-key-123"
@@ -43,8 +44,8 @@ def model():
 
 @pytest.fixture(scope="module")
 def expected(model):
-    from inference_lab.runtime import engine
-    return [engine.generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
+    from inference_lab.runtime import generation
+    return [generation.generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
 
 
 class KernelServer:
@@ -75,7 +76,7 @@ def servers():
     started = {}
     try:
         started["disaggregated"] = KernelServer("disaggregated")
-        started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--chunk-tokens", "32", policy="chunked",
+        started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--max-num-batched-tokens", "32", policy="chunked",
                                                           preset=PRESET)
         started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--max-queue", "3",
                                                                 policy="prefill-first", preset=PRESET)
@@ -98,7 +99,7 @@ def _client(servers, policy):
 # ----------------------------------------------------------------------------- the engine alone
 @pytest.mark.parametrize("policy", ["prefill-first", "chunked"])
 def test_engine_text_equals_generate(model, expected, policy):
-    engine = Engine(model, policy=policy, n_slots=2, chunk_tokens=32)   # 3 requests, 2 slots: one waits
+    engine = Engine(model, policy=policy, n_slots=2, max_num_batched_tokens=32 if policy == "chunked" else None)   # 3 requests, 2 slots: one waits
     engine.warmup()
     engine.start()
     got, done = {}, threading.Semaphore(0)
@@ -117,9 +118,9 @@ def test_engine_text_equals_generate(model, expected, policy):
 
 
 def test_engine_seeded_sampling_equals_generate(model):
-    from inference_lab.runtime import engine as runtime
-    want = runtime.generate(model, PROMPTS[0], max_new_tokens=20, temperature=0.9, seed=7)
-    engine = Engine(model, policy="chunked", n_slots=2, chunk_tokens=32).start()
+    from inference_lab.runtime import generation
+    want = generation.generate(model, PROMPTS[0], max_new_tokens=20, temperature=0.9, seed=7)
+    engine = Engine(model, policy="chunked", n_slots=2, max_num_batched_tokens=32).start()
     got, done = [], threading.Event()
     try:
         engine.submit(Request("s", tokenizer.encode(PROMPTS[0]), 20, temperature=0.9, seed=7, stop_at_eos=False),
@@ -131,7 +132,8 @@ def test_engine_seeded_sampling_equals_generate(model):
 
 
 def test_engine_queue_bound_and_cancel(model):
-    engine = Engine(model, policy="prefill-first", n_slots=1, max_queue=2)
+    """The engine holds at most n_slots + max_queue requests (here 1 + 1): the third is refused."""
+    engine = Engine(model, policy="prefill-first", n_slots=1, max_queue=1)
     events = []
     engine.submit(Request("a", [tokenizer.BOS] * 4, 200), events.append)
     engine.submit(Request("b", [tokenizer.BOS] * 4, 200), events.append)
@@ -156,7 +158,7 @@ def test_engine_queue_bound_and_cancel(model):
 def test_engine_refuses_requests_it_cannot_hold(model):
     engine = Engine(model, policy="chunked", n_slots=1)       # not started: refused at submit
     for request, word in ((Request("a", [], 4), "prompt"), (Request("b", [tokenizer.BOS] * 256, 4), "max_len"),
-                          (Request("c", [9999], 4), "token ids"), (Request("d", [1, 2], 0), "max_tokens"),
+                          (Request("c", [9999], 4), "vocabulary"), (Request("d", [1, 2], 0), "max_tokens"),
                           (Request("e", [1, 2], 4, temperature=-1.0), "temperature")):
         with pytest.raises(ValueError, match=word):
             engine.submit(request, lambda e: None)
@@ -165,49 +167,9 @@ def test_engine_refuses_requests_it_cannot_hold(model):
 
 def test_engine_refuses_bad_settings(model):
     for kwargs, word in (({"policy": "fastest"}, "policy"), ({"n_slots": 0}, "n_slots"),
-                         ({"chunk_tokens": 8}, "chunk_tokens"), ({"policy": "disaggregated"}, "TwoPoolEngine")):
+                         ({"max_num_batched_tokens": 8}, "max_num_batched_tokens"), ({"policy": "disaggregated"}, "TwoPoolEngine")):
         with pytest.raises(ValueError, match=word):
             Engine(model, **kwargs)
-
-
-def test_cache_insert_copies_one_row(model):
-    from inference_lab.model.kv_cache import KVCache
-    cfg = model.cfg
-    big = KVCache.create(cfg, 3, 32)
-    row = KVCache.random(cfg, 1, 16, context=9, seed=1)
-    want = np.asarray(row.k[0][0])
-    big = big.inserted(2, row)
-    assert big.host_lengths.tolist() == [0, 0, 9]
-    np.testing.assert_array_equal(np.asarray(big.k[0][2, :16]), want)
-    assert not np.asarray(big.k[0][:2]).any() and row.consumed
-    with pytest.raises(ValueError, match="slot"):
-        big.inserted(3, KVCache.create(cfg, 1, 16))
-    with pytest.raises(ValueError, match="one-row"):
-        big.inserted(0, KVCache.create(cfg, 2, 16))
-
-
-def test_decode_rows_steps_only_the_prefix(model):
-    from inference_lab.model.kv_cache import KVCache
-    from inference_lab.runtime import engine as runtime
-    cfg = model.cfg
-    tokens = np.array([5, 17, 99, 3], np.int32)
-    whole = KVCache.random(cfg, 4, 32, context=7, seed=3)
-    before = np.asarray(whole.k[1][2:])
-    want, alone = runtime.decode_step(model, tokens[:2], _rows(cfg, 2))
-    got, whole = runtime.decode_rows(model, tokens[:2], whole, 2)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(whole.k[1][:2, :8]), np.asarray(alone.k[1][:, :8]), rtol=1e-6)  # K written
-    assert whole.host_lengths.tolist() == [8, 8, 7, 7]
-    np.testing.assert_array_equal(np.asarray(whole.k[1][2:]), before)   # the other rows untouched
-    with pytest.raises(ValueError, match="rows"):
-        runtime.decode_rows(model, tokens, whole, 5)
-
-
-def _rows(cfg, n):
-    """The first ``n`` rows of KVCache.random(cfg, 4, 32, 7, seed=3), as a cache of their own."""
-    from inference_lab.model.kv_cache import KVCache
-    full = KVCache.random(cfg, 4, 32, context=7, seed=3)
-    return KVCache([k[:n] for k in full.k], [v[:n] for v in full.v], np.full(n, 7, np.int32))
 
 
 # ----------------------------------------------------------------------------- through the OpenAI client
@@ -371,7 +333,7 @@ def test_parse_args_rules():
     assert serving_server.parse_args(["--host", "10.0.0.5", "--api-key", "k"]).api_key == "k"
     assert serving_server.parse_args(["--host", "::1"]).api_key in (None, os.environ.get("INFERENCE_LAB_API_KEY"))
     with pytest.raises(SystemExit):
-        serving_server.parse_args(["--slots", "8", "--chunk-tokens", "8"])
+        serving_server.parse_args(["--slots", "8", "--max-num-batched-tokens", "8"])
 
 
 # ----------------------------------------------------------------------------- stopping

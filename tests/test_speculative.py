@@ -18,7 +18,7 @@ from inference_lab.measure.speculation import GenerationRecord, VerifyRecord
 from inference_lab.model import pretrained
 from inference_lab.model.kv_cache import KVCache
 from inference_lab.model.transformer import Transformer
-from inference_lab.runtime import engine
+from inference_lab.runtime import generation
 from inference_lab.runtime.speculative import (ConstantDraft, ModelDraft, NgramDraft, room_needed,
                                                speculative_generate)
 
@@ -41,7 +41,7 @@ def weak_draft():
 
 @pytest.fixture(scope="module")
 def plain(target):
-    return {"one": engine.generate(target, PROMPTS[0], NEW), "ragged": engine.generate(target, PROMPTS, NEW)}
+    return {"one": generation.generate(target, PROMPTS[0], NEW), "ragged": generation.generate(target, PROMPTS, NEW)}
 
 
 # k = 1 (one guess), 2, an odd middle one and 8, past the lessons' largest (6): each k compiles
@@ -79,17 +79,17 @@ def test_always_right_and_always_wrong_drafts_bound_the_rounds(target):
 def test_verify_equals_decode_steps_ragged(target):
     """verify(T tokens) gives the logits T decode steps give, on a ragged cache."""
     rows = [tokenizer.encode(p) for p in PROMPTS]
-    tokens, lengths = engine.padded(rows)
+    tokens, lengths = generation.padded(rows)
     feed = np.random.default_rng(0).integers(0, 256, (len(rows), 5)).astype(np.int32)
 
-    _, cache = engine.prefill(target, tokens, KVCache.create(target.cfg, len(rows), 64), lengths)
-    verified, cache = engine.verify(target, feed, cache)
+    _, cache = generation.prefill(target, tokens, KVCache.create(target.cfg, len(rows), 64), lengths)
+    verified, cache = generation.verify(target, feed, cache)
     assert cache.host_lengths.tolist() == (lengths + 5).tolist()
 
-    _, cache = engine.prefill(target, tokens, KVCache.create(target.cfg, len(rows), 64), lengths)
+    _, cache = generation.prefill(target, tokens, KVCache.create(target.cfg, len(rows), 64), lengths)
     stepped = []
     for j in range(5):
-        logits, cache = engine.decode_step(target, feed[:, j], cache)
+        logits, cache = generation.decode_step(target, feed[:, j], cache)
         stepped.append(np.asarray(logits))
     np.testing.assert_allclose(np.asarray(verified), np.stack(stepped, axis=1), rtol=2e-5, atol=2e-5)
 
@@ -324,11 +324,11 @@ def test_lesson_tables_readings_and_views():
 def test_verify_and_check_guesses_refuse_bad_input(target):
     cache = KVCache.create(target.cfg, 2, 16)
     with pytest.raises(ValueError, match="batch 1 but the cache holds 2"):
-        engine.verify(target, np.zeros((1, 3), np.int32), cache)
+        generation.verify(target, np.zeros((1, 3), np.int32), cache)
     with pytest.raises(ValueError, match="past max_len"):
-        engine.verify(target, np.zeros((2, 17), np.int32), cache)
+        generation.verify(target, np.zeros((2, 17), np.int32), cache)
     with pytest.raises(ValueError, match="active must be"):
-        engine.check_guesses(target, np.zeros((2, 3), np.int32), cache, active=[1, 0])
+        generation.check_guesses(target, np.zeros((2, 3), np.int32), cache, active=[1, 0])
     assert not cache.consumed                                            # refused before anything ran
 
 
@@ -341,11 +341,11 @@ def test_verify_through_the_interpreted_pallas_kernels_equals_the_reference():
     interp = Transformer(cfg, rngs=nnx.Rngs(5), kernels="interpret")
     ref = Transformer(cfg, rngs=nnx.Rngs(5), kernels="reference")
     rows = [tokenizer.encode("ROMEO:"), tokenizer.encode("JULIET:\nO")]
-    tokens, lengths = engine.padded(rows)
+    tokens, lengths = generation.padded(rows)
     feed = np.array([[10, 32, 116], [97, 110, 100]], np.int32)
     out = []
     for m in (interp, ref):
-        _, cache = engine.prefill(m, tokens, KVCache.create(m.cfg, 2, 32), lengths)
-        logits, _ = engine.verify(m, feed, cache)
+        _, cache = generation.prefill(m, tokens, KVCache.create(m.cfg, 2, 32), lengths)
+        logits, _ = generation.verify(m, feed, cache)
         out.append(np.asarray(logits))
     np.testing.assert_allclose(out[0], out[1], rtol=1e-4, atol=1e-4)

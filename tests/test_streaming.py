@@ -7,7 +7,7 @@ from flax import nnx
 from inference_lab.runtime import streaming
 from inference_lab.base import tokenizer
 from inference_lab.base.config import ModelConfig
-from inference_lab.runtime.engine import generate
+from inference_lab.runtime.generation import generate
 from inference_lab.model.transformer import Transformer
 
 TINY = ModelConfig.preset("tiny")

@@ -51,15 +51,15 @@ def shakespeare():
 
 def test_generate_checks_seed_and_steps_and_a_tiny_temperature_is_greedy(shakespeare):
     from inference_lab.model.kv_cache import KVCache
-    from inference_lab.runtime import engine
+    from inference_lab.runtime import generation
 
     for seed in (2**64, "x", 1.5, -1, True):
         with pytest.raises(ValueError, match="seed"):
-            engine.generate(shakespeare, "ROMEO:", 4, temperature=0.5, seed=seed)
-    greedy = engine.generate(shakespeare, "ROMEO:\n", 12)
-    assert engine.generate(shakespeare, "ROMEO:\n", 12, temperature=1e-40) == greedy and "\x00" not in greedy
+            generation.generate(shakespeare, "ROMEO:", 4, temperature=0.5, seed=seed)
+    greedy = generation.generate(shakespeare, "ROMEO:\n", 12)
+    assert generation.generate(shakespeare, "ROMEO:\n", 12, temperature=1e-40) == greedy and "\x00" not in greedy
     with pytest.raises(ValueError, match="steps"):
-        engine.decode_loop(shakespeare, np.zeros(1, np.int32), KVCache.create(shakespeare.cfg, 1, 16), True)
+        generation.decode_loop(shakespeare, np.zeros(1, np.int32), KVCache.create(shakespeare.cfg, 1, 16), True)
 
 
 def test_flash_attention_causal_must_be_a_bool():

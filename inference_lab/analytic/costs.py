@@ -128,7 +128,7 @@ def prefill_cost(cfg, batch: int, prompt_len: int, *, logits: str = "last", tp: 
 
     Bytes: weights once + the gathered embedding rows + the KV cache written.
     FLOPs: 2 per matmul parameter per token + causal attention (``T (T + 1) / 2`` keys).
-    ``logits="last"`` (default, as ``engine.prefill`` returns only each row's last logits)
+    ``logits="last"`` (default, as ``generation.prefill`` returns only each row's last logits)
     applies the output head to one token per row; ``"all"`` to every prompt token.
     Per device when ``tp > 1``.
     """
@@ -178,7 +178,7 @@ def decode_cost(cfg, batch: int, context: int, *, tp: int = 1) -> Cost:
 
 
 def verify_cost(cfg, batch: int, context: int, tokens: int, *, tp: int = 1) -> Cost:
-    """FLOPs and bytes of ONE verify step (speculative decoding's check, ``engine.verify``):
+    """FLOPs and bytes of ONE verify step (speculative decoding's check, ``generation.verify``):
     ``tokens`` new tokens per row after ``context`` cached ones, in one forward.
 
     The weights are read once for all ``batch x tokens`` tokens (so a verify of a few tokens

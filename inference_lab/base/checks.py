@@ -115,3 +115,32 @@ def too_few_devices(tp: int, n: int, backend: str = "jax") -> str:
     return (f"tp={tp} needs {tp} devices but {backend} sees {n}; on a CPU simulate them by setting "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={tp} before jax is imported (or "
             "jax.config.update('jax_num_cpu_devices', N) before any jax operation)")
+
+
+def sampling(temperature, top_k, vocab: int):
+    """``top_k`` as an int or None, after checking both sampling arguments: a temperature >= 0
+    (0 is greedy) and a top-k of None (every token) or 1..``vocab``."""
+    if (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real)
+            or not math.isfinite(temperature) or temperature < 0):
+        raise ValueError(f"temperature={temperature!r} must be a number >= 0 (0 means greedy)")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not hasattr(top_k, "__index__") or not 1 <= top_k.__index__() <= vocab:
+            raise ValueError(f"top_k={top_k!r} must be None or an integer in 1..{vocab}")
+        top_k = top_k.__index__()
+    return top_k
+
+
+def token_ids(name: str, ids, vocab: int) -> list[int]:
+    """``ids`` as a list of ints: a non-empty list, tuple or 1-D array of integer token ids (no
+    bools, no strings) inside the vocabulary 0..``vocab - 1``."""
+    if isinstance(ids, str) or not isinstance(ids, (list, tuple)) and not hasattr(ids, "tolist"):
+        raise ValueError(f"{name} is {type(ids).__name__}; give a list of token ids (tokenizer.encode(text))")
+    values = list(ids.tolist() if hasattr(ids, "tolist") else ids)
+    if not values:
+        raise ValueError(f"{name} is empty; give at least one token id")
+    if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in values):
+        raise ValueError(f"{name} holds a value that is not an integer token id: {values[:8]}")
+    bad = [t for t in values if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"{name} holds ids such as {bad[0]} outside the vocabulary 0..{vocab - 1}")
+    return [int(t) for t in values]

@@ -29,10 +29,12 @@ from inference_lab.analytic.workload import Requests, sample_requests
 from inference_lab.base.progress import bar as progress_bar
 from inference_lab.lessons.claims import Verdict, all_hold, decide, log_midpoint
 from inference_lab.serving.load import drive_engine
+from inference_lab.serving.scheduler import PIECE, pieces_of
 
 PRESET = "shakespeare_large"
 N_SLOTS = 8
-CHUNK_TOKENS = 64
+CHUNK_TOKENS = 64         # chunked's token budget per iteration (max_num_batched_tokens)
+PREFILL_TOKENS = 256      # prefill-first's: the model's context, so any prompt fits whole
 
 
 def _p(trace: ServingTrace, metric: str, q: int) -> float:
@@ -86,74 +88,76 @@ def traces(seed: int = 0) -> dict[str, Requests]:
 
 @dataclasses.dataclass
 class StepCosts:
-    """This machine's measured engine costs (seconds): a decode step per batch width (the slots'
-    compiled widths), a prefill per padded width, a chunk per width."""
+    """This machine's measured engine step costs (seconds), by what one forward holds: a decode
+    step per compiled batch width (``decode``); prompt pieces alone, per piece count (``prefill``:
+    prefill-first's prompt iterations, the prefill pool's); every slot's decode row and prompt
+    pieces together, per piece count (``mixed``: chunked prefill's iterations)."""
 
     decode: dict
     prefill: dict
-    chunk: dict
+    mixed: dict
 
     def step(self, batch: int) -> float:
         """A decode step of ``batch`` running requests: the smallest compiled width that holds them."""
         return self.decode[next((w for w in sorted(self.decode) if w >= batch), max(self.decode))]
 
+    @staticmethod
+    def pieces(table: dict, n: int) -> float:
+        """A step of ``n`` pieces: the smallest compiled count that holds them (past the largest,
+        in proportion)."""
+        fits = [c for c in sorted(table) if c >= n]
+        return table[fits[0]] if fits else table[max(table)] * n / max(table)
+
     def phases(self, kv_bytes_per_token: float) -> PhaseModel:
-        """A :class:`PhaseModel` for the simulator from these costs."""
-        widths = np.array(sorted(self.prefill))
-        times = np.array([self.prefill[w] for w in widths])
-
+        """A :class:`PhaseModel` for the simulator from these costs (prompts counted in pieces)."""
         def prefill_seconds(prompt_lens):
-            return float(sum(np.interp(n, widths, times) for n in prompt_lens))
-
-        chunk_w = np.array(sorted(self.chunk))
-        chunk_t = np.array([self.chunk[w] for w in chunk_w])
+            return self.pieces(self.prefill, sum(pieces_of(n) for n in prompt_lens))
 
         def mixed_seconds(batch, total_context, chunks=()):
-            return (self.step(batch) if batch else 0.0) + sum(float(np.interp(c, chunk_w, chunk_t)) for c, _ in chunks)
+            if not chunks:
+                return self.step(batch)
+            return self.pieces(self.mixed, sum(pieces_of(c) for c, _ in chunks))
 
         return PhaseModel(prefill_seconds=prefill_seconds, decode_seconds=lambda b, c: self.step(b),
                           kv_bytes_per_token=kv_bytes_per_token, mixed_seconds=mixed_seconds,
                           description="measured engine step costs")
 
 
-def measure_step_costs(engine, repeats: int = 5) -> StepCosts:
-    """Time the engine's own calls (after its warm-up), interleaved: a decode step per batch
-    width, a prefill per padded width, a chunk per width."""
-    from inference_lab.base import tokenizer
-    from inference_lab.serving.slots import chunk_widths, prefill_widths
-    from pallas_kernels.timing import round_robin, timed
+def step_costs(timed: dict, n_slots: int = N_SLOTS) -> StepCosts:
+    """:class:`StepCosts` from step times by shape (``DecodeSlots.time_shapes``: {(decode rows,
+    pieces): seconds}, from one engine or several)."""
+    return StepCosts(decode={w: t for (w, p), t in timed.items() if p == 0},
+                     prefill={p: t for (w, p), t in timed.items() if w == 0 and p},
+                     mixed={p: t for (w, p), t in timed.items() if w == n_slots and p})
 
-    slots = engine.slots
-    names = ([("decode", w) for w in slots.step_widths()] + [("prefill", w) for w in prefill_widths(slots.max_len)]
-             + [("chunk", w) for w in chunk_widths(engine.chunk_tokens)])
 
-    def run(kind, w):
-        if kind == "decode":
-            return lambda: timed(lambda: slots.busy_step(w))
-        if kind == "prefill":
-            return lambda: timed(lambda: slots.prefill([tokenizer.BOS] * w)[0])
-        return lambda: timed(lambda: slots.prefill_chunk(slots.new_row(), [tokenizer.BOS] * w, w)[0])
-
-    samples = dict(zip(names, round_robin([run(*n) for n in names], repeats)))
-    return StepCosts(**{kind: {w: s.median for (k, w), s in samples.items() if k == kind}
-                        for kind in ("decode", "prefill", "chunk")})
+def measure_step_costs(engines: dict, repeats: int = 5, context: int = 128) -> StepCosts:
+    """Time each engine's own compiled steps (after its warm-up, before it serves), as when its
+    decode rows hold ``context`` tokens: every shape of prefill-first's (decode widths, pieces
+    alone) and chunked's mixed steps."""
+    timed = engines["prefill-first"].slots.time_shapes(engines["prefill-first"].scheduler.shapes(),
+                                                       context=context, repeats=repeats)
+    chunked = engines["chunked"]
+    timed |= chunked.slots.time_shapes([s for s in chunked.scheduler.shapes() if s[1]], context=context,
+                                       repeats=repeats)
+    return step_costs(timed)
 
 
 def pool_costs(two_pools, costs: StepCosts) -> StepCosts:
-    """The two-pool engine's own costs: each worker timed its calls on its one core before serving."""
-    return StepCosts(decode=dict(two_pools.worker_costs["decode"]), prefill=dict(two_pools.worker_costs["prefill"]),
-                     chunk=costs.chunk)
+    """The two-pool engine's own costs: each worker timed its steps on its one core before serving."""
+    own = step_costs(two_pools.worker_costs["decode"] | two_pools.worker_costs["prefill"])
+    return StepCosts(decode=own.decode, prefill=own.prefill, mixed=costs.mixed)
 
 
 def simulated(requests: Requests, costs: StepCosts, mode: str, *, kv_bytes_per_token: float,
               transfer_bytes_per_s: float | None = None) -> ServingTrace:
     """The simulator's run of ``requests`` on step costs measured here (``mode`` as there; for
-    ``"disaggregated"`` pass :func:`pool_costs`)."""
+    ``"disaggregated"`` pass :func:`pool_costs`), the budgets spent in whole pieces as the engine's are."""
     phases = costs.phases(kv_bytes_per_token)
-    kw = {"chunk_tokens": CHUNK_TOKENS} if mode == "chunked" else {}
+    kw = {"chunk_tokens": CHUNK_TOKENS} if mode == "chunked" else {"max_prefill_tokens": PREFILL_TOKENS}
     if mode == "disaggregated":
-        kw = {"prefill_gpus": 1, "decode_gpus": 1, "interconnect_bandwidth": transfer_bytes_per_s or 1e9}
-    return simulate_requests(requests, phases, mode=mode, max_batch=N_SLOTS, **kw)
+        kw |= {"prefill_gpus": 1, "decode_gpus": 1, "interconnect_bandwidth": transfer_bytes_per_s or 1e9}
+    return simulate_requests(requests, phases, mode=mode, max_batch=N_SLOTS, chunk_unit=PIECE, **kw)
 
 
 def run_policies(engines: dict, trace_set: dict) -> dict:
@@ -192,19 +196,19 @@ def start_engines(seed: int = 0):
     """The three engines, warmed up (every program compiled), and this machine's step costs
     measured on the chunked one before any of them serves: ``(engines, costs)``."""
     from inference_lab.serving.disaggregated import TwoPoolEngine
+    from inference_lab.serving.engine import Engine
     from inference_lab.serving.models import load_model
-    from inference_lab.serving.scheduler import Engine
 
     model = load_model(PRESET)
-    engines = {p: Engine(model, policy=p, n_slots=N_SLOTS, chunk_tokens=CHUNK_TOKENS)
-               for p in ("prefill-first", "chunked")}
+    engines = {p: Engine(model, policy=p, n_slots=N_SLOTS, max_num_batched_tokens=b)
+               for p, b in (("prefill-first", PREFILL_TOKENS), ("chunked", CHUNK_TOKENS))}
     with progress_bar(total=4, desc="starting the engines", unit="step", transient=True) as bar:
         for policy, e in engines.items():
             bar.set_postfix_str(f"compiling {policy}", refresh=False)
             e.warmup()
             bar.update()
         bar.set_postfix_str("timing the steps", refresh=False)
-        costs = measure_step_costs(engines["chunked"])
+        costs = measure_step_costs(engines)
         bar.update()
         for e in engines.values():
             e.start()
@@ -216,14 +220,11 @@ def start_engines(seed: int = 0):
 
 def predicted_stall(costs: StepCosts, requests: Requests) -> float:
     """How much longer prefill-first's worst gap should be than chunked prefill's: a decode step
-    plus the longest prompt's whole prefill, against a decode step plus one budget-sized chunk."""
-    from inference_lab.serving.slots import prefill_width
-
-    longest = int(requests.prompt_len.max())
-    whole = costs.prefill[prefill_width(longest, max(costs.prefill))]
-    chunk = costs.chunk[max(CHUNK_TOKENS - N_SLOTS, 16) // 16 * 16]   # the chunk beside full slots
-    step = costs.step(N_SLOTS)
-    return (step + whole) / (step + chunk)
+    plus the longest prompt's whole prefill, against one chunked iteration with every slot
+    decoding and the most pieces that fit beside them."""
+    whole = costs.pieces(costs.prefill, pieces_of(int(requests.prompt_len.max())))
+    beside_full_slots = (CHUNK_TOKENS - N_SLOTS) // PIECE
+    return (costs.step(N_SLOTS) + whole) / costs.pieces(costs.mixed, beside_full_slots)
 
 
 def table(measured: dict, simulated_runs: dict) -> str:

@@ -17,7 +17,7 @@ from inference_lab.lessons import claims
 from inference_lab.measure import speculation as measure, timing
 from inference_lab.measure.matmuls import ModelMatmulsPoint
 from inference_lab.model import pretrained
-from inference_lab.runtime import engine
+from inference_lab.runtime import generation
 from inference_lab.runtime.speculative import ConstantDraft, ModelDraft, NgramDraft, speculative_generate
 
 TARGET, DRAFT = "shakespeare_large", "shakespeare"
@@ -163,7 +163,7 @@ def acceptance_runs(target, drafts_by_name: dict, k: int = LESSON_K) -> dict:
     rows = prompts()
     out = {}
     with progress_bar(total=1 + len(drafts_by_name), desc="answers", unit="draft", transient=True) as bar:
-        plain = engine.generate(target, rows, NEW_TOKENS)
+        plain = generation.generate(target, rows, NEW_TOKENS)
         bar.update()
         for name, draft in drafts_by_name.items():
             bar.set_postfix_str(name, refresh=False)

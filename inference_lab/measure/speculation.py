@@ -3,11 +3,11 @@ and without guesses. Both go through the measuring core (:func:`timing.measure_p
 ``block_until_ready``, medians, points side by side), so a burst of load bends every point alike.
 
 - :class:`VerifyPoint`: one verify step of ``tokens`` tokens per row after ``context`` cached ones
-  (``tokens=1`` is a decode step) as speculative decoding runs it (:func:`engine.check_guesses`),
+  (``tokens=1`` is a decode step) as speculative decoding runs it (:func:`generation.check_guesses`),
   from a cache of random keys and values rewound between runs. Its record says how many decode steps' time the check of ``tokens - 1``
   guesses costs.
 - :class:`GenerationPoint`: ``max_new_tokens`` greedy tokens for a batch of prompts, by plain
-  :func:`engine.generate` (``draft=None``) or by :func:`speculative.speculative_generate` with a
+  :func:`generation.generate` (``draft=None``) or by :func:`speculative.speculative_generate` with a
   draft and ``k``. Its record keeps the run's acceptance rate and tokens per target step, and
   whether its text was the plain run's.
 """
@@ -24,7 +24,7 @@ from inference_lab.analytic.costs import verify_cost
 from inference_lab.base import checks
 from inference_lab.measure.timing import measure_points, random_tokens
 from inference_lab.model.kv_cache import KVCache
-from inference_lab.runtime import engine, speculative
+from inference_lab.runtime import generation, speculative
 from pallas_kernels.timing import timed_call
 
 
@@ -63,7 +63,7 @@ class GenerationRecord:
 
 
 class VerifyPoint:
-    """A verify step (``engine.check_guesses``) of ``tokens`` random tokens per row of ``batch``,
+    """A verify step (``generation.check_guesses``) of ``tokens`` random tokens per row of ``batch``,
     ``context`` cached."""
 
     phase = "verify"
@@ -100,10 +100,10 @@ class VerifyPoint:
         return seconds
 
     def _verify(self, cache):
-        # What a round of speculative decoding pays for its target step: engine.check_guesses (the
+        # What a round of speculative decoding pays for its target step: generation.check_guesses (the
         # forward of ``tokens`` tokens, the argmax, the rollback and the copy of the checked tokens
         # to the host), the program the generations run, so the two share their compiled code.
-        chosen, _, cache = engine.check_guesses(self.model, self.feed, cache)
+        chosen, _, cache = generation.check_guesses(self.model, self.feed, cache)
         return chosen, cache
 
     def release(self) -> None:
@@ -145,7 +145,7 @@ class GenerationPoint:
 
     def _generate(self):
         if self.draft is None:
-            return engine.generate(self.target, self.prompts, self.max_new)
+            return generation.generate(self.target, self.prompts, self.max_new)
         return speculative.speculative_generate(self.target, self.draft, self.prompts, self.max_new, k=self.k)
 
     def release(self) -> None:

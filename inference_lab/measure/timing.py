@@ -34,7 +34,7 @@ from inference_lab.base.progress import bar as progress_bar, note
 from inference_lab.measure import records
 from inference_lab.model import parallel
 from inference_lab.model.kv_cache import KVCache
-from inference_lab.runtime import engine
+from inference_lab.runtime import generation
 from pallas_kernels.timing import round_robin, timed, timed_call
 
 
@@ -148,7 +148,7 @@ class PrefillPoint:
         return timed(self._prefill, cache)
 
     def _prefill(self, cache):
-        logits, cache = engine.prefill(self.model, self.tokens, cache)
+        logits, cache = generation.prefill(self.model, self.tokens, cache)
         return logits, cache.k, cache.v   # the arrays the clock waits for
 
     def release(self) -> None:
@@ -197,7 +197,7 @@ class DecodePoint:
         return seconds
 
     def _decode(self, cache):
-        out, cache = engine.decode_loop(self.model, self.first, cache, self.steps)
+        out, cache = generation.decode_loop(self.model, self.first, cache, self.steps)
         return out, cache.k, cache.v, cache   # the clock waits for the tokens and the cache arrays
 
     def release(self) -> None:
@@ -234,8 +234,8 @@ class StreamedDecodePoint(DecodePoint):
         token = self.first
         key = jax.random.key(self.seed)
         for i in range(self.steps):
-            logits, cache = engine.decode_step(self.model, token, cache)
-            token = engine.sample(logits, jax.random.fold_in(key, i))
+            logits, cache = generation.decode_step(self.model, token, cache)
+            token = generation.sample(logits, jax.random.fold_in(key, i))
             int(token[0])   # the token reaches the host, as a streamed answer's must
         return cache
 

@@ -16,7 +16,6 @@ object is marked consumed and refuses to be used again, with a message saying wh
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -86,26 +85,6 @@ class KVCache:
         k, v = self.donate("rewound")
         return KVCache(k, v, jnp.asarray(host), host_lengths=host)
 
-    def inserted(self, slot: int, source: "KVCache") -> "KVCache":
-        """This cache with row ``slot`` replaced by ``source``'s one row: its first
-        ``source.max_len`` positions and its length (a serving engine puts a prefilled request
-        into a free decode slot so). Both caches are donated; one compiled program per source
-        width, whichever the slot."""
-        if not isinstance(source, KVCache) or source.batch != 1:
-            raise ValueError("source must be a one-row KVCache (KVCache.create(cfg, 1, max_len), prefilled)")
-        if (source.n_layers, source.n_kv_heads, source.head_dim, source.dtype) != (
-                self.n_layers, self.n_kv_heads, self.head_dim, self.dtype):
-            raise ValueError(f"source {source!r} does not match this cache's layers, heads, head_dim and dtype")
-        if source.max_len > self.max_len:
-            raise ValueError(f"source holds {source.max_len} positions, more than max_len={self.max_len}")
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.batch:
-            raise ValueError(f"slot={slot!r} must be an integer in 0..{self.batch - 1}")
-        host = self.host_lengths
-        host[slot] = source.host_lengths[0]
-        src_k, src_v = source.donate("inserted")
-        k, v = _insert_jit(*self.donate("inserted"), src_k, src_v, jnp.int32(slot))
-        return KVCache(k, v, jnp.asarray(host), host_lengths=host)
-
     # -- guarded access: a donated cache's buffers are gone
     def check_alive(self, what: str) -> None:
         """Raise the one-line error that using a donated cache deserves (``what``: the use)."""
@@ -159,11 +138,3 @@ class KVCache:
         return (f"KVCache(layers={self.n_layers}, batch={self.batch}, max_len={self.max_len}, "
                 f"kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, "
                 f"{state}, nbytes={self.nbytes:,})")
-
-
-@functools.partial(jax.jit, donate_argnums=(0, 1))
-def _insert_jit(k, v, src_k, src_v, slot):
-    """Copy one row's K/V into row ``slot`` of every layer's arrays, in place (donated)."""
-    at = (slot, 0, 0, 0)
-    return ([jax.lax.dynamic_update_slice(a, s, at) for a, s in zip(k, src_k)],
-            [jax.lax.dynamic_update_slice(a, s, at) for a, s in zip(v, src_v)])

@@ -213,6 +213,47 @@ def verify_attention(p, h, kc, vc, *, lengths, cfg, mode):
     return _attention_out(p, attn.reshape(b, t, *attn.shape[1:]), mode), kc, vc
 
 
+def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, piece_starts, cfg, mode):
+    """A serving iteration's attention: h [Wd + P * C, D] holds one decode token for each of the
+    first Wd rows of the caches, then P prompt pieces of C tokens (piece ``i`` belongs to row
+    ``piece_slots[i]`` and starts at its position ``piece_starts[i]``). Q, K and V of every token come
+    out of one matmul. The decode tokens attend as in :func:`decode_attention` (their K/V written
+    at ``decode_lengths`` first); then the pieces' K/V are written into their rows (positions past
+    the cache are dropped: a prompt's last piece may be partly padding) and each piece attends to
+    its row with ``pk.flash_attention``, its queries placed at ``piece_starts`` by ``q_offsets``, so
+    it sees the cache that earlier iterations' pieces filled, the pieces before it in this one
+    (several pieces of one prompt can run together) and itself, causally.
+
+    A row in both groups (a prompt being prefilled sits in the decode batch as a passenger) gets
+    its decode write first, at its current length, and the piece that starts there overwrites it."""
+    wd, n_pieces = decode_lengths.shape[0], piece_starts.shape[0]
+    c = (h.shape[0] - wd) // max(n_pieces, 1)
+    piece_positions = piece_starts[:, None] + jnp.arange(c, dtype=jnp.int32)        # [P, C]
+    positions = jnp.concatenate([decode_lengths, piece_positions.reshape(-1)])
+    q, k, v = _qkv(p, h, positions, cfg, mode)                                     # [N,Hq,Dh], [N,Hkv,Dh]
+    # Every new K/V first, in one scatter per cache: rows (a decode token's row, each piece's row
+    # per token) and positions; a passenger's decode write goes past the cache and is dropped.
+    # (Writing first and reading after keeps XLA:CPU from copying the donated caches whole.) A step
+    # of the first Wd rows alone works on those rows and puts them back, as decode_rows does.
+    part = n_pieces == 0 and wd < kc.shape[0]
+    rows_k, rows_v = (kc[:wd], vc[:wd]) if part else (kc, vc)
+    rows = jnp.concatenate([jnp.arange(wd, dtype=jnp.int32), jnp.repeat(piece_slots, c)])
+    at = jnp.concatenate([jnp.where(decode_active, decode_lengths, kc.shape[1]), piece_positions.reshape(-1)])
+    rows_k = rows_k.at[rows, at].set(k.astype(kc.dtype), mode="drop")
+    rows_v = rows_v.at[rows, at].set(v.astype(vc.dtype), mode="drop")
+    kc = jax.lax.dynamic_update_slice(kc, rows_k, (0, 0, 0, 0)) if part else rows_k
+    vc = jax.lax.dynamic_update_slice(vc, rows_v, (0, 0, 0, 0)) if part else rows_v
+    outs = []
+    if wd:
+        outs.append(pk.decode_attention(q[:wd], rows_k[:wd], rows_v[:wd], decode_lengths + 1, mode=mode))
+    if n_pieces:
+        hq, dh = q.shape[1], k.shape[2]
+        attn = pk.flash_attention(q[wd:].reshape(n_pieces, c, hq, dh), kc[piece_slots], vc[piece_slots],
+                                  q_offsets=piece_starts, mode=mode)              # [P, C, Hq, Dh]
+        outs.append(attn.reshape(n_pieces * c, hq, dh))
+    return _attention_out(p, jnp.concatenate(outs) if len(outs) > 1 else outs[0], mode), kc, vc
+
+
 # ----------------------------------------------------------------------------- the block and forwards
 def block(p, x, kc, vc, attention, *, cfg, mode):
     """One transformer layer, read like nanoGPT's ``Block``::
@@ -278,6 +319,25 @@ def verify_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
     attention = functools.partial(verify_attention, lengths=lengths, cfg=cfg, mode=mode)
     x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
     return _logits(params, x.reshape(b * t, -1), cfg, mode).reshape(b, t, -1), new_k, new_v
+
+
+def step_forward(params, decode_tokens, decode_lengths, decode_active, piece_tokens, piece_slots, piece_starts,
+                 head_rows, k_caches, v_caches, *, cfg, mode):
+    """One iteration of a serving engine in one forward (vLLM v1's token-budget step): decode
+    tokens [Wd] for the first Wd rows of the caches at positions ``decode_lengths`` [Wd], and P
+    prompt pieces ``piece_tokens`` [P, C] written into rows ``piece_slots`` [P] from positions
+    ``piece_starts`` [P] (:func:`step_attention`). Either group may be empty (Wd = 0 or P = 0).
+    Every weight is read once for all ``Wd + P * C`` tokens. Returns (float32 logits [R, V] for
+    the tokens at ``head_rows`` [R] only, indices into the decode tokens then the pieces' tokens in
+    order: the head runs where a token is sampled, not at every prompt position; k_caches,
+    v_caches); no length is advanced here."""
+    tokens = jnp.concatenate([decode_tokens, piece_tokens.reshape(-1)])
+    x = _embed(params, tokens, cfg)                               # [Wd + P * C, D]
+    attention = functools.partial(step_attention, decode_lengths=decode_lengths, decode_active=decode_active,
+                                  piece_slots=piece_slots,
+                                  piece_starts=piece_starts, cfg=cfg, mode=mode)
+    x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
+    return _logits(params, x[head_rows], cfg, mode), new_k, new_v
 
 
 def forward(params, tokens, *, cfg, mode):

@@ -5,8 +5,9 @@
 - :func:`decode_step` runs one new token per row (memory-bound at small batch: every weight
   is read for just ``B`` tokens) and appends its K/V to the cache.
 - :func:`generate` = prefill + a jitted loop of decode steps with sampling.
-- :func:`decode_rows` is a decode step of the first rows of a cache only (a serving engine's
-  smaller batch when few of its fixed slots are busy).
+- :func:`sample` draws the next token of every row from its logits (greedy, or softmax at a
+  temperature over the top k); :func:`sample_rows` is the same draw with every row's own
+  temperature, top-k, seed and token index as arrays (a serving engine's batch of strangers).
 - :func:`verify` runs a few new tokens per row in one forward; :func:`check_guesses` is
   speculative decoding's greedy check built on it (argmax, the guesses kept, the rollback).
 
@@ -81,18 +82,6 @@ def _decode_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=
     return logits, k_caches, v_caches, lengths + 1
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
-def _decode_rows_jit(params, tokens, lengths, k_caches, v_caches, *, rows, cfg, mode):
-    """A decode step of the first ``rows`` rows only: they are sliced out, stepped and written
-    back in place (the donated caches), the other rows untouched (one device)."""
-    ks, vs = [k[:rows] for k in k_caches], [v[:rows] for v in v_caches]
-    logits, ks, vs = decode_forward(params, tokens[:rows], lengths[:rows], ks, vs, cfg=cfg, mode=mode)
-    at = (0, 0, 0, 0)
-    k_caches = [jax.lax.dynamic_update_slice(k, new, at) for k, new in zip(k_caches, ks)]
-    v_caches = [jax.lax.dynamic_update_slice(v, new, at) for v, new in zip(v_caches, vs)]
-    return logits, k_caches, v_caches, lengths.at[:rows].add(1)
-
-
 @functools.partial(jax.jit, static_argnames=("cfg", "mode", "mesh"), donate_argnames=("k_caches", "v_caches"))
 def _verify_jit(params, tokens, lengths, k_caches, v_caches, *, cfg, mode, mesh=None):
     logits, k_caches, v_caches = _spmd(verify_forward, mesh, cfg=cfg, mode=mode)(
@@ -159,9 +148,37 @@ _sample_jit = jax.jit(_sample, static_argnames=("top_k",))
 def sample(logits, key, temperature: float = 0.0, top_k: int | None = None):
     """float32 logits [B, V] -> int32 tokens [B]: greedy (argmax) at ``temperature`` 0, else
     softmax sampling at that temperature over the ``top_k`` largest logits (all when None), with
-    ``key``. Arguments as :func:`check_sampling` returns them. The same program ``generate`` and
+    ``key``. Arguments as :func:`inference_lab.base.checks.sampling` returns them. The same program ``generate`` and
     ``streaming.stream`` draw with, so they draw the same tokens."""
     return _sample_jit(logits, key, _temperature(temperature), top_k=top_k)
+
+
+def sample_rows(logits, seed_words, index, temperature, top_k):
+    """float32 logits [R, V] -> int32 tokens [R], every row with its own sampling arrays (traced:
+    no setting compiles a program of its own): ``seed_words`` [R, 2] uint32 (:func:`seed_words`),
+    ``index`` [R] (which token of its request this is, 0 = the first), ``temperature`` [R] (below
+    :data:`MIN_TEMPERATURE`: greedy), ``top_k`` [R] in 1..V (V: every logit). Row ``r`` draws
+    exactly what :func:`sample` draws for a one-row batch with ``fold_in(key(seed), index)``, so a
+    request served among others gets the tokens ``generate(..., seed=)`` gives it alone: the same
+    key, the same shape of draw ([1, V]), the same k-th-largest cut (a sort instead of
+    ``lax.top_k``, whose ``k`` must be static), the same division by the temperature."""
+    def one(row, words, i, t, k):
+        greedy = t < MIN_TEMPERATURE
+        kth = jnp.sort(row)[row.shape[0] - k]                   # the k-th largest logit
+        cut = jnp.where(row < kth, -jnp.inf, row)
+        key = jax.random.fold_in(jax.random.wrap_key_data(words), i)
+        drawn = jax.random.categorical(key, cut[None] / jnp.where(greedy, 1.0, t), axis=-1)[0]
+        return jnp.where(greedy, jnp.argmax(row), drawn).astype(jnp.int32)
+
+    return jax.vmap(one)(logits, seed_words, index, temperature, top_k)
+
+
+def seed_words(seed: int) -> np.ndarray:
+    """The two uint32 words of ``jax.random.key(seed)``, computed on the host (no device call per
+    request): the low 32 bits of the seed, and its high 32 only where 64-bit jax is on (otherwise
+    jax keeps the low word alone; tests/test_generation.py checks both against jax)."""
+    high = (int(seed) >> 32) & 0xFFFFFFFF if jax.config.jax_enable_x64 else 0
+    return np.array([high, int(seed) & 0xFFFFFFFF], np.uint32)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -260,33 +277,6 @@ def decode_step(model, next_tokens, cache: KVCache):
     return logits, KVCache(ks, vs, lengths, host_lengths=host)
 
 
-def decode_rows(model, next_tokens, cache: KVCache, rows: int):
-    """:func:`decode_step` for the first ``rows`` rows of ``cache`` only (next_tokens [rows]); the
-    other rows keep their lengths and contents. A serving engine with fixed slots steps the
-    smallest prefix of them that holds every running request, so a lone request does not pay for
-    seven empty rows (vLLM pads its decode batch to a few captured sizes the same way). One
-    compiled program per ``rows``; one device only. Returns (logits [rows, V], the cache)."""
-    _check_cache(model, cache, "decode_rows()")
-    if model.mesh is not None:
-        raise ValueError("decode_rows runs on one device; a model split by parallel.shard steps whole "
-                         "batches with decode_step")
-    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or not 1 <= rows <= cache.batch:
-        raise ValueError(f"rows={rows!r} must be an integer in 1..{cache.batch} (the cache's rows)")
-    tokens = _as_tokens(next_tokens, "next_tokens", 1, model.cfg)
-    if tokens.shape[0] != rows:
-        raise ValueError(f"next_tokens has {tokens.shape[0]} entries for rows={rows}; give one token per stepped row")
-    held = cache.host_lengths
-    if int(held[:rows].max()) + 1 > min(cache.max_len, model.cfg.max_seq_len):
-        raise ValueError(f"decoding past max_len: a row already holds {int(held[:rows].max())} of "
-                         f"max_len={cache.max_len} tokens")
-    held[:rows] += 1
-    lengths = cache.lengths
-    ks, vs = cache.donate("decode_rows")
-    logits, ks, vs, lengths = _decode_rows_jit(model.params(), jnp.asarray(tokens), lengths, ks, vs,
-                                               rows=int(rows), cfg=model.cfg, mode=model.kernels)
-    return logits, KVCache(ks, vs, lengths, host_lengths=held)
-
-
 def verify(model, tokens, cache: KVCache):
     """``T`` tokens per row in one forward: tokens [B, T] written at ``cache.lengths[b]`` onwards,
     token ``j`` attending to the cache and the new tokens before it. What ``T`` decode steps fed
@@ -344,7 +334,7 @@ def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a positive integer")
     seed = checks.seed("seed", seed)
-    top_k = check_sampling(temperature, top_k, model.cfg.vocab_size)
+    top_k = checks.sampling(temperature, top_k, model.cfg.vocab_size)
     _check_room(model, cache, int(steps), f"{steps} steps")
     host = cache.host_lengths + steps
     lengths = cache.lengths
@@ -353,18 +343,6 @@ def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float
         model.params(), jnp.asarray(tokens), lengths, ks, vs, jax.random.key(seed), _temperature(temperature),
         steps=int(steps), top_k=top_k, cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
     return out, KVCache(ks, vs, lengths, host_lengths=host)
-
-
-def check_sampling(temperature, top_k, vocab):
-    """``top_k`` as an int or None, after checking both sampling arguments (one-line errors)."""
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating))
-            or temperature < 0 or not np.isfinite(temperature)):
-        raise ValueError(f"temperature={temperature!r} must be a number >= 0 (0 means greedy)")
-    if top_k is not None:
-        if not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= vocab:
-            raise ValueError(f"top_k={top_k!r} must be None or an integer in 1..{vocab}")
-        top_k = int(top_k)
-    return top_k
 
 
 def prompt_rows(prompts, vocab_size: int):
@@ -379,22 +357,13 @@ def prompt_rows(prompts, vocab_size: int):
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of token-id lists, or a str / list of str")
     if as_text:
-        rows = [tokenizer.encode(p) for p in prompts]
-    else:
-        rows = []
-        for i, p in enumerate(prompts):
-            if isinstance(p, str) or not isinstance(p, (list, tuple, np.ndarray)):
-                raise ValueError(f"prompts[{i}] is {type(p).__name__}; give every prompt as a list of "
-                                 "token ids, or every prompt as a str (not a mix)")
-            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
-                raise ValueError(f"prompts[{i}] holds a value that is not an integer token id: {list(p)[:8]}")
-            rows.append([int(t) for t in p])
-    if any(len(r) == 0 for r in rows):
-        raise ValueError("prompts has an empty row; every prompt needs at least one token")
-    bad = [t for r in rows for t in r if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"prompts holds ids such as {bad[0]} outside the vocabulary 0..{vocab_size - 1}")
-    return rows, bool(as_text), single
+        return [tokenizer.encode(p) for p in prompts], True, single
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            raise ValueError(f"prompts[{i}] is str; give every prompt as a list of token ids, or every prompt "
+                             "as a str (not a mix)")
+    rows = [checks.token_ids(f"prompts[{i}]", p, vocab_size) for i, p in enumerate(prompts)]
+    return rows, False, single
 
 
 def padded(rows) -> tuple[np.ndarray, np.ndarray]:
@@ -416,7 +385,7 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
     rows, as_text, single = prompt_rows(prompts, model.cfg.vocab_size)
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
-    top_k = check_sampling(temperature, top_k, model.cfg.vocab_size)
+    top_k = checks.sampling(temperature, top_k, model.cfg.vocab_size)
     seed = checks.seed("seed", seed)
     longest = max(len(r) for r in rows)
     if longest + max_new_tokens > model.cfg.max_seq_len:

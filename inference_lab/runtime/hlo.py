@@ -13,7 +13,7 @@ import re
 import numpy as np
 
 from inference_lab.model.kv_cache import KVCache
-from inference_lab.runtime import engine
+from inference_lab.runtime import generation
 
 # One HLO instruction: "%name = <type> opcode(operands), attributes". The type is an array
 # ("f32[2,64,4,32]{3,2,1,0}") or a tuple of them ("(f32[2,512]{1,0}, s32[2]{0})").
@@ -163,7 +163,7 @@ def count_all_reduces(hlo_text: str) -> int:
 
 
 def compiled_decode_text(model, cache: KVCache, *, steps: int | None = None) -> str:
-    """The compiled HLO text of :func:`~inference_lab.runtime.engine.decode_step`
+    """The compiled HLO text of :func:`~inference_lab.runtime.generation.decode_step`
     (``steps=None``) or of the jitted ``decode_loop`` of ``steps`` steps, for these shapes.
     Nothing runs; the cache is only used for its shapes (it is not donated)."""
-    return engine.lower_decode(model, cache, steps=steps).compile().as_text()
+    return generation.lower_decode(model, cache, steps=steps).compile().as_text()

@@ -9,8 +9,8 @@ Why it pays: a batch-1 decode step is bound by reading the weights (notebook 03)
 that processes a few tokens per row costs about what a step of one does. One round, per row:
 
 1. the draft proposes ``k`` guesses ``g1..gk`` to follow the last token emitted, ``x``;
-2. the target runs ``x, g1..gk`` in one step (:func:`engine.check_guesses`, built on
-   :func:`engine.verify`: ``k + 1`` tokens at the cache's position); its argmax at position ``j``
+2. the target runs ``x, g1..gk`` in one step (:func:`generation.check_guesses`, built on
+   :func:`generation.verify`: ``k + 1`` tokens at the cache's position); its argmax at position ``j``
    is what a decode step fed ``x, g1..gj`` would have chosen;
 3. the row keeps its guesses while they equal those argmaxes (``n`` of them) and then one
    token more, the target's own choice after the last kept guess (a correction, or a bonus when
@@ -42,7 +42,7 @@ import numpy as np
 
 from inference_lab.base import tokenizer
 from inference_lab.model.kv_cache import KVCache
-from inference_lab.runtime import engine
+from inference_lab.runtime import generation
 
 
 # ----------------------------------------------------------------------------- drafts
@@ -104,11 +104,11 @@ class ModelDraft:
     def start(self, tokens, lengths, max_len: int) -> None:
         """Prefill the prompts into the draft's own cache."""
         cache = KVCache.create(self.model.cfg, tokens.shape[0], max_len)
-        _, self.cache = engine.prefill(self.model, tokens, cache, lengths)
+        _, self.cache = generation.prefill(self.model, tokens, cache, lengths)
 
     def propose(self, histories: list, last: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``k`` greedy guesses per row (read from ``k + 1`` steps: the last only fills the cache)."""
-        out, self.cache = engine.decode_loop(self.model, jnp.asarray(last, jnp.int32), self.cache, k + 1)
+        out, self.cache = generation.decode_loop(self.model, jnp.asarray(last, jnp.int32), self.cache, k + 1)
         return np.asarray(out)[:, :k], np.full(len(histories), k, np.int32)
 
     def keep(self, lengths) -> None:
@@ -184,7 +184,7 @@ def room_needed(longest_prompt: int, max_new_tokens: int, k: int) -> int:
 def speculative_generate(target, draft, prompts, max_new_tokens: int = 16, *, k: int = 4) -> SpeculativeResult:
     """Greedy decoding of ``target`` with ``k`` guesses per round from ``draft`` (an
     :class:`NgramDraft`, a :class:`ModelDraft` or a :class:`ConstantDraft`); ``prompts`` as
-    :func:`engine.generate` takes them. The tokens equal ``engine.generate(target, prompts,
+    :func:`generation.generate` takes them. The tokens equal ``generation.generate(target, prompts,
     max_new_tokens)``'s; the result says how many target steps they took."""
     if not isinstance(draft, DRAFTS):
         raise ValueError(f"draft={draft!r} must be an NgramDraft(), a ModelDraft(model) or a ConstantDraft()")
@@ -194,7 +194,7 @@ def speculative_generate(target, draft, prompts, max_new_tokens: int = 16, *, k:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
     if isinstance(draft, ConstantDraft) and draft.token >= target.cfg.vocab_size:
         raise ValueError(f"ConstantDraft(token={draft.token}) is outside the vocabulary 0..{target.cfg.vocab_size - 1}")
-    rows, as_text, _ = engine.prompt_rows(prompts, target.cfg.vocab_size)
+    rows, as_text, _ = generation.prompt_rows(prompts, target.cfg.vocab_size)
     models = [target] + ([draft.model] if isinstance(draft, ModelDraft) else [])
     if isinstance(draft, ModelDraft) and draft.model.cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"the draft's vocabulary ({draft.model.cfg.vocab_size}) is not the target's "
@@ -207,11 +207,11 @@ def speculative_generate(target, draft, prompts, max_new_tokens: int = 16, *, k:
         raise ValueError(f"the longest prompt + max_new_tokens={max_new_tokens} + k={k} - 1 = {need} positions "
                          f"is past max_seq_len={max_len}; shorten the prompt, generate fewer tokens or lower k")
 
-    tokens, lengths = engine.padded(rows)
+    tokens, lengths = generation.padded(rows)
     b = len(rows)
-    logits, cache = engine.prefill(target, tokens, KVCache.create(target.cfg, b, max_len), lengths)
+    logits, cache = generation.prefill(target, tokens, KVCache.create(target.cfg, b, max_len), lengths)
     draft.start(tokens, lengths, max_len)
-    last = np.array(engine.sample(logits, jax.random.key(0)))   # greedy [B]: emitted, not yet in a cache
+    last = np.array(generation.sample(logits, jax.random.key(0)))   # greedy [B]: emitted, not yet in a cache
     new = [[int(t)] for t in last]
     pieces = [[1] for _ in rows]
     histories = [r + [int(t)] for r, t in zip(rows, last)]
@@ -224,9 +224,9 @@ def speculative_generate(target, draft, prompts, max_new_tokens: int = 16, *, k:
             guesses = guesses[:, :0]
         fed = np.concatenate([last[:, None], guesses], axis=1)   # [B, 1 + guesses]
         # One target step: the argmax after every fed token, the leading guesses it agrees
-        # with, and the cache rolled back to keep only those (engine.check_guesses).
+        # with, and the cache rolled back to keep only those (generation.check_guesses).
         before = cache.host_lengths
-        chosen, right, cache = engine.check_guesses(target, fed, cache, active)
+        chosen, right, cache = generation.check_guesses(target, fed, cache, active)
         for r in np.flatnonzero(active):
             n = int(right[r])
             emitted = fed[r, 1:n + 1].tolist() + [int(chosen[r, n])]

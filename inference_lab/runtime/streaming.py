@@ -1,6 +1,6 @@
 """Watching an answer being written: tokens one at a time, each with the moment it appeared.
 
-:func:`stream` is :func:`inference_lab.runtime.engine.generate` for one prompt, unrolled so you can see
+:func:`stream` is :func:`inference_lab.runtime.generation.generate` for one prompt, unrolled so you can see
 it happen: one prefill (the wait for the first token, TTFT), then one ``decode_step`` per token
 (the gap between tokens, ITL). It yields each token as soon as it exists, with its text and the
 seconds since the request started. Same model, prompt, seed and sampling: same tokens as
@@ -24,7 +24,7 @@ import numpy as np
 
 from inference_lab.base import checks, tokenizer
 from inference_lab.base.progress import bar as progress_bar
-from inference_lab.runtime import engine
+from inference_lab.runtime import generation
 from inference_lab.model.kv_cache import KVCache
 from pallas_kernels.timing import timed_call
 
@@ -58,14 +58,14 @@ def stream(model, prompt: str, max_new_tokens: int = 64, *, temperature: float =
     does, and why each step here waits for the device: the timings are honest per token).
     """
     ids = _check_prompt(model, prompt, max_new_tokens)
-    top_k = engine.check_sampling(temperature, top_k, model.cfg.vocab_size)
+    top_k = checks.sampling(temperature, top_k, model.cfg.vocab_size)
     key = jax.random.key(checks.seed("seed", seed))
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     cache = KVCache.create(model.cfg, 1, len(ids) + max_new_tokens)
     t0 = time.perf_counter()
-    logits, cache = engine.prefill(model, np.asarray([ids], np.int32), cache)
+    logits, cache = generation.prefill(model, np.asarray([ids], np.int32), cache)
     # The same keys as generate(): fold_in(key, 0) for the token prefill makes, i for step i.
-    token = engine.sample(logits, jax.random.fold_in(key, 0), temperature, top_k)
+    token = generation.sample(logits, jax.random.fold_in(key, 0), temperature, top_k)
     for i in range(max_new_tokens):
         tid = int(token[0])  # waits for the device: the token exists now
         last = i + 1 == max_new_tokens
@@ -75,8 +75,8 @@ def stream(model, prompt: str, max_new_tokens: int = 64, *, temperature: float =
         yield StreamedToken(tid, piece, time.perf_counter() - t0)
         if last:
             return
-        logits, cache = engine.decode_step(model, token, cache)
-        token = engine.sample(logits, jax.random.fold_in(key, i + 1), temperature, top_k)
+        logits, cache = generation.decode_step(model, token, cache)
+        token = generation.sample(logits, jax.random.fold_in(key, i + 1), temperature, top_k)
 
 
 @dataclasses.dataclass

@@ -10,9 +10,10 @@ Every request is checked before the engine sees it, and every refusal is an Open
 error (``{"error": {"message", "type", "param", "code"}}``) with a 4xx status, never a
 traceback: a wrong or missing API key (401), a body that is not a JSON object or is too large
 (400, 413), an unknown model (404), a prompt and ``max_tokens`` past the context (400), an
-out-of-range or unsupported sampling setting (400), a full admission queue (429, with
-``Retry-After``). A client that goes away mid-request has its request cancelled: its slot is
-free at the engine's next iteration.
+out-of-range or unsupported sampling setting (400), a full engine (429, with ``Retry-After``).
+A request the engine could not finish says why: a stopping server (503), a failed engine (500), a
+non-streamed request past ``request_timeout`` (504, and the request is cancelled). A client that
+goes away mid-request has its request cancelled: its slot is free at the engine's next iteration.
 """
 
 from __future__ import annotations
@@ -116,10 +117,10 @@ class Served:
     the model's name, context and vocabulary, and the request limits."""
 
     def __init__(self, backend, *, model_name: str, max_seq_len: int, vocab_size: int,
-                 api_key: str | None = None, max_body: int = MAX_BODY_BYTES):
+                 api_key: str | None = None, max_body: int = MAX_BODY_BYTES, request_timeout: float | None = None):
         self.backend, self.model_name = backend, model_name
         self.max_seq_len, self.vocab_size = max_seq_len, vocab_size
-        self.api_key, self.max_body = api_key, max_body
+        self.api_key, self.max_body, self.request_timeout = api_key, max_body, request_timeout
         self.created = int(time.time())
 
     def engine_request(self, body: dict, chat: bool) -> tuple[Request, dict]:
@@ -216,6 +217,8 @@ class _Stream:
                            kind="rate_limit_error", headers={"Retry-After": "1"}) from None
         except RuntimeError as e:
             raise APIError(503, str(e), code="engine_stopped", kind="server_error") from None
+        except ValueError as e:   # the engine's own check (the API's came first)
+            raise _bad(str(e)) from None
 
     def _from_engine(self, event) -> None:
         try:
@@ -231,6 +234,9 @@ class _Stream:
                 self.finished = True
                 if event.finish == "error":
                     raise APIError(500, f"the engine failed: {event.error}", kind="server_error")
+                if event.error:   # not a cancel this client asked for: the server is stopping
+                    raise APIError(503, f"the request was stopped: {event.error}", code="engine_stopped",
+                                   kind="server_error")
                 return
             self.completion_tokens += 1
             piece = self.text.decode(bytes([event.token]) if 0 <= event.token < 256 else b"",
@@ -279,14 +285,23 @@ async def _streamed(served, stream, chat, include_usage):
 async def _collected(served, stream, chat, http):
     pieces, finish = [], None
     events = stream.events()
+    deadline = None if served.request_timeout is None else time.monotonic() + served.request_timeout
     try:
         while True:
             waiting = asyncio.ensure_future(anext(events))
             while not waiting.done():
                 await asyncio.wait({waiting}, timeout=0.5)
-                if not waiting.done() and await http.is_disconnected():
+                if waiting.done():
+                    break
+                if await http.is_disconnected():
                     waiting.cancel()
                     return None
+                if deadline is not None and time.monotonic() > deadline:
+                    waiting.cancel()
+                    raise APIError(504, f"the request did not finish within --request-timeout="
+                                        f"{served.request_timeout:g} s ({stream.completion_tokens} tokens written); "
+                                        "it was cancelled: ask for fewer tokens, or stream", code="request_timeout",
+                                   kind="timeout_error")
             try:
                 piece, finish = waiting.result()
             except StopAsyncIteration:

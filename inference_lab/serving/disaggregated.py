@@ -4,165 +4,96 @@ xPyD, here 1P1D on one machine).
 
 ::
 
-    front (the HTTP server)  --request-->  prefill worker  --first token-->  front
-                                             |  KV cache over a pipe
-                                             v
-                                           decode worker   --every later token-->  front
+    front (the HTTP server, no jax)  --request, cancel-->  prefill worker  --first token-->  front
+                                                              |  the cache: shared memory
+                                                              v  (a message: which buffer)
+                                                            decode worker  --every later token-->  front
 
-Each worker runs the scheduler loop of :mod:`inference_lab.serving.scheduler` in its role
+Each worker runs the engine loop of :mod:`inference_lab.serving.engine` in its role
 (``"prefill-only"``, ``"decode-only"``). On a CPU each is pinned to a core of its own
-(``sched_setaffinity``) and given one XLA thread, so a prompt being prefilled takes no time
-from the decode step: prompt load raises time to first token, and time per output token
-barely moves. The first token comes from the prefill worker; the transfer and the wait for a
-decode slot land in the request's first gap.
+(:func:`inference_lab.serving.lifetime.one_core`), so a prompt being prefilled takes no time from
+the decode step: prompt load raises time to first token, and time per output token barely moves.
+The first token comes from the prefill worker; the transfer and the wait for a decode slot land
+in the request's first gap.
 
-The KV cache travels as NumPy arrays through a ``multiprocessing`` pipe (pickled, copied
-twice: into the pipe and out of it). Each transfer's bytes (``2 x layers x prompt tokens x
-KV heads x head_dim x 4`` for float32) and seconds (the prefill's send to the decode worker
-holding it on its device) are counted: :meth:`TwoPoolEngine.stats` reports them.
+**The transfer.** Both workers map one file in shared memory (``/dev/shm``): ``N`` buffers, each
+a whole slot's K and V (``2 x layers x max_len x KV heads x head_dim``). The prefill worker copies
+a finished prompt's cache from its device into a free buffer and sends a small message (the
+request, its first token, the buffer, the padded width) down a pipe; the decode worker copies the
+buffer onto its device and hands the buffer back. One copy out of the prefill device, one into the
+decode device, no pickling of the arrays. The bytes and seconds of every transfer (from the copy out
+to the cache on the decode device) are counted: :meth:`TwoPoolEngine.stats`.
 
-Workers die with the server: they are daemonic children, ask the kernel for SIGTERM when
-their parent dies (Linux), and watch their parent's pid (elsewhere). Spawned, not forked:
-a forked jax is not safe.
+**Nothing lost.** The front orders each request's tokens by their index (the prefill worker's
+first token can reach the front after the decode worker's second), ends every request it holds
+with an error the moment a worker dies, refuses new ones from then on, and counts every request
+it holds against the queue bound. A cancel goes to the prefill worker, which drops the request or,
+if it has already handed the request on, forwards the cancel down the same pipe (so it arrives
+after the request). Messages to the workers leave from a thread of their own: the HTTP server's
+event loop never waits on a pipe.
+
+Workers die with the server (:func:`inference_lab.serving.lifetime.die_with_parent`). Spawned, not
+forked: a forked jax is not safe.
 """
 
 from __future__ import annotations
 
-import ctypes
+import collections
+import dataclasses
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import queue
-import signal
-import sys
+import tempfile
 import threading
+import traceback
 
 import numpy as np
 
-from inference_lab.serving.models import load_model
-from inference_lab.serving.scheduler import Engine, QueueFull, Request, TokenEvent, now
+from inference_lab.base.config import ModelConfig
+from inference_lab.serving.lifetime import die_with_parent, one_core
+from inference_lab.serving.scheduler import QueueFull, Request, TokenEvent, check_request, now
 
 READY_TIMEOUT_S = 600.0    # warm-up compiles every program of both roles; minutes on a slow CPU
+PREFILL_SLOTS = 4          # prompts the prefill pool holds at once (each only until it is handed on)
+RECENT_TRANSFERS = 256     # transfers kept for the median
+
+
+def row_shape(cfg: ModelConfig) -> tuple:
+    """One buffer: a slot's K and V, every layer and position: [2, layers, max_len, Hkv, Dh]."""
+    return 2, cfg.n_layers, cfg.max_seq_len, cfg.n_kv_heads, cfg.head_dim
+
+
+def _buffers(spec: dict) -> np.ndarray:
+    """The shared buffers, [N, *row_shape] in the model's dtype, mapped from the file the front made
+    (in a worker: jax has taught NumPy bfloat16 there)."""
+    import jax.numpy as jnp
+
+    shape = (spec["n_buffers"], *row_shape(ModelConfig(**spec["cfg"])))
+    return np.memmap(spec["buffers"], dtype=jnp.dtype(spec["cfg"]["dtype"]), mode="r+", shape=shape)
 
 
 # ----------------------------------------------------------------------------- in the workers
-def _die_with_parent(parent: int) -> None:
-    """Exit when the process that started this one goes away (a killed server or notebook kernel)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+def _start(spec: dict, role: str):
+    """A worker's first steps: die with the front, keep to its core, load the model."""
+    die_with_parent(spec["parent"])
+    one_core(spec["cores"][0 if role == "prefill" else 1])
+    from inference_lab.serving.models import load_model
 
+    return load_model(spec["preset"], spec.get("weights"))
+
+
+def _serve(engine, inbox, events, role: str, on_message) -> None:
+    """A worker's main thread: the front's messages to ``on_message`` until it says stop (or
+    goes away, or the engine fails: then the front hears why and the process ends)."""
     def watch():
-        while True:
-            if os.getppid() != parent:
-                os._exit(0)
-            threading.Event().wait(1.0)
+        while engine.error is None and engine.stopped is None:
+            threading.Event().wait(0.2)
+        if engine.error is not None:
+            events.put(("failed", role, engine.error))
+            os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
-
-
-def _one_core(core: int | None) -> None:
-    """This process on one core with one XLA thread (XLA reads its flags when its CPU backend
-    starts, at the first array, not when jax is imported)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1".strip()
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {core})
-
-
-def _row_arrays(row, n: int):
-    """A one-row cache's first ``n`` positions as host arrays (what travels)."""
-    return [np.asarray(k[:, :n]) for k in row.k], [np.asarray(v[:, :n]) for v in row.v]
-
-
-def _prefill_costs(engine: Engine) -> dict:
-    """The prefill worker's own prefill time per padded width, on its one core (median of 3)."""
-    from inference_lab.base import tokenizer
-    from inference_lab.serving.slots import prefill_widths
-    from pallas_kernels.timing import round_robin, timed
-
-    widths = prefill_widths(engine.max_len)
-    runs = [lambda w=w: timed(lambda: engine.slots.prefill([tokenizer.BOS] * w)[0]) for w in widths]
-    return {w: s.median for w, s in zip(widths, round_robin(runs, repeats=3))}
-
-
-def prefill_worker(spec: dict, inbox, kv_out, events) -> None:
-    """The prefill pool: prompts from ``inbox``, first tokens to ``events``, caches to ``kv_out``."""
-    _die_with_parent(spec["parent"])
-    _one_core(spec["cores"][0])
-    model = load_model(spec["preset"], spec.get("weights"))
-
-    def handoff(request: Request, token: int, row) -> None:
-        n = len(request.prompt)
-        k, v = _row_arrays(row, n)
-        kv_out.send((request, token, k, v, now()))
-
-    engine = Engine(model, policy="prefill-only", n_slots=1, max_queue=1 << 20, handoff=handoff)
-    warmup = engine.warmup()
-    events.put(("ready", "prefill", warmup, _prefill_costs(engine)))
-    engine.start()
-    _serve_inbox(engine, inbox, events)
-
-
-def decode_worker(spec: dict, kv_in, control, events) -> None:
-    """The decode pool: caches from ``kv_in`` into its slots, every later token to ``events``."""
-    _die_with_parent(spec["parent"])
-    _one_core(spec["cores"][1])
-    model = load_model(spec["preset"], spec.get("weights"))
-    import jax.numpy as jnp
-
-    from inference_lab.model.kv_cache import KVCache
-    from inference_lab.serving.slots import prefill_width
-
-    engine = Engine(model, policy="decode-only", n_slots=spec["n_slots"], max_queue=1 << 20)
-    warmup = engine.warmup()
-    from pallas_kernels.timing import round_robin, timed
-
-    widths = engine.slots.step_widths()
-    runs = [lambda w=w: timed(lambda: engine.slots.busy_step(w)) for w in widths]
-    step = {w: s.median for w, s in zip(widths, round_robin(runs, repeats=5))}
-    events.put(("ready", "decode", warmup, step))
-    engine.start()
-    stop, lock = threading.Event(), threading.Lock()
-    cancelled: set[str] = set()    # cancels that may overtake their cache on the other pipe
-
-    def cancel(rid: str) -> None:
-        with lock:
-            cancelled.add(rid)
-            engine.cancel(rid)
-
-    def emit(event):
-        events.put(("token", event))
-
-    def arrivals():
-        while not stop.is_set():
-            if not kv_in.poll(0.2):
-                continue
-            request, token, k, v, sent = kv_in.recv()
-            n = len(request.prompt)
-            width = prefill_width(n, engine.max_len)
-            pad = ((0, 0), (0, width - n), (0, 0), (0, 0))
-            row = KVCache([jnp.asarray(np.pad(a, pad)) for a in k], [jnp.asarray(np.pad(a, pad)) for a in v],
-                          np.array([n], np.int32))
-            held = now()
-            events.put(("kv", request.rid, int(sum(a.nbytes for a in k + v)), held - sent))
-            with lock:
-                if request.rid in cancelled:
-                    emit(TokenEvent(request.rid, -1, 1, now(), "abort"))
-                else:
-                    engine.submit_prefilled(request, emit, row, token)
-
-    threading.Thread(target=arrivals, daemon=True).start()
-    _serve_inbox(engine, control, events, on_cancel=cancel)
-    stop.set()
-
-
-def _serve_inbox(engine: Engine, inbox, events, on_cancel=None) -> None:
-    """A worker's main thread: submit and cancel what the front sends, until it says stop."""
-    def emit(event):
-        events.put(("token", event))
-
     while True:
         try:
             kind, item = inbox.recv()
@@ -170,50 +101,152 @@ def _serve_inbox(engine: Engine, inbox, events, on_cancel=None) -> None:
             break
         if kind == "stop":
             break
-        if kind == "cancel":
-            (on_cancel or engine.cancel)(item)
-        else:
-            engine.submit(item, emit)
-    engine.stop()
+        try:
+            on_message(kind, item)
+        except Exception as e:   # a request no engine could serve, sent straight here: refused, not fatal
+            events.put(("token", TokenEvent(getattr(item, "rid", "?"), -1, 0, now(), "error", f"{e}")))
+    engine.stop(reason="the server is stopping")
+
+
+def prefill_worker(spec: dict, inbox, kv_out, free, events) -> None:
+    """The prefill pool: requests from ``inbox``, first tokens to ``events``, caches into the
+    shared buffers (a free one from ``free``) and a message per cache down ``kv_out``."""
+    from inference_lab.serving.engine import Engine
+
+    model = _start(spec, "prefill")
+    buffers = _buffers(spec)
+
+    def handoff(request: Request, token: int, extract) -> None:
+        t0 = now()
+        b = free.get()                         # waits while the decode pool holds every buffer
+        width = extract(buffers[b])
+        kv_out.send(("arrive", (request, token, b, width, t0)))
+
+    def emit(event):
+        events.put(("token", event))
+
+    engine = Engine(model, policy="prefill-only", n_slots=PREFILL_SLOTS, max_queue=1 << 20, handoff=handoff,
+                    forward_cancel=lambda rid: kv_out.send(("cancel", rid)))
+    warmup = engine.warmup()
+    costs = engine.slots.time_shapes(engine.scheduler.shapes(), context=0, repeats=3)
+    events.put(("ready", "prefill", warmup, costs))
+    engine.start()
+    _serve(engine, inbox, events, "prefill",
+           lambda kind, item: engine.submit(item, emit) if kind == "submit" else engine.cancel(item))
+
+
+def decode_worker(spec: dict, kv_in, control, free, events) -> None:
+    """The decode pool: caches from the shared buffers into its slots, every later token to ``events``."""
+    from inference_lab.serving.engine import Engine
+
+    model = _start(spec, "decode")
+    buffers = _buffers(spec)
+    engine = Engine(model, policy="decode-only", n_slots=spec["n_slots"], max_queue=1 << 20,
+                    speculative=spec.get("speculative"))
+    warmup = engine.warmup()
+    costs = engine.slots.time_shapes(engine.scheduler.shapes(), context=model.cfg.max_seq_len // 2)
+    events.put(("ready", "decode", warmup, costs))
+    engine.start()
+
+    def emit(event):
+        events.put(("token", event))
+
+    def arrive(request, token, b, width, t0):
+        def inserted():
+            free.put(b)
+            events.put(("kv", request.rid, int(buffers[b, :, :, :width].nbytes), now() - t0))
+        try:
+            engine.submit_prefilled(request, emit, buffers[b, :, :, :width], token, inserted=inserted)
+        except Exception as e:
+            free.put(b)
+            emit(TokenEvent(request.rid, -1, 1, now(), "error", str(e)))
+
+    def arrivals():
+        while True:
+            try:
+                kind, item = kv_in.recv()
+            except (EOFError, OSError):
+                return
+            if kind == "arrive":
+                arrive(*item)
+            else:
+                engine.cancel(item)
+
+    threading.Thread(target=arrivals, daemon=True).start()
+    _serve(engine, control, events, "decode", lambda kind, item: None)
 
 
 # ----------------------------------------------------------------------------- in the front
+@dataclasses.dataclass
+class _Held:
+    """A request the front holds: its callback, the index it sends next, what came early."""
+
+    emit: object
+    next: int = 0
+    early: dict = dataclasses.field(default_factory=dict)
+
+
 class TwoPoolEngine:
-    """The two worker processes behind the interface of :class:`~inference_lab.serving.scheduler.Engine`
+    """The two worker processes behind the interface of :class:`~inference_lab.serving.engine.Engine`
     (``submit``, ``cancel``, ``stats``, ``start``, ``stop``), for the server. ``preset`` and
-    ``weights`` name the model (:func:`inference_lab.serving.models.load_model`); at most
-    ``max_queue`` requests wait for the prefill worker."""
+    ``weights`` name the model (:func:`inference_lab.serving.models.load_model`), ``cfg`` its config
+    (read from ``preset`` when not given); at most ``n_slots + max_queue`` requests are held at
+    once, in both pools together; ``speculative``: the decode pool's, as the Engine takes it."""
 
     policy = "disaggregated"
 
-    def __init__(self, preset: str, weights=None, *, n_slots: int = 8, max_queue: int = 64):
+    def __init__(self, preset: str, weights=None, *, cfg: ModelConfig | None = None, n_slots: int = 8,
+                 max_queue: int = 64, speculative: tuple | None = None):
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
         self.cores = (cores[0], cores[1] if len(cores) > 1 else cores[0])
-        self.spec = {"preset": preset, "weights": None if weights is None else str(weights),
-                     "n_slots": int(n_slots), "cores": self.cores, "parent": os.getpid()}
+        self.cfg = cfg if cfg is not None else ModelConfig.preset(preset)
         self.n_slots, self.max_queue = int(n_slots), int(max_queue)
-        self._emit: dict[str, object] = {}        # rid -> callback, until the request ends
-        self._waiting_first: set[str] = set()     # submitted, first token not yet out
+        self.n_buffers = self.n_slots + PREFILL_SLOTS
+        self.spec = {"preset": preset, "weights": None if weights is None else str(weights),
+                     "cfg": dataclasses.asdict(self.cfg), "n_slots": self.n_slots, "cores": self.cores,
+                     "parent": os.getpid(), "n_buffers": self.n_buffers, "speculative": speculative}
+        self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self.transfers: list[tuple[int, float]] = []   # (bytes, seconds) per shipped cache
+        self._outbox = queue.SimpleQueue()            # (connection, message), sent by the sender thread
+        self.transfers = 0
+        self.transfer_bytes = 0
+        self._recent: collections.deque = collections.deque(maxlen=RECENT_TRANSFERS)   # seconds per transfer
         self.warmup_s: dict[str, float] = {}
-        # measured by each worker on its own core before it serves: the prefill seconds per padded
-        # width, and a decode step per batch width (the simulator's costs for this pair of pools)
-        self.worker_costs: dict[str, object] = {}
+        # measured by each worker on its own core before it serves: its step costs by shape
+        # (the simulator's costs for this pair of pools)
+        self.worker_costs: dict[str, dict] = {}
         self.error: str | None = None
+        self.stopped: str | None = None
         self._procs: list = []
 
     def start(self) -> "TwoPoolEngine":
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        fd, path = tempfile.mkstemp(prefix="inference-lab-kv-", dir=folder)
+        os.close(fd)
+        try:
+            size = self.n_buffers * int(np.prod(row_shape(self.cfg))) * self.cfg.dtype_bytes
+            np.memmap(path, dtype=np.uint8, mode="w+", shape=(size,)).flush()
+            self.spec["buffers"] = path
+            self._start_workers()
+        finally:
+            os.unlink(path)   # both workers have it mapped (or failed): nothing is left behind, even on a crash
+        for name in ("send", "dispatch", "monitor"):
+            threading.Thread(target=getattr(self, f"_{name}"), name=f"inference-lab-{name}", daemon=True).start()
+        return self
+
+    def _start_workers(self) -> None:
         ctx = mp.get_context("spawn")
         self._events = ctx.Queue()
+        free = ctx.Queue()
+        for b in range(self.n_buffers):
+            free.put(b)
         kv_in, kv_out = ctx.Pipe(duplex=False)
         prefill_in, self._to_prefill = ctx.Pipe(duplex=False)
         control_in, self._to_decode = ctx.Pipe(duplex=False)
         self._procs = [
-            ctx.Process(target=prefill_worker, args=(self.spec, prefill_in, kv_out, self._events),
+            ctx.Process(target=prefill_worker, args=(self.spec, prefill_in, kv_out, free, self._events),
                         name="inference-lab-prefill", daemon=True),
-            ctx.Process(target=decode_worker, args=(self.spec, kv_in, control_in, self._events),
+            ctx.Process(target=decode_worker, args=(self.spec, kv_in, control_in, free, self._events),
                         name="inference-lab-decode", daemon=True),
         ]
         for p in self._procs:
@@ -221,19 +254,17 @@ class TwoPoolEngine:
         deadline = now() + READY_TIMEOUT_S
         while len(self.warmup_s) < 2:
             try:
-                kind, role, seconds, costs = self._events.get(timeout=1.0)
+                message = self._events.get(timeout=1.0)
             except queue.Empty:
                 dead = [p.name for p in self._procs if not p.is_alive()]
                 if dead or now() > deadline:
                     self.stop()
                     raise RuntimeError(f"the {' and '.join(dead) or 'worker'} process did not start "
-                                       "(its error is in the log above)")
+                                       "(its error is in the log above)") from None
                 continue
-            self.warmup_s[role] = seconds
-            self.worker_costs[role] = costs
-        self._dispatcher = threading.Thread(target=self._dispatch, name="inference-lab-events", daemon=True)
-        self._dispatcher.start()
-        return self
+            if message[0] == "ready":
+                _, role, seconds, costs = message
+                self.warmup_s[role], self.worker_costs[role] = seconds, costs
 
     def warmup(self) -> float:
         """Both workers compiled at :meth:`start`; the longer of their two warm-ups."""
@@ -243,29 +274,36 @@ class TwoPoolEngine:
         """The two workers' process ids (a test checks that none outlives the server)."""
         return [p.pid for p in self._procs]
 
+    # -- requests
     def submit(self, request: Request, emit) -> None:
+        check_request(request, vocab_size=self.cfg.vocab_size, max_len=self.cfg.max_seq_len)
         with self._lock:
-            if self.error is not None:
-                raise RuntimeError(f"the engine stopped: {self.error}")
-            if len(self._waiting_first) >= self.max_queue:
-                raise QueueFull(f"{len(self._waiting_first)} requests are already waiting "
-                                f"(max_queue={self.max_queue})")
-            self._waiting_first.add(request.rid)
-            self._emit[request.rid] = emit
-        self._send(self._to_prefill, ("submit", request))
+            if self.error is not None or self.stopped is not None:
+                raise RuntimeError(f"the engine stopped: {self.error or self.stopped}")
+            if len(self._held) >= self.n_slots + self.max_queue:
+                raise QueueFull(f"{len(self._held)} requests are already held by the two pools "
+                                f"({self.n_slots} slots, max_queue={self.max_queue})")
+            if request.rid in self._held:
+                raise ValueError(f"request {request.rid} is already being served")
+            self._held[request.rid] = _Held(emit)
+        self._outbox.put((self._to_prefill, ("submit", request)))
 
     def cancel(self, rid: str) -> None:
-        self._send(self._to_prefill, ("cancel", rid))
-        self._send(self._to_decode, ("cancel", rid))
+        self._outbox.put((self._to_prefill, ("cancel", rid)))
 
-    def _send(self, conn, message) -> None:
-        with self._send_lock:
+    def _send(self) -> None:
+        """The sender thread: pipe writes block when a pipe is full, never the caller's thread."""
+        while True:
+            conn, message = self._outbox.get()
+            if conn is None:
+                return
             try:
                 conn.send(message)
-            except (OSError, ValueError):   # a worker is gone: stats() says so
+            except (OSError, ValueError):   # a worker is gone: the monitor ends its requests
                 pass
 
     def _dispatch(self) -> None:
+        """Workers' events to the callbacks, each request's tokens in index order."""
         while True:
             try:
                 message = self._events.get()
@@ -273,34 +311,79 @@ class TwoPoolEngine:
                 return
             if message is None:
                 return
-            if message[0] == "kv":
-                self.transfers.append((message[2], message[3]))
-                continue
-            event: TokenEvent = message[1]
-            with self._lock:
-                self._waiting_first.discard(event.rid)
-                emit = self._emit.get(event.rid)
-                if event.finish is not None:
-                    self._emit.pop(event.rid, None)
-            if emit is not None:
-                emit(event)
+            kind = message[0]
+            if kind == "kv":
+                self.transfers += 1
+                self.transfer_bytes += message[2]
+                self._recent.append(message[3])
+            elif kind == "failed":
+                self._fail(f"the {message[1]} worker failed: {message[2]}")
+            elif kind == "token":
+                self._arrived(message[1])
+
+    def _arrived(self, event: TokenEvent) -> None:
+        with self._lock:
+            held = self._held.get(event.rid)
+            if held is None:          # already ended (a failure ended it, or it was never ours)
+                return
+            held.early[event.index] = event
+            out = []
+            while held.next in held.early:
+                e = held.early.pop(held.next)
+                out.append(e)
+                held.next += 1
+                if e.finish is not None:
+                    del self._held[event.rid]
+                    break
+        for e in out:
+            self._call(held.emit, e)
+
+    def _call(self, emit, event: TokenEvent) -> None:
+        try:
+            emit(event)
+        except Exception:
+            traceback.print_exc()
+
+    def _monitor(self) -> None:
+        """Wait for a worker to end; if it ends while serving, every held request ends with why."""
+        ended = multiprocessing.connection.wait([p.sentinel for p in self._procs])
+        if self.stopped is None:
+            dead = [p for p in self._procs if p.sentinel in ended]
+            self._fail(", ".join(f"worker process {p.name} exited (code {p.exitcode})" for p in dead))
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = reason
+        self._end_all("error", self.error)
+
+    def _end_all(self, finish: str, reason: str) -> None:
+        with self._lock:
+            held, self._held = self._held, {}
+        for rid, h in held.items():
+            self._call(h.emit, TokenEvent(rid, -1, h.next, now(), finish, reason))
 
     def stats(self) -> dict:
-        dead = [p.name for p in self._procs if not p.is_alive()]
-        if dead and self.error is None:
-            self.error = f"worker process {', '.join(dead)} exited"
         with self._lock:
-            waiting, active = len(self._waiting_first), len(self._emit) - len(self._waiting_first)
-        sent = np.array(self.transfers, dtype=np.float64).reshape(-1, 2)
-        return {"policy": self.policy, "slots": self.n_slots, "active": active, "waiting": waiting,
-                "error": self.error, "cores": list(self.cores), "worker_pids": self.pids(), "kv_transfers": len(sent),
-                "kv_bytes_mean": float(sent[:, 0].mean()) if len(sent) else None,
-                "kv_seconds_median": float(np.median(sent[:, 1])) if len(sent) else None}
+            held = len(self._held)
+            waiting = sum(1 for h in self._held.values() if h.next == 0)
+        recent = np.array(self._recent, np.float64)
+        return {"policy": self.policy, "slots": self.n_slots, "active": held - waiting, "waiting": waiting,
+                "held": held, "error": self.error, "cores": list(self.cores), "worker_pids": self.pids(),
+                "kv_transfers": self.transfers,
+                "kv_bytes_mean": self.transfer_bytes / self.transfers if self.transfers else None,
+                "kv_seconds_median": float(np.median(recent)) if len(recent) else None}
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, reason: str = "the server is stopping") -> None:
+        with self._lock:
+            self.stopped = self.stopped or reason
+        self._end_all("abort", reason)
         for conn in (getattr(self, "_to_prefill", None), getattr(self, "_to_decode", None)):
             if conn is not None:
-                self._send(conn, ("stop", None))
+                with_timeout = threading.Thread(target=self._quietly_send, args=(conn, ("stop", None)), daemon=True)
+                with_timeout.start()
+                with_timeout.join(timeout)
+        self._outbox.put((None, None))
         for p in self._procs:
             p.join(timeout)
             if p.is_alive():
@@ -308,6 +391,10 @@ class TwoPoolEngine:
                 p.join(timeout)
         if getattr(self, "_events", None) is not None:
             self._events.put(None)
-            dispatcher = getattr(self, "_dispatcher", None)
-            if dispatcher is not None:
-                dispatcher.join(timeout)
+
+    @staticmethod
+    def _quietly_send(conn, message) -> None:
+        try:
+            conn.send(message)
+        except (OSError, ValueError):
+            pass

@@ -1,52 +1,50 @@
-"""The serving engine: requests in, tokens out, one scheduler loop over fixed decode slots.
+"""The scheduler: which requests the next forward serves, and how many tokens each. Host logic
+only (no jax), so it is read, and tested, without a model.
 
-:class:`Engine` runs the loop in a thread of its own. :meth:`Engine.submit` hands it a
-:class:`Request` and a callback; the loop calls the callback from its thread with a
-:class:`TokenEvent` for every token, stamped with the time the token reached the host. Each
-iteration of the loop follows the policy:
+Every iteration of the engine is **one forward** over a token budget (vLLM v1's scheduler,
+``max_num_batched_tokens``): a row for each request that is decoding (one token each) and
+**pieces** of prompts (:data:`PIECE` tokens each, the last one of a prompt padded), packed into
+one compiled program of a few bucketed shapes (:func:`piece_counts`, :func:`decode_widths`).
+A piece writes its K/V into its request's slot and attends to what the slot holds, so a prompt
+can be prefilled a piece at a time over several iterations, or whole in one.
 
-* ``"prefill-first"`` (vLLM's first scheduler): every waiting prompt that has a free slot is
-  prefilled whole, then one decode step advances every slot. A long prompt stalls every
-  running request for as long as its prefill takes: one long gap in each of their streams.
-* ``"chunked"`` (Sarathi-Serve, vLLM's default since): an iteration has a token budget,
-  ``chunk_tokens``. Each running request's next token takes one token of it; the rest (rounded
-  down to a multiple of 16) goes to the next piece of the oldest waiting prompt. No iteration
-  grows past the budget, so no gap grows past one budget-sized iteration; a long prompt takes
-  several iterations to prefill, so its own first token comes later instead. (The decode step
-  and the chunk are two calls here: a fused mixed batch would read the weights once for both,
-  which matters where reading them is the cost.)
+Policies:
 
-The disaggregated policy (prefill and decode in two processes) is
-:mod:`inference_lab.serving.disaggregated`; it takes the same requests and gives the same events.
-Each of its two workers runs this loop in one of two roles: ``"prefill-only"`` (prefill whole
-prompts, emit the first token, hand the cache on) and ``"decode-only"`` (insert caches that
-arrive prefilled, then generate).
+* ``"chunked"`` (Sarathi-Serve, vLLM's default): each iteration every decoding request takes one
+  token of the budget; the rest, in whole pieces, goes to prompts, oldest first: those already
+  being prefilled, then waiting requests that get a free slot, each as many pieces as its
+  remaining prompt needs. No iteration grows past the budget, so no inter-token gap grows past
+  one budget-sized iteration.
+* ``"prefill-first"`` (vLLM's first scheduler): when requests wait and slots are free, an
+  iteration prefills whole prompts, as many as fit the budget and the free slots, and decodes
+  nothing; otherwise it is one decode step of every running request. A long prompt stalls every
+  running stream for as long as its prefill takes.
+* ``"prefill-only"`` and ``"decode-only"``: the two pools of :mod:`inference_lab.serving.disaggregated`.
+  The first prefills whole prompts as prefill-first does and keeps each finished prompt's slot
+  until its cache is handed on (:meth:`Scheduler.release`); the second only decodes requests
+  that arrive prefilled (:meth:`Scheduler.add` with ``arrived=True``).
+
+The plan of an iteration (:class:`Step`) is made as if the iteration succeeds (a request's
+counts move at once), so the engine can dispatch the next forward before it reads this one's
+tokens: only an end-of-sequence token is news afterwards, and the engine drops that request then.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
-import queue
-import threading
 import time
 
-import jax
-import numpy as np
-
-from inference_lab.base import tokenizer
-from inference_lab.runtime import engine
-from inference_lab.model.kv_cache import KVCache
-from inference_lab.serving.slots import DecodeSlots, chunk_widths, prefill_widths, sample_row
+from inference_lab.base import checks, tokenizer
 
 POLICIES = ("prefill-first", "chunked", "disaggregated")
-ROLES = ("prefill-only", "decode-only")   # the two pools' loops (serving.disaggregated)
-DEFAULT_CHUNK_TOKENS = 64     # sized for the shipped models' 256-token context (a quarter of it)
+ROLES = ("prefill-only", "decode-only")   # the two pools' schedulers (serving.disaggregated)
+PIECE = 16                # prompt tokens per piece: Triton's smallest dot, and the unit of the budget
+DEFAULT_BUDGET = 64       # chunked: tokens per iteration, sized for the shipped models' 256-token context
 
 
 class QueueFull(Exception):
-    """The admission queue is full: the server answers 429 rather than queue without bound."""
+    """The engine holds as many requests as it may: the server answers 429 rather than queue without bound."""
 
 
 @dataclasses.dataclass
@@ -61,19 +59,14 @@ class Request:
     seed: int = 0
     stop_at_eos: bool = True
 
-    def finish_reason(self, token: int, index: int) -> str | None:
-        """Why the request ends after its token number ``index`` (0 = the first), or None."""
-        if self.stop_at_eos and token == tokenizer.EOS:
-            return "stop"
-        return "length" if index + 1 >= self.max_tokens else None
-
 
 @dataclasses.dataclass(frozen=True)
 class TokenEvent:
     """Token ``index`` of request ``rid`` reached the host at ``time`` (``time.perf_counter``,
     a system-wide monotonic clock on Linux, so worker processes' stamps compare). ``finish``:
-    ``"length"``/``"stop"`` on the last token; ``"abort"``/``"error"`` end a request without one
-    (``token`` is then -1 and ``error`` says why)."""
+    ``"length"``/``"stop"`` on the last token; ``"abort"`` (a cancel, or the engine stopping) and
+    ``"error"`` (the engine failed) end a request without one: ``token`` is then -1 and ``error``
+    says why (empty for a cancel the client asked for)."""
 
     rid: str
     token: int
@@ -87,278 +80,300 @@ def now() -> float:
     return time.perf_counter()
 
 
-@dataclasses.dataclass
-class _Running:
+def check_request(request: Request, *, vocab_size: int, max_len: int) -> None:
+    """One-line errors for a request no engine of this model can serve (the API answers them 400
+    first); every engine runs it at ``submit``, before the request could reach a worker loop."""
+    if not isinstance(request, Request):
+        raise ValueError(f"request must be a serving.scheduler.Request, got {type(request).__name__}")
+    rid = request.rid
+    try:
+        prompt = checks.token_ids("prompt", request.prompt, vocab_size)
+    except ValueError as err:
+        raise ValueError(f"request {rid}: {err}") from None
+    if len(prompt) >= max_len:
+        raise ValueError(f"request {rid}: a prompt of {len(prompt)} tokens leaves no room in max_len={max_len}; "
+                         "shorten it")
+    if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+        raise ValueError(f"request {rid}: max_tokens={request.max_tokens!r} must be a positive integer")
+    try:
+        checks.sampling(request.temperature, request.top_k, vocab_size)
+        checks.seed("seed", request.seed)
+        checks.flag("stop_at_eos", request.stop_at_eos)
+    except ValueError as err:
+        raise ValueError(f"request {rid}: {err}") from None
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    """A request inside the engine. ``prefilled``: prompt tokens scheduled into its slot;
+    ``produced``: tokens scheduled to be sampled (the next one sampled is token ``produced``);
+    ``delivered``: tokens whose event went out. ``finished``: nothing more will be sent."""
+
     request: Request
     emit: object
-    produced: int = 0
     slot: int = -1
-    row: object = None          # its one-row cache: while prefilled chunk by chunk, or as it arrived
-    first: int = -1             # decode-only: the first token, sampled by the prefill pool
+    prefilled: int = 0
+    produced: int = 0
+    delivered: int = 0
+    finished: bool = False
+    arrival: tuple | None = None   # decode-only: (its cache rows, first token, called once inserted)
+    history: list | None = None    # speculative decoding: prompt and tokens so far, for the draft
+
+    @property
+    def rid(self) -> str:
+        return self.request.rid
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt)
+
+    def cache_length(self) -> int:
+        """Positions of the slot that hold this request's tokens (where its next token is written)."""
+        if self.prefilled < self.prompt_len:
+            return self.prefilled
+        return self.prompt_len + self.produced - 1
+
+    def finish_reason(self, token: int, index: int, max_len: int) -> str | None:
+        """Why the request ends after its token number ``index`` (0 = the first), or None."""
+        if self.request.stop_at_eos and token == tokenizer.EOS:
+            return "stop"
+        return "length" if index >= self.last_token(max_len) else None
+
+    def last_token(self, max_len: int) -> int:
+        """The index of the last token it may have: ``max_tokens - 1``, or fewer where the slot
+        ends first (a token is fed at position prompt + index, which must lie inside the slot)."""
+        return min(self.request.max_tokens, max_len - self.prompt_len + 1) - 1
 
 
-class Engine:
-    """The scheduler loop over :class:`DecodeSlots`, in a thread: ``policy`` as the module says,
-    ``n_slots`` decode rows, ``chunk_tokens`` the chunked policy's budget, at most ``max_queue``
-    requests waiting for a slot (then :class:`QueueFull`). ``policy`` may also be one of the
-    :data:`ROLES`; a prefill-only engine calls ``handoff(request, first_token, row_cache)`` for
-    each request that goes on, instead of giving it a slot."""
+@dataclasses.dataclass
+class Piece:
+    """``len(tokens)`` (<= PIECE) prompt tokens of ``seq``, written from position ``start``;
+    ``samples``: the prompt's last piece, whose last token's logits give the first output token."""
 
-    def __init__(self, model, *, policy: str = "chunked", n_slots: int = 8,
-                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS, max_queue: int = 64, handoff=None):
-        if policy not in POLICIES[:2] + ROLES:
-            raise ValueError(f"policy={policy!r}: the in-process engine runs 'prefill-first' or 'chunked' "
-                             "('disaggregated' is serving.disaggregated.TwoPoolEngine)")
-        if (handoff is None) == (policy == "prefill-only"):
-            raise ValueError("handoff is what a prefill-only engine calls, and only it")
-        for name, value, low in (("n_slots", n_slots, 1), ("max_queue", max_queue, 1),
-                                 ("chunk_tokens", chunk_tokens, 16)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ValueError(f"{name}={value!r} must be an integer >= {low}")
-        if chunk_tokens <= n_slots:
-            raise ValueError(f"chunk_tokens={chunk_tokens} leaves no room for a prompt chunk beside "
-                             f"{n_slots} decode rows: make it larger than n_slots")
-        self.model, self.policy, self.handoff = model, policy, handoff
-        self.n_slots, self.chunk_tokens, self.max_queue = int(n_slots), int(chunk_tokens), int(max_queue)
-        self.slots = DecodeSlots(model, self.n_slots)
-        self.max_len = self.slots.max_len
-        self._inbox = queue.SimpleQueue()       # ("submit", _Running) | ("cancel", rid) | ("stop", None)
-        self._waiting: collections.deque[_Running] = collections.deque()
-        self._running: dict[int, _Running] = {}  # slot -> request
-        self._prefilling: _Running | None = None
-        self._queued = 0                         # submitted, not yet given a slot
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self.error: str | None = None
-        self.iterations = 0
+    seq: Sequence
+    start: int
+    tokens: list
+    samples: bool
 
-    # -- the outside: any thread
-    def start(self) -> "Engine":
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="inference-lab-engine", daemon=True)
-            self._thread.start()
-        return self
 
-    def submit(self, request: Request, emit) -> None:
-        """Queue ``request``; ``emit(TokenEvent)`` is called from the engine's thread. A request
-        the model cannot hold is refused here (ValueError), before it could stop the loop."""
-        self.check(request)
-        with self._lock:
-            if self.error is not None:
-                raise RuntimeError(f"the engine stopped: {self.error}")
-            if self._queued >= self.max_queue:
-                raise QueueFull(f"{self._queued} requests are already waiting (max_queue={self.max_queue})")
-            self._queued += 1
-        self._inbox.put(("submit", _Running(request, emit)))
+@dataclasses.dataclass
+class Step:
+    """One forward: decode rows for the slots ``0 .. decode_width - 1`` (``decode``: the
+    sequences decoding among them; the other rows ride along and their work is dropped) and
+    ``pieces``, padded to ``piece_count`` for the compiled shape; ``positions``: where each decode
+    row's token is written (its request's cache length before the step). ``sampled`` lists, in head-row
+    order, ``(head row, sequence, token index)`` for every token this step samples (head rows:
+    ``0 .. decode_width - 1`` are the decode rows by slot, ``decode_width + i`` is piece ``i``'s
+    last token). ``arrivals``: decode-only sequences placed in their slots before this step."""
 
-    def check(self, request: Request) -> None:
-        """One-line errors for a request the engine cannot serve (the API answers them 400 first)."""
-        vocab = self.model.cfg.vocab_size
-        prompt = request.prompt
-        if not isinstance(prompt, list) or isinstance(prompt and prompt[0], str):
-            raise ValueError(f"request {request.rid}: prompt must be a list of token ids (tokenizer.encode(text))")
-        try:
-            engine.prompt_rows([prompt], vocab)   # generate()'s own check of token ids
-        except ValueError as err:
-            raise ValueError(f"request {request.rid}: bad token ids: {err}") from None
-        if len(prompt) >= self.max_len:
-            raise ValueError(f"request {request.rid}: a prompt of {len(prompt)} tokens leaves no room in "
-                             f"max_len={self.max_len}; shorten it")
-        if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
-            raise ValueError(f"request {request.rid}: max_tokens={request.max_tokens!r} must be a positive integer")
-        engine.check_sampling(request.temperature, request.top_k, vocab)
+    decode_width: int
+    decode: list
+    positions: list
+    pieces: list
+    piece_count: int
+    sampled: list
+    arrivals: list = dataclasses.field(default_factory=list)
 
-    def submit_prefilled(self, request: Request, emit, row, first_token: int) -> None:
-        """A decode-only engine's arrival: ``request`` with its prompt in the one-row cache
-        ``row`` and its first token already sent."""
-        with self._lock:
-            self._queued += 1
-        self._inbox.put(("submit", _Running(request, emit, produced=1, row=row, first=first_token)))
+    @property
+    def shape(self) -> tuple[int, int]:
+        """What selects the compiled program: (decode rows, pieces)."""
+        return self.decode_width, self.piece_count
 
-    def cancel(self, rid: str) -> None:
-        """Drop request ``rid`` (its client went away): its slot is free at the next iteration."""
-        self._inbox.put(("cancel", rid))
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._thread is not None:
-            self._inbox.put(("stop", None))
-            self._thread.join(timeout)
-            self._thread = None
+def decode_widths(n_slots: int) -> list[int]:
+    """The decode batch widths a step compiles for: powers of two below ``n_slots``, then it."""
+    widths, w = [], 1
+    while w < n_slots:
+        widths.append(w)
+        w *= 2
+    return widths + [n_slots]
 
-    def stats(self) -> dict:
-        with self._lock:
-            queued = self._queued
-        return {"policy": self.policy, "slots": self.n_slots, "active": int(self.slots.active.sum()),
-                "waiting": queued, "iterations": self.iterations, "error": self.error}
 
-    def warmup(self) -> float:
-        """Compile every program the policy will run (prefill or chunk widths, insert, step),
-        so no request waits for the compiler. Returns the seconds it took."""
-        t0 = now()
-        if self.policy == "chunked":
-            for width in chunk_widths(self.chunk_tokens):
-                logits, row, _ = self.slots.prefill_chunk(self.slots.new_row(), [tokenizer.BOS] * width, width)
-            self._insert_and_free(row)
-        else:
-            for width in prefill_widths(self.max_len):
-                if self.policy == "decode-only":            # only the insert of each width
-                    row = KVCache.create(self.model.cfg, 1, width)
-                else:
-                    logits, row = self.slots.prefill([tokenizer.BOS] * width)
-                self._insert_and_free(row)
-        if self.policy != "prefill-only":
-            for width in self.slots.step_widths():       # each decode batch width, once
-                self.slots.active[width - 1] = True
-                greedy(self.slots.step())
-                self.slots.active[width - 1] = False
-            self.slots.cache = self.slots.cache.rewound(0)
-        return now() - t0
+def piece_counts(most: int) -> list[int]:
+    """The piece counts a step compiles for, up to ``most``: 1, 2, 3, 4, then each about a third
+    more than the last (6, 8, 12, 16, 24, ...), so a step computes at most a third more pieces
+    than it holds, with few programs."""
+    counts, n = [], 1
+    while n < most:
+        counts.append(n)
+        n = n + 1 if n < 4 else n + n // 2 if n % 3 else n + n // 3
+    return counts + [most]
 
-    def _insert_and_free(self, row) -> None:
-        self.slots.insert(0, row, tokenizer.BOS)
-        self.slots.free(0)
 
-    # -- the loop: the engine's thread only
-    def _loop(self) -> None:
-        try:
-            while self._drain(block=not (self._running or self._waiting or self._prefilling)):
-                self._iteration()
-                self.iterations += 1
-        except Exception as e:   # the model or a kernel failed: every request ends, with the reason
-            self.error = f"{type(e).__name__}: {e}"
-            for r in [*self._running.values(), *self._waiting] + ([self._prefilling] if self._prefilling else []):
-                r.emit(TokenEvent(r.request.rid, -1, r.produced, now(), "error", self.error))
+def pieces_of(n_tokens: int) -> int:
+    return -(-int(n_tokens) // PIECE)
 
-    def _drain(self, block: bool) -> bool:
-        """Take in what other threads sent; False once asked to stop."""
-        while True:
-            try:
-                kind, item = self._inbox.get(block=block)
-            except queue.Empty:
-                return True
-            block = False
-            if kind == "stop":
-                return False
-            if kind == "submit":
-                self._waiting.append(item)
-            else:
-                self._drop(item)
 
-    def _drop(self, rid: str) -> None:
-        for slot, r in list(self._running.items()):
-            if r.request.rid == rid:
-                self._finish(r, "abort")
-                return
-        for r in list(self._waiting):
-            if r.request.rid == rid:
-                self._waiting.remove(r)
-                self._dequeued()
-                r.emit(TokenEvent(rid, -1, r.produced, now(), "abort"))
-                return
-        if self._prefilling is not None and self._prefilling.request.rid == rid:
-            r, self._prefilling = self._prefilling, None
-            self._dequeued()
-            r.emit(TokenEvent(rid, -1, r.produced, now(), "abort"))
+class Scheduler:
+    """The waiting requests, the running ones by slot, and the plan of each iteration.
 
-    def _dequeued(self) -> None:
-        with self._lock:
-            self._queued -= 1
+    ``policy`` as the module says (or one of :data:`ROLES`), ``n_slots`` slots of ``max_len``
+    positions, ``budget`` tokens per iteration (``max_num_batched_tokens``)."""
 
-    def _iteration(self) -> None:
+    def __init__(self, policy: str, *, n_slots: int, max_len: int, budget: int):
+        if policy not in ("prefill-first", "chunked") + ROLES:
+            raise ValueError(f"policy={policy!r}: a scheduler runs 'prefill-first', 'chunked' or a pool's role")
+        self.policy, self.n_slots, self.max_len, self.budget = policy, n_slots, max_len, budget
+        self.max_pieces = budget // PIECE
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: dict[int, Sequence] = {}          # slot -> sequence (prefilling or decoding)
+        self._free = list(range(n_slots))               # lowest first: running requests stay packed
+
+    # -- requests in and out
+    def add(self, seq: Sequence, *, arrived: bool = False) -> None:
+        """Queue ``seq``; ``arrived``: a decode-only arrival, its prompt already in a cache of its
+        own and its first token already sent."""
+        if arrived:
+            seq.prefilled, seq.produced, seq.delivered = seq.prompt_len, 1, 1
+        self.waiting.append(seq)
+
+    def remove(self, rid: str) -> Sequence | None:
+        """Take request ``rid`` out wherever it is (its slot is free for the next step)."""
+        for seq in self.waiting:
+            if seq.rid == rid:
+                self.waiting.remove(seq)
+                return seq
+        for seq in list(self.running.values()):
+            if seq.rid == rid:
+                self.release(seq)
+                return seq
+        return None
+
+    def release(self, seq: Sequence) -> None:
+        """``seq`` no longer needs its slot (finished, cancelled, or its cache handed on)."""
+        if seq.slot >= 0 and self.running.get(seq.slot) is seq:
+            del self.running[seq.slot]
+            self._free.append(seq.slot)
+            self._free.sort()
+
+    def held(self) -> list[Sequence]:
+        return list(self.waiting) + list(self.running.values())
+
+    def idle(self) -> bool:
+        """Nothing to schedule until a request arrives (a prefill-only slot waiting for its hand-off
+        asks for no rows)."""
+        if self.waiting:
+            return False
+        return not any(s.prefilled < s.prompt_len or (self.policy != "prefill-only"
+                                                      and s.produced <= s.last_token(self.max_len))
+                       for s in self.running.values())
+
+    def _place(self, seq: Sequence) -> None:
+        seq.slot = self._free.pop(0)
+        self.running[seq.slot] = seq
+
+    # -- the plan
+    def schedule(self) -> Step | None:
+        """The next iteration's :class:`Step` (None: nothing to do), the counts moved as if it ran."""
         if self.policy == "decode-only":
-            while self._waiting and self.slots.free_slots():
-                r = self._waiting.popleft()
-                self._dequeued()
-                self._place(r, r.row, r.first)
-            if self._running:
-                self._decode()
-            return
-        if self.policy == "prefill-only":   # one prompt per iteration: a cancel is seen between two
-            if not self._waiting:
-                return
-            r = self._waiting.popleft()
-            self._dequeued()
-            self._first_token(r, *self.slots.prefill(r.request.prompt))
-            return
+            arrivals = []
+            while self.waiting and self._free:
+                seq = self.waiting.popleft()
+                self._place(seq)
+                arrivals.append(seq)
+            step = self._decode_step()
+            if step is not None:
+                step.arrivals = arrivals
+            elif arrivals:   # every arrival was already finished (max_tokens=1): nothing to decode
+                step = Step(0, [], [], [], 0, [], arrivals)
+            return step
+        if self.policy in ("prefill-first", "prefill-only"):
+            whole = self._whole_prompts()
+            if whole or self.policy == "prefill-only":
+                return whole
+            return self._decode_step()
+        return self._budget_step()
+
+    def _decoding(self) -> list[Sequence]:
+        return sorted((s for s in self.running.values() if s.prefilled == s.prompt_len
+                       and s.produced <= s.last_token(self.max_len)), key=lambda s: s.slot)
+
+    def _decode_step(self) -> Step | None:
+        rows = self._decoding()
+        if not rows:
+            return None
+        width = next(w for w in decode_widths(self.n_slots) if w > rows[-1].slot)
+        positions = [s.cache_length() for s in rows]
+        return Step(width, rows, positions, [], 0, self._advance(rows))
+
+    def _advance(self, rows: list[Sequence]) -> list:
+        """Each decode row samples its request's next token; the requests whose last token that
+        is free their slots at once (the step's rows are already fixed)."""
+        sampled = []
+        for seq in rows:
+            sampled.append((seq.slot, seq, seq.produced))
+            seq.produced += 1
+            if seq.produced > seq.last_token(self.max_len):
+                self.release(seq)
+        return sampled
+
+    def _cut(self, seq: Sequence, n_pieces: int) -> list[Piece]:
+        """The next ``n_pieces`` pieces of ``seq``'s prompt (fewer if it needs fewer)."""
+        out = []
+        prompt = seq.request.prompt
+        for _ in range(n_pieces):
+            if seq.prefilled >= seq.prompt_len:
+                break
+            start = seq.prefilled
+            tokens = prompt[start:start + PIECE]
+            seq.prefilled += len(tokens)
+            out.append(Piece(seq, start, tokens, samples=seq.prefilled == seq.prompt_len))
+        return out
+
+    def _piece_rows(self, pieces: list[Piece], width: int) -> list:
+        sampled = []
+        for i, piece in enumerate(pieces):
+            if piece.samples:
+                seq = piece.seq
+                sampled.append((width + i, seq, 0))
+                seq.produced = 1
+                if seq.last_token(self.max_len) == 0 and self.policy != "prefill-only":
+                    self.release(seq)
+        return sampled
+
+    def _whole_prompts(self) -> Step | None:
+        """Prefill-first: whole prompts of waiting requests, FIFO, within the budget and free slots."""
+        pieces = []
+        while self.waiting and self._free:
+            need = pieces_of(self.waiting[0].prompt_len)
+            if len(pieces) + need > self.max_pieces:
+                break
+            seq = self.waiting.popleft()
+            self._place(seq)
+            pieces += self._cut(seq, need)
+        if not pieces:
+            return None
+        count = next(c for c in piece_counts(self.max_pieces) if c >= len(pieces))
+        return Step(0, [], [], pieces, count, self._piece_rows(pieces, 0))
+
+    def _budget_step(self) -> Step | None:
+        """Chunked: every decoding request's row, then pieces of prompts with what is left."""
+        rows = self._decoding()
+        positions = [s.cache_length() for s in rows]
+        room = (self.budget - len(rows)) // PIECE
+        pieces = []
+        prefilling = sorted((s for s in self.running.values() if s.prefilled < s.prompt_len),
+                            key=lambda s: s.slot)   # started earlier: continue them first
+        for seq in prefilling:
+            pieces += self._cut(seq, room - len(pieces))
+        while self.waiting and self._free and len(pieces) < room:
+            seq = self.waiting.popleft()
+            self._place(seq)
+            pieces += self._cut(seq, room - len(pieces))
+        if not pieces:
+            return self._decode_step()
+        count = next(c for c in piece_counts(self.max_pieces) if c >= len(pieces))
+        width = self.n_slots   # with pieces, every slot rides along: one program per piece count
+        return Step(width, rows, positions, pieces, count, self._advance(rows) + self._piece_rows(pieces, width))
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every (decode rows, pieces) shape this policy's steps can take: what warm-up compiles."""
+        decode = [(w, 0) for w in decode_widths(self.n_slots)]
+        pieces = piece_counts(self.max_pieces)
+        if self.policy == "chunked":
+            return decode + [(self.n_slots, c) for c in pieces]
         if self.policy == "prefill-first":
-            while self._waiting and self.slots.free_slots():
-                r = self._waiting.popleft()
-                self._dequeued()
-                self._first_token(r, *self.slots.prefill(r.request.prompt))
-            if self._running:
-                self._decode()
-            return
-        if self._running:
-            self._decode()
-        if self._prefilling is None and self._waiting and len(self._running) < self.n_slots:
-            self._prefilling = self._waiting.popleft()
-            self._prefilling.row = self.slots.new_row()
-        if self._prefilling is not None:
-            r = self._prefilling
-            room = max(self.chunk_tokens - len(self._running), 16)
-            logits, r.row, _ = self.slots.prefill_chunk(r.row, r.request.prompt, room // 16 * 16)
-            if logits is not None:
-                self._prefilling = None
-                self._dequeued()
-                row, r.row = r.row, None
-                self._first_token(r, logits, row)
-
-    def _first_token(self, r: _Running, logits, row) -> None:
-        token = self._sample(r, logits)
-        if not self._emit(r, token):
-            return
-        if self.handoff is not None:
-            self.handoff(r.request, token, row)
-        else:
-            self._place(r, row, token)
-
-    def _place(self, r: _Running, row, token: int) -> None:
-        r.slot, r.row = self.slots.free_slots()[0], None
-        self.slots.insert(r.slot, row, token)
-        self._running[r.slot] = r
-
-    def _decode(self) -> None:
-        logits = self.slots.step()
-        greedy_rows = greedy(logits)
-        for slot, r in list(self._running.items()):
-            token = (int(greedy_rows[slot]) if r.request.temperature == 0
-                     else self._sample(r, logits[slot:slot + 1]))
-            if self._emit(r, token):
-                self.slots.next_token[slot] = token
-
-    def _sample(self, r: _Running, logits_row) -> int:
-        q = r.request
-        if q.temperature == 0:
-            return int(greedy(logits_row)[0])
-        return sample_row(logits_row, q.temperature, q.top_k, q.seed, r.produced)
-
-    def _emit(self, r: _Running, token: int) -> bool:
-        """Send the token; True while the request goes on."""
-        index = r.produced
-        r.produced += 1
-        finish = r.request.finish_reason(token, index)
-        if finish is None and len(r.request.prompt) + r.produced > self.max_len:
-            finish = "length"   # no position left to feed it at (the server refuses such requests)
-        r.emit(TokenEvent(r.request.rid, token, index, now(), finish))
-        if finish is not None and r.slot >= 0:
-            self._release(r)
-        return finish is None
-
-    def _finish(self, r: _Running, reason: str) -> None:
-        r.emit(TokenEvent(r.request.rid, -1, r.produced, now(), reason))
-        self._release(r)
-
-    def _release(self, r: _Running) -> None:
-        self._running.pop(r.slot, None)
-        self.slots.free(r.slot)
-        r.slot = -1
-
-
-@functools.cache
-def _unused_key():
-    return jax.random.key(0)   # greedy sampling draws nothing; made once, not per step
-
-
-def greedy(logits) -> np.ndarray:
-    """The argmax of every row of float32 logits [B, V], on the host."""
-    return np.asarray(engine.sample(logits, _unused_key(), 0.0))
+            return decode + [(0, c) for c in pieces]
+        if self.policy == "prefill-only":
+            return [(0, c) for c in pieces]
+        return decode

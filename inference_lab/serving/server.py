@@ -2,6 +2,7 @@
 
     python -m inference_lab serve                        # shakespeare_large, chunked, 127.0.0.1:8000
     python -m inference_lab serve --policy disaggregated --slots 8
+    python -m inference_lab serve --speculative ngram --num-speculative-tokens 3
     python -m inference_lab serve --host 0.0.0.0 --api-key "$KEY"    # a classroom server
 
 Loopback by default. Any other address needs ``--api-key`` (or ``INFERENCE_LAB_API_KEY``),
@@ -27,7 +28,8 @@ import subprocess
 import sys
 import threading
 
-from inference_lab.serving.scheduler import DEFAULT_CHUNK_TOKENS, POLICIES
+from inference_lab.serving.lifetime import die_with_parent
+from inference_lab.serving.scheduler import DEFAULT_BUDGET, PIECE, POLICIES
 
 LOOPBACK = "127.0.0.1"
 READY_LINE = "inference-lab serving on "
@@ -54,10 +56,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weights", default=None, help="a .safetensors file to serve instead of the shipped weights")
     p.add_argument("--policy", default="chunked", choices=POLICIES, help="the scheduler (default: %(default)s)")
     p.add_argument("--slots", type=int, default=8, help="decode slots: the largest decode batch (default: 8)")
-    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
-                   help="chunked: tokens per iteration, decode rows and prompt chunk together (default: %(default)s)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per iteration, decode rows and prompt pieces together (vLLM's flag; default: "
+                        f"{DEFAULT_BUDGET} for chunked, the model's context for prefill-first)")
     p.add_argument("--max-queue", type=int, default=64,
-                   help="requests that may wait for a slot; more are answered 429 (default: %(default)s)")
+                   help="requests that may wait beyond the slots; more are answered 429 (default: %(default)s)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="dispatch each step before reading the last one's tokens (default: on)")
+    p.add_argument("--speculative", choices=("ngram",), default=None,
+                   help="speculative decoding: prompt-lookup guesses checked in one step (vLLM's method name)")
+    p.add_argument("--num-speculative-tokens", type=int, default=3,
+                   help=f"guesses per step with --speculative, 1..{PIECE - 1} (default: %(default)s)")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a non-streamed request may take before it is cancelled and answered 504 "
+                        "(default: %(default)s)")
     p.add_argument("--host", default=LOOPBACK, help="address to bind (default: %(default)s, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0 picks a free one)")
     p.add_argument("--api-key", default=os.environ.get("INFERENCE_LAB_API_KEY"),
@@ -70,9 +82,16 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
     if not 0 <= args.port <= 65535:
         p.error(f"--port={args.port} must be in 0..65535")
-    if args.chunk_tokens <= args.slots:
-        p.error(f"--chunk-tokens={args.chunk_tokens} must be larger than --slots={args.slots} "
-                "(the budget holds a token per decode row and a prompt chunk)")
+    budget = args.max_num_batched_tokens
+    if args.policy == "chunked" and budget is not None and budget < args.slots + PIECE:
+        p.error(f"--max-num-batched-tokens={budget} must be at least --slots + {PIECE} = {args.slots + PIECE} "
+                f"(the budget holds a token per decode row and a prompt piece of {PIECE})")
+    if budget is not None and budget < PIECE:
+        p.error(f"--max-num-batched-tokens={budget} must be at least {PIECE} (one prompt piece)")
+    if not 1 <= args.num_speculative_tokens < PIECE:
+        p.error(f"--num-speculative-tokens={args.num_speculative_tokens} must be in 1..{PIECE - 1}")
+    if not args.request_timeout > 0:
+        p.error(f"--request-timeout={args.request_timeout} must be a positive number of seconds")
     if args.api_key is not None and not args.api_key.strip():
         p.error("--api-key is empty: give a real key, or none on loopback")
     if not _is_loopback(args.host) and not args.api_key:
@@ -85,39 +104,21 @@ def build_backend(args):
     """The engine ``args`` ask for, warmed up: (backend, model config)."""
     from inference_lab.serving.models import load_model
 
+    speculative = (args.speculative, args.num_speculative_tokens) if args.speculative else None
     if args.policy == "disaggregated":
         from inference_lab.base.config import ModelConfig
         from inference_lab.serving.disaggregated import TwoPoolEngine
 
         cfg = load_model(args.preset, args.weights).cfg if args.weights else ModelConfig.preset(args.preset)
-        return TwoPoolEngine(args.preset, args.weights, n_slots=args.slots, max_queue=args.max_queue).start(), cfg
-    from inference_lab.serving.scheduler import Engine
+        return TwoPoolEngine(args.preset, args.weights, cfg=cfg, n_slots=args.slots, max_queue=args.max_queue,
+                             speculative=speculative).start(), cfg
+    from inference_lab.serving.engine import Engine
 
     model = load_model(args.preset, args.weights)
-    engine = Engine(model, policy=args.policy, n_slots=args.slots, chunk_tokens=args.chunk_tokens,
-                    max_queue=args.max_queue)
+    engine = Engine(model, policy=args.policy, n_slots=args.slots, max_num_batched_tokens=args.max_num_batched_tokens,
+                    max_queue=args.max_queue, async_scheduling=args.async_scheduling, speculative=speculative)
     engine.warmup()
     return engine.start(), model.cfg
-
-
-def _watch_parent() -> None:
-    """Stop when the parent process goes away (INFERENCE_LAB_PARENT_PID, set by ServerProcess):
-    SIGTERM from the kernel when it dies (Linux's PR_SET_PDEATHSIG), and a thread that checks."""
-    parent = os.environ.get("INFERENCE_LAB_PARENT_PID")
-    if not parent:
-        return
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(1, signal.SIGTERM)
-
-    def watch():
-        while os.getppid() == int(parent):
-            threading.Event().wait(1.0)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def main(argv=None) -> int:
@@ -126,7 +127,9 @@ def main(argv=None) -> int:
 
     from inference_lab.serving.api import Served, create_app
 
-    _watch_parent()
+    parent = os.environ.get("INFERENCE_LAB_PARENT_PID")   # set by ServerProcess: stop when it goes
+    if parent:
+        die_with_parent(int(parent), on_death=lambda: os.kill(os.getpid(), signal.SIGTERM))
     try:
         backend, cfg = build_backend(args)
     except (ValueError, RuntimeError) as e:
@@ -136,10 +139,10 @@ def main(argv=None) -> int:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        backend.stop()
+        backend.stop(reason="the server is stopping")
 
     served = Served(backend, model_name=args.served_model_name or cfg.name, max_seq_len=cfg.max_seq_len,
-                    vocab_size=cfg.vocab_size, api_key=args.api_key)
+                    vocab_size=cfg.vocab_size, api_key=args.api_key, request_timeout=args.request_timeout)
     app = create_app(served, lifespan=lifespan)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -152,6 +155,15 @@ def main(argv=None) -> int:
         return 2
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    handle_exit = server.handle_exit
+
+    def stop_first(sig, frame):
+        # End every request in flight at once, with the reason (their streams then close), rather
+        # than let uvicorn wait for them and then cut the connections.
+        threading.Thread(target=backend.stop, kwargs={"reason": "the server is stopping"}, daemon=True).start()
+        handle_exit(sig, frame)
+
+    server.handle_exit = stop_first
     print(f"{READY_LINE}http://{'[' + host + ']' if family == socket.AF_INET6 else host}:{port} "
           f"(model {served.model_name}, policy {args.policy}, {args.slots} slots)", flush=True)
     try:
@@ -159,7 +171,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        backend.stop()
+        backend.stop(reason="the server is stopping")
     print("inference-lab server stopped", flush=True)
     return 0
 

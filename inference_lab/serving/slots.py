@@ -1,159 +1,267 @@
-"""Fixed decode slots: the static-shape core of the serving engine (JetStream's split).
+"""Fixed decode slots: the serving engine's device state and its compiled programs.
 
-A server cannot recompile for every mix of requests, so the decode batch has a fixed shape:
-``n_slots`` rows of one :class:`~inference_lab.model.kv_cache.KVCache` of ``max_len`` positions.
-A request goes through three calls:
+A server cannot recompile for every mix of requests, so its state has a fixed shape: for every
+layer, K and V arrays of ``n_slots`` rows of ``max_len`` positions (each request owns one row, a
+*slot*, from its first prompt piece to its last token), and ``next_token [n_slots]``, the token
+each slot feeds to its next decode row. Both stay on the device: a step reads its decode rows'
+tokens from ``next_token`` and writes the tokens it samples back into it, so the host never has
+to hand a token back before the next step can start (the engine dispatches step n + 1 before it
+reads step n's tokens).
 
-1. **prefill** its prompt into a one-row cache of its own: whole (:meth:`DecodeSlots.prefill`,
-   the prompt padded to a power-of-two width so a few compiled programs serve every length) or
-   a chunk at a time (:meth:`DecodeSlots.prefill_chunk`, chunked prefill);
-2. **insert** that row into a free slot (:meth:`DecodeSlots.insert`: one in-place copy);
-3. **generate**: one :meth:`DecodeSlots.step` advances every busy slot by a token. It steps the
-   smallest of a few compiled batch widths (1, 2, 4, ... up to ``n_slots``) that holds every busy
-   slot; free slots inside it ride along at length 0 (their work is wasted, their shape is what
-   lets the program stay compiled) and are set back to 0 after each step.
+The programs, each compiled once per shape at warm-up (:meth:`DecodeSlots.warmup`):
 
-Sampling is per request (:func:`sample_row`): greedy rows by one argmax over the batch, and a
-seeded row with the key :func:`inference_lab.runtime.engine.generate` would use for that row's
-token (``fold_in(key(seed), index)``), so a request served alone draws what ``generate`` draws.
+* **step** (per ``(decode rows, pieces)``, :meth:`DecodeSlots.run`): one forward of
+  :func:`inference_lab.model.transformer.step_forward` (the scheduler's :class:`~inference_lab.serving.scheduler.Step`:
+  decode rows and prompt pieces together, the weights read once), the head only where a token is
+  sampled, then :func:`inference_lab.runtime.generation.sample_rows`: every row with its own
+  temperature, top-k, seed and token index as arrays, so no client setting compiles a program;
+* **verify** (per decode width, speculative decoding, :meth:`DecodeSlots.verify`): each decoding
+  slot's last token and its guesses as one piece, the model's argmax after each, the guesses kept;
+* **insert** / **extract** (per padded width): a prompt's cache into a slot from the host, or out of
+  a slot to the host (the two pools of :mod:`inference_lab.serving.disaggregated`).
+
+A step computes every row of its shape: free slots ride along in a decode batch (their writes
+dropped, their tokens thrown away) and padding pieces write past the cache (dropped). Their work
+is wasted; their shape is what lets the program stay compiled.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from inference_lab.base import tokenizer
-from inference_lab.model.kv_cache import KVCache
-from inference_lab.runtime import engine
-
-MIN_WIDTH = 16   # the narrowest prefill: shorter prompts are padded to it
+from inference_lab.model.transformer import step_forward
+from inference_lab.runtime import generation
+from inference_lab.serving.scheduler import PIECE, Step, decode_widths
 
 
 def prefill_width(n_tokens: int, max_len: int) -> int:
-    """The padded width a prompt of ``n_tokens`` is prefilled at: the next power of two
-    (>= :data:`MIN_WIDTH`), at most ``max_len``."""
-    width = MIN_WIDTH
+    """The padded width a row of ``n_tokens`` travels at between the pools: the next power of
+    two (>= :data:`~inference_lab.serving.scheduler.PIECE`), at most ``max_len``."""
+    width = PIECE
     while width < n_tokens:
         width *= 2
     return min(width, max_len)
 
 
 def prefill_widths(max_len: int) -> list[int]:
-    """Every width :func:`prefill_width` gives for prompts of 1..``max_len`` tokens."""
+    """Every width :func:`prefill_width` gives for rows of 1..``max_len`` tokens."""
     widths = [prefill_width(1, max_len)]
     while widths[-1] < max_len:
         widths.append(prefill_width(widths[-1] + 1, max_len))
     return widths
 
 
-def chunk_widths(chunk_tokens: int) -> list[int]:
-    """The chunk widths chunked prefill compiles for: multiples of 16 up to ``chunk_tokens``."""
-    return list(range(MIN_WIDTH, chunk_tokens + 1, MIN_WIDTH))
+# ----------------------------------------------------------------------------- the programs
+@functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
+def _step_jit(params, k_caches, v_caches, next_token, lengths, active, piece_tokens, piece_slots, piece_starts,
+              head_rows, write_slots, words, index, temperature, top_k, *, cfg, mode):
+    """One engine step: the forward, the draws, each drawn token written into ``next_token`` at
+    its slot (``write_slots``; ``n_slots`` for a row whose token is thrown away: dropped)."""
+    decode_tokens = next_token[:lengths.shape[0]]
+    logits, k_caches, v_caches = step_forward(params, decode_tokens, lengths, active, piece_tokens, piece_slots,
+                                              piece_starts, head_rows, k_caches, v_caches, cfg=cfg, mode=mode)
+    tokens = generation.sample_rows(logits, words, index, temperature, top_k)
+    return tokens, next_token.at[write_slots].set(tokens, mode="drop"), k_caches, v_caches
 
 
-def sample_row(logits_row, temperature: float, top_k, seed: int, index: int) -> int:
-    """Token ``index`` (0 = the first) of a request sampled from its logits [1, V] as
-    ``generate(..., seed=seed)`` would sample it for a one-prompt batch."""
-    key = jax.random.fold_in(jax.random.key(seed), index)
-    return int(np.asarray(engine.sample(logits_row, key, temperature, top_k))[0])
+@functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
+def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guesses, write_slots, words, index,
+                temperature, top_k, *, cfg, mode):
+    """Speculative decoding's check for the first W slots: slot ``i`` feeds its next token and its
+    guesses [W, k] as one piece from position ``starts[i]``. Returns (``chosen`` [W, k + 1]: the
+    model's token after each fed one, a sampled row's first drawn by ``sample_rows`` instead;
+    ``right`` [W]: leading guesses equal to it, at most ``n_guesses``; ``next_token`` with each
+    written row's ``chosen[i, right[i]]``; the caches)."""
+    w, k = guesses.shape
+    lanes = jnp.concatenate([next_token[:w, None], guesses], axis=1)              # [W, k + 1]
+    slots = jnp.arange(w, dtype=jnp.int32)
+    heads = jnp.arange(w * (k + 1), dtype=jnp.int32)
+    empty = jnp.zeros((0,), jnp.int32)
+    logits, k_caches, v_caches = step_forward(params, empty, empty, jnp.zeros((0,), bool), lanes, slots, starts,
+                                              heads, k_caches, v_caches, cfg=cfg, mode=mode)
+    logits = logits.reshape(w, k + 1, -1)
+    chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)                       # [W, k + 1]
+    drawn = generation.sample_rows(logits[:, 0], words, index, temperature, top_k)
+    greedy = temperature < generation.MIN_TEMPERATURE
+    chosen = chosen.at[:, 0].set(jnp.where(greedy, chosen[:, 0], drawn))
+    right = jnp.sum(jnp.cumprod(chosen[:, :-1] == guesses, axis=1), axis=1).astype(jnp.int32)
+    right = jnp.where(greedy, jnp.minimum(right, n_guesses), 0)
+    last = jnp.take_along_axis(chosen, right[:, None], axis=1)[:, 0]
+    return chosen, right, next_token.at[write_slots].set(last, mode="drop"), k_caches, v_caches
 
 
+@functools.partial(jax.jit, donate_argnames=("k_caches", "v_caches"))
+def _insert_jit(k_caches, v_caches, next_token, slot, rows, first):
+    """Row ``slot`` of every layer's caches from ``rows`` [2, L, W, Hkv, Dh] (its first W
+    positions, in place), and the token it feeds next."""
+    at = (slot, 0, 0, 0)
+    k_caches = [jax.lax.dynamic_update_slice(c, r[None], at) for c, r in zip(k_caches, rows[0])]
+    v_caches = [jax.lax.dynamic_update_slice(c, r[None], at) for c, r in zip(v_caches, rows[1])]
+    return k_caches, v_caches, next_token.at[slot].set(first)
+
+
+@functools.partial(jax.jit, static_argnames=("width",))
+def _extract_jit(k_caches, v_caches, slot, *, width):
+    """The first ``width`` positions of row ``slot``, every layer: [2, L, width, Hkv, Dh]."""
+    def part(c):
+        return jax.lax.dynamic_slice(c, (slot, 0, 0, 0), (1, width, *c.shape[2:]))[0]
+    return jnp.stack([jnp.stack([part(c) for c in k_caches]), jnp.stack([part(c) for c in v_caches])])
+
+
+# ----------------------------------------------------------------------------- the slots
 class DecodeSlots:
-    """``n_slots`` decode rows of ``max_len`` positions for ``model``, and the calls that fill them."""
+    """``n_slots`` rows of ``max_len`` positions (default: the model's context) for ``model``, the
+    token each feeds next, and the calls that run the programs above on them."""
 
     def __init__(self, model, n_slots: int, max_len: int | None = None):
+        if model.mesh is not None:
+            raise ValueError("the serving engine runs on one device; serve a model that parallel.shard did not split")
+        cfg = model.cfg
         self.model = model
-        self.max_len = int(max_len or model.cfg.max_seq_len)
         self.n_slots = int(n_slots)
-        self.cache = KVCache.create(model.cfg, self.n_slots, self.max_len)
-        self.next_token = np.full(self.n_slots, tokenizer.PAD, np.int32)   # what each slot feeds next
-        self.active = np.zeros(self.n_slots, bool)
+        self.max_len = int(max_len or cfg.max_seq_len)
+        shape = (self.n_slots, self.max_len, cfg.n_kv_heads, cfg.head_dim)
+        self.k = [jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers)]
+        self.v = [jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers)]
+        self.next_token = jnp.full((self.n_slots,), tokenizer.PAD, jnp.int32)
+        self.vocab = cfg.vocab_size
 
-    # -- prefill: a one-row cache per request
-    def prefill(self, prompt: list[int]):
-        """The whole prompt in one call, padded to :func:`prefill_width`. Returns (float32 logits
-        [1, V] after its last token, its one-row cache)."""
-        width = prefill_width(len(prompt), self.max_len)
-        tokens = np.full((1, width), tokenizer.PAD, np.int32)
-        tokens[0, :len(prompt)] = prompt
-        cache = KVCache.create(self.model.cfg, 1, width)
-        logits, cache = engine.prefill(self.model, tokens, cache, np.array([len(prompt)], np.int32))
-        return logits, cache
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one slot's K and V over every layer and position."""
+        return 2 * len(self.k) * self.k[0][0].nbytes
 
-    def new_row(self) -> KVCache:
-        """An empty one-row cache as long as a slot, for a prompt prefilled chunk by chunk."""
-        return KVCache.create(self.model.cfg, 1, self.max_len)
+    # -- a step
+    def arrays(self, step: Step) -> tuple:
+        """The host arrays of ``step`` for :func:`_step_jit` (everything but the weights, caches
+        and ``next_token``)."""
+        wd, n_pieces = step.shape
+        lengths = np.zeros(wd, np.int32)
+        active = np.zeros(wd, bool)
+        for seq, at in zip(step.decode, step.positions):
+            lengths[seq.slot], active[seq.slot] = at, True
+        tokens = np.full((n_pieces, PIECE), tokenizer.PAD, np.int32)
+        slots = np.zeros(n_pieces, np.int32)
+        starts = np.full(n_pieces, self.max_len, np.int32)       # a padding piece writes past the cache
+        heads = np.concatenate([np.arange(wd), wd + PIECE * np.arange(n_pieces)]).astype(np.int32)
+        for i, piece in enumerate(step.pieces):
+            tokens[i, :len(piece.tokens)] = piece.tokens
+            slots[i], starts[i] = piece.seq.slot, piece.start
+            heads[wd + i] += len(piece.tokens) - 1
+        return (lengths, active, tokens, slots, starts, heads, *self.sampling(step.sampled, wd + n_pieces))
 
-    def prefill_chunk(self, row: KVCache, prompt: list[int], width: int):
-        """The next ``width`` tokens of ``prompt`` into ``row`` (it holds the ones before them):
-        one :func:`~inference_lab.runtime.engine.verify` call, padded at the prompt's end.
-        Returns (logits [1, V] after the prompt's last token, or None while more is to come;
-        the row cache; how many tokens this chunk took)."""
-        start = int(row.host_lengths[0])
-        real = min(width, len(prompt) - start)
-        width = min(width, self.max_len - start)          # a padded last chunk must fit the row
-        tokens = np.full((1, width), tokenizer.PAD, np.int32)
-        tokens[0, :real] = prompt[start:start + real]
-        logits, row = engine.verify(self.model, tokens, row)
-        if start + real < len(prompt):
-            return None, row, real
-        return logits[:, real - 1], row.rewound(len(prompt)), real
+    def sampling(self, sampled: list, rows: int) -> tuple:
+        """(write slots, seed words, token index, temperature, top-k), [rows] each: the draw of
+        every head row (rows nobody samples draw greedily and write nowhere)."""
+        write = np.full(rows, self.n_slots, np.int32)
+        words = np.zeros((rows, 2), np.uint32)
+        index = np.zeros(rows, np.int32)
+        temperature = np.zeros(rows, np.float32)
+        top_k = np.full(rows, self.vocab, np.int32)
+        for row, seq, i in sampled:
+            q = seq.request
+            write[row], index[row], temperature[row] = seq.slot, i, q.temperature
+            words[row] = generation.seed_words(q.seed)
+            top_k[row] = self.vocab if q.top_k is None else q.top_k
+        return write, words, index, temperature, top_k
 
-    # -- insert and generate
-    def insert(self, slot: int, row: KVCache, first_token: int) -> None:
-        """Put a prefilled request into free slot ``slot``; it feeds ``first_token`` next."""
-        self.cache = self.cache.inserted(slot, row)
-        self.next_token[slot] = first_token
-        self.active[slot] = True
+    def run(self, step: Step):
+        """Dispatch ``step`` (it runs while the host goes on); returns its tokens, [head rows] on
+        the device, on their way to the host. Read them with ``np.asarray``."""
+        return self._call(self.arrays(step))
 
-    def free(self, slot: int) -> None:
-        """Slot ``slot`` is free again: back to length 0 (what it held is overwritten later)."""
-        self.active[slot] = False
-        self.next_token[slot] = tokenizer.PAD
-        held = self.cache.host_lengths
-        held[slot] = 0
-        self.cache = self.cache.rewound(held)
+    def _call(self, arrays):
+        m = self.model
+        tokens, self.next_token, self.k, self.v = _step_jit(
+            m.params(), self.k, self.v, self.next_token, *(jnp.asarray(a) for a in arrays), cfg=m.cfg, mode=m.kernels)
+        tokens.copy_to_host_async()
+        return tokens
 
-    def step(self):
-        """One decode step of the busy slots: of the smallest prefix of :meth:`step_widths` rows
-        that holds every active slot (slots are given out lowest first, so a few requests step a
-        few rows). Returns float32 logits [width, V] (rows of free slots are garbage); free slots
-        are back at length 0 afterwards."""
-        busy = np.flatnonzero(self.active)
-        width = next((w for w in self.step_widths() if w > (busy.max() if len(busy) else 0)), self.n_slots)
-        if width == self.n_slots:
-            logits, cache = engine.decode_step(self.model, self.next_token, self.cache)
-        else:
-            logits, cache = engine.decode_rows(self.model, self.next_token[:width], self.cache, width)
-        held = cache.host_lengths
-        if not self.active.all():
-            cache = cache.rewound(np.where(self.active, held, 0))
-        self.cache = cache
-        return logits
+    # -- speculative decoding
+    def verify(self, width: int, rows: list, starts: list, guesses: list, k: int):
+        """Speculative decoding's check of the first ``width`` slots: ``rows`` [(slot, sequence,
+        token index)] of the decoding ones, each fed from ``starts`` with its ``guesses`` (at most
+        ``k``). Returns (chosen [width, k + 1], right [width]) on the host."""
+        start = np.full(width, self.max_len, np.int32)
+        guess = np.zeros((width, k), np.int32)
+        n_guess = np.zeros(width, np.int32)
+        for (slot, _, _), at, g in zip(rows, starts, guesses):
+            start[slot], n_guess[slot] = at, len(g)
+            guess[slot, :len(g)] = g
+        m = self.model
+        chosen, right, self.next_token, self.k, self.v = _verify_jit(
+            m.params(), self.k, self.v, self.next_token, jnp.asarray(start), jnp.asarray(guess), jnp.asarray(n_guess),
+            *(jnp.asarray(a) for a in self.sampling(rows, width)), cfg=m.cfg, mode=m.kernels)
+        return np.asarray(chosen), np.asarray(right)
 
-    def busy_step(self, width: int | None = None):
-        """A step as when the first ``width`` slots (default: all) are busy, the slots' state put
-        back after: what the step-cost measurements time. Only while the engine is not serving."""
-        active, lengths = self.active.copy(), self.cache.host_lengths
-        self.active[:] = False
-        self.active[:width or self.n_slots] = True
-        try:
-            return self.step()
-        finally:
-            self.active[:] = active
-            self.cache = self.cache.rewound(lengths)
+    # -- the two pools
+    def insert(self, slot: int, rows: np.ndarray, first_token: int) -> None:
+        """Slot ``slot`` from a prompt's cache ``rows`` [2, layers, W, Hkv, Dh] (W: a
+        :func:`prefill_width`), feeding ``first_token`` next. The host array is copied first, so
+        its buffer may be reused as soon as this returns."""
+        rows = jnp.array(rows, copy=True)
+        self.k, self.v, self.next_token = _insert_jit(self.k, self.v, self.next_token, jnp.int32(slot), rows,
+                                                      jnp.int32(first_token))
+        rows.block_until_ready()
 
-    def step_widths(self) -> list[int]:
-        """The decode batch widths a step compiles for: powers of two below ``n_slots``, then it."""
-        widths, w = [], 1
-        while w < self.n_slots:
-            widths.append(w)
-            w *= 2
-        return widths + [self.n_slots]
+    def extract(self, slot: int, n_tokens: int, out: np.ndarray) -> int:
+        """Copy the first ``n_tokens`` positions of slot ``slot`` (every layer's K and V) into
+        ``out`` [2, layers, >= W, Hkv, Dh] at the padded width W; returns W."""
+        width = prefill_width(n_tokens, self.max_len)
+        rows = _extract_jit(self.k, self.v, jnp.int32(slot), width=width)
+        np.copyto(out[:, :, :width], np.asarray(rows))
+        return width
 
-    def free_slots(self) -> list[int]:
-        return [int(i) for i in np.flatnonzero(~self.active)]
+    # -- compiling and timing
+    def synthetic(self, shape: tuple[int, int], context: int) -> tuple:
+        """Host arrays for a step of ``shape`` as when every decode row holds ``context`` tokens and
+        the pieces fill slots from position ``context`` (what warm-up compiles and the step-cost
+        measurements time; it writes the caches, so only while nothing is served)."""
+        wd, n_pieces = shape
+        rows = wd + n_pieces
+        lengths = np.full(wd, context, np.int32)
+        tokens = np.full((n_pieces, PIECE), tokenizer.BOS, np.int32)
+        slots = (np.arange(n_pieces) % self.n_slots).astype(np.int32)
+        starts = np.full(n_pieces, min(context, self.max_len - PIECE), np.int32)
+        heads = np.concatenate([np.arange(wd), wd + PIECE * np.arange(n_pieces) + PIECE - 1]).astype(np.int32)
+        write = np.full(rows, self.n_slots, np.int32)
+        return (lengths, np.ones(wd, bool), tokens, slots, starts, heads, write, np.zeros((rows, 2), np.uint32),
+                np.zeros(rows, np.int32), np.ones(rows, np.float32), np.full(rows, self.vocab, np.int32))
 
-    def context(self, slot: int) -> int:
-        return int(self.cache.host_lengths[slot])
+    def warmup(self, shapes, *, widths: bool = False, speculative: int = 0) -> None:
+        """Compile every program the engine will run: a step of each of ``shapes``, the inserts
+        and extracts of every padded width (``widths``), a verify of each decode width with
+        ``speculative`` guesses."""
+        for shape in shapes:
+            np.asarray(self._call(self.synthetic(shape, 1)))
+        if widths:
+            cfg = self.model.cfg
+            for w in prefill_widths(self.max_len):
+                buffer = np.zeros((2, cfg.n_layers, w, cfg.n_kv_heads, cfg.head_dim), cfg.dtype)
+                self.extract(0, w, buffer)
+                self.insert(0, buffer, tokenizer.BOS)
+        if speculative:
+            for w in decode_widths(self.n_slots):
+                self.verify(w, [], [], [], speculative)
+        self.clear()
+
+    def clear(self) -> None:
+        """Every slot back to nothing (what a warm-up or a timing wrote is garbage past length 0)."""
+        self.next_token = jnp.full((self.n_slots,), tokenizer.PAD, jnp.int32)
+
+    def time_shapes(self, shapes, *, context: int, repeats: int = 5) -> dict:
+        """Median seconds of a step of each of ``shapes`` (interleaved, after a warm-up call each),
+        as when the decode rows hold ``context`` tokens: the engine's own step costs on this machine,
+        what the serving lesson feeds the simulator. Only while nothing is served."""
+        from pallas_kernels.timing import round_robin, timed
+
+        arrays = {s: self.synthetic(s, context) for s in shapes}
+        runs = [lambda s=s: timed(lambda: self._call(arrays[s])) for s in shapes]
+        costs = {s: t.median for s, t in zip(shapes, round_robin(runs, repeats=repeats))}
+        self.clear()
+        return costs

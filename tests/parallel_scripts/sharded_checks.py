@@ -18,7 +18,7 @@ import json
 import jax
 import numpy as np
 
-from inference_lab.runtime import engine, hlo
+from inference_lab.runtime import generation, hlo
 from inference_lab.model import parallel
 from inference_lab.model.kv_cache import KVCache
 from inference_lab.base.config import ModelConfig
@@ -32,8 +32,8 @@ INTERPRET_TP = (4,)  # the whole layout at once: vocabulary split, one KV head p
 
 def run(model, cfg, tokens, lengths, nxt):
     """prefill then one decode step; returns (prefill logits, decode logits, cache)."""
-    pre, cache = engine.prefill(model, tokens, KVCache.create(cfg, tokens.shape[0], tokens.shape[1] + 2), lengths)
-    dec, cache = engine.decode_step(model, nxt, cache)
+    pre, cache = generation.prefill(model, tokens, KVCache.create(cfg, tokens.shape[0], tokens.shape[1] + 2), lengths)
+    dec, cache = generation.decode_step(model, nxt, cache)
     return np.asarray(pre), np.asarray(dec), cache
 
 
@@ -47,7 +47,7 @@ one = Transformer(cfg, kernels="reference")
 tokens, lengths = rng.integers(0, cfg.vocab_size, (2, 6)), np.array([6, 4])
 # Feed the greedy token, so that generate() below must reproduce [argmax(pre1), argmax(dec1)]
 # from the same compiled shapes (prompt width 6, cache 8) without another one-device run.
-pre1 = np.asarray(engine.prefill(one, tokens, KVCache.create(cfg, 2, 8), lengths)[0])
+pre1 = np.asarray(generation.prefill(one, tokens, KVCache.create(cfg, 2, 8), lengths)[0])
 nxt = pre1.argmax(-1)
 pre1, dec1, _ = run(one, cfg, tokens, lengths, nxt)
 out["logit_scale"] = float(np.abs(pre1).max())
@@ -66,7 +66,7 @@ for tp in (1, 2, 4):
                               "all_gathers": sum(op.startswith("all-gather") for op in ops)}
     if tp == 4:  # the rest of the public API on a sharded model
         prompts = [tokens[0].tolist(), tokens[1, :4].tolist()]
-        out["generate"] = engine.generate(model, prompts, max_new_tokens=2)
+        out["generate"] = generation.generate(model, prompts, max_new_tokens=2)
         out["generate_expected"] = np.stack([nxt, dec1.argmax(-1)], 1).tolist()
         out["call"] = diff(np.asarray(model(tokens)), np.asarray(one(tokens)))
 

@@ -17,7 +17,7 @@ jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
 
 import numpy as np  # noqa: E402
 
-from inference_lab.runtime import engine
+from inference_lab.runtime import generation
 from inference_lab.model import parallel  # noqa: E402
 from inference_lab.model.kv_cache import KVCache  # noqa: E402
 from inference_lab.base.config import ModelConfig  # noqa: E402
@@ -28,8 +28,8 @@ assert jax.process_count() == 2 and len(jax.devices()) == 4 and len(jax.local_de
 cfg = ModelConfig.preset("tiny")
 model = parallel.shard(Transformer(cfg, kernels="reference"), parallel.make_mesh(4))
 tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 6))
-prefill_logits, cache = engine.prefill(model, tokens, KVCache.create(cfg, 2, 8), lengths=[6, 4])
-decode_logits, cache = engine.decode_step(model, [5, 7], cache)
+prefill_logits, cache = generation.prefill(model, tokens, KVCache.create(cfg, 2, 8), lengths=[6, 4])
+decode_logits, cache = generation.decode_step(model, [5, 7], cache)
 # The logits are replicated on every device: each process can read its own copy.
 pre = np.asarray(prefill_logits.addressable_shards[0].data)
 dec = np.asarray(decode_logits.addressable_shards[0].data)

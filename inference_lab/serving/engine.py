@@ -1,0 +1,342 @@
+"""The serving engine: requests in, tokens out, one forward per iteration, in a thread.
+
+:meth:`Engine.submit` hands the engine a :class:`~inference_lab.serving.scheduler.Request` and a
+callback; the engine's thread calls the callback with a
+:class:`~inference_lab.serving.scheduler.TokenEvent` for every token, stamped with the time the
+token reached the host, and ends every request with exactly one final event: its last token
+(``"length"``/``"stop"``), or ``"abort"``/``"error"`` with the reason, whatever happens to the
+engine (a cancel, :meth:`Engine.stop`, a failure inside the loop).
+
+One iteration (vLLM v1's EngineCore, JetStream's orchestrator in one thread):
+
+1. take in what other threads sent (submissions, cancels, a stop);
+2. ask the :class:`~inference_lab.serving.scheduler.Scheduler` for the next step (decode rows and
+   prompt pieces within the token budget) and **dispatch** it to the device
+   (:meth:`~inference_lab.serving.slots.DecodeSlots.run`: one compiled forward, the sampling inside);
+3. **then** read the tokens of the step before it and send them out. While the host does this
+   (reading, sending events, scheduling the next step) the device is already computing, so with
+   ``async_scheduling`` (the default, vLLM's ``--async-scheduling``) the device never waits on
+   the host. The price: a request that ends with an end-of-sequence token has already been given
+   a row in the step after; that row's token is thrown away.
+
+Speculative decoding (``speculative=("ngram", k)``, vLLM's ``--speculative ngram
+--num-speculative-tokens k``): an iteration with only decode rows becomes a verify step (each row
+feeds its last token and up to ``k`` guesses from prompt lookup in one forward, and keeps the
+guesses the model agrees with); it needs each row's text so far, so those iterations run without
+the overlap. Greedy text is unchanged; a sampled row takes one token per step as before.
+
+The two pools (:mod:`inference_lab.serving.disaggregated`) run this loop in the roles
+``"prefill-only"`` (prefill whole prompts, send the first token, hand the cache on through
+``handoff``) and ``"decode-only"`` (requests arrive prefilled, :meth:`Engine.submit_prefilled`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+
+import numpy as np
+
+from inference_lab.serving.scheduler import (DEFAULT_BUDGET, PIECE, POLICIES, ROLES, QueueFull, Request, Scheduler,
+                                             Sequence, TokenEvent, check_request, now)
+from inference_lab.serving.slots import DecodeSlots
+
+SPECULATIVE_METHODS = ("ngram",)
+
+
+class Engine:
+    """The scheduler loop over :class:`DecodeSlots`, in a thread: ``policy`` as
+    :mod:`inference_lab.serving.scheduler` says (or one of its ROLES), ``n_slots`` slots,
+    ``max_num_batched_tokens`` the token budget of an iteration (chunked: default
+    :data:`~inference_lab.serving.scheduler.DEFAULT_BUDGET`; prefill-first: the context, so any prompt
+    fits whole), at most ``n_slots + max_queue`` requests held at once (then :class:`QueueFull`).
+    A prefill-only engine calls ``handoff(request, first_token, extract)`` for each request that
+    goes on, where ``extract(out)`` copies its cache into ``out`` and returns the padded width, and
+    ``forward_cancel(rid)`` for a cancel of a request it no longer holds (handed on already)."""
+
+    def __init__(self, model, *, policy: str = "chunked", n_slots: int = 8, max_num_batched_tokens: int | None = None,
+                 max_queue: int = 64, handoff=None, async_scheduling: bool = True, speculative: tuple | None = None,
+                 forward_cancel=None):
+        if policy not in POLICIES[:2] + ROLES:
+            raise ValueError(f"policy={policy!r}: the in-process engine runs 'prefill-first' or 'chunked' "
+                             "('disaggregated' is serving.disaggregated.TwoPoolEngine)")
+        if (handoff is None) == (policy == "prefill-only"):
+            raise ValueError("handoff is what a prefill-only engine calls, and only it")
+        for name, value in (("n_slots", n_slots), ("max_queue", max_queue)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        if not isinstance(async_scheduling, bool):
+            raise ValueError(f"async_scheduling={async_scheduling!r} must be True or False")
+        self.model, self.policy, self.handoff, self.forward_cancel = model, policy, handoff, forward_cancel
+        self.n_slots, self.max_queue = int(n_slots), int(max_queue)
+        self.slots = DecodeSlots(model, self.n_slots)
+        self.max_len = self.slots.max_len
+        self.budget = self._budget(max_num_batched_tokens)
+        self.speculative = self._speculative(speculative)
+        self.async_scheduling = async_scheduling and self.speculative is None
+        self.scheduler = Scheduler(policy, n_slots=self.n_slots, max_len=self.max_len, budget=self.budget)
+        self._inbox = queue.SimpleQueue()       # ("submit", Sequence) | ("cancel", rid) | ("stop", reason)
+        self._lock = threading.Lock()
+        self._held = 0                          # submitted and not yet ended (the back-pressure count)
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+        self.stopped: str | None = None
+        self.iterations = 0
+        self.proposed = self.accepted = 0       # speculative decoding: guesses checked, guesses kept
+
+    def _budget(self, budget) -> int:
+        whole = -(-self.max_len // PIECE) * PIECE          # the longest prompt, in whole pieces
+        if budget is None:
+            budget = DEFAULT_BUDGET if self.policy == "chunked" else whole
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+            raise ValueError(f"max_num_batched_tokens={budget!r} must be an integer")
+        if self.policy == "chunked" and budget < self.n_slots + PIECE:
+            raise ValueError(f"max_num_batched_tokens={budget} leaves no room for a prompt piece ({PIECE} tokens) "
+                             f"beside {self.n_slots} decode rows: make it at least {self.n_slots + PIECE}")
+        if self.policy in ("prefill-first", "prefill-only") and budget < whole:
+            raise ValueError(f"max_num_batched_tokens={budget} cannot hold a whole prompt of up to {self.max_len - 1} "
+                             f"tokens, which prefill-first never cuts: make it at least {whole}, or use 'chunked'")
+        return int(budget)
+
+    def _speculative(self, spec):
+        if spec is None:
+            return None
+        from inference_lab.runtime.speculative import NgramDraft
+
+        method, k = spec
+        if method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method {method!r} is not one of {SPECULATIVE_METHODS}")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k < PIECE:
+            raise ValueError(f"num_speculative_tokens={k!r} must be an integer in 1..{PIECE - 1}")
+        if self.policy == "prefill-only":
+            raise ValueError("a prefill-only engine decodes nothing: speculative decoding belongs to the decode pool")
+        return NgramDraft(), int(k)
+
+    # -- the outside: any thread
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="inference-lab-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def check(self, request: Request) -> None:
+        """One-line errors for a request the engine cannot serve (the API answers them 400 first)."""
+        check_request(request, vocab_size=self.model.cfg.vocab_size, max_len=self.max_len)
+
+    def submit(self, request: Request, emit) -> None:
+        """Queue ``request``; ``emit(TokenEvent)`` is called from the engine's thread. A request
+        the model cannot hold is refused here (ValueError), before it could reach the loop."""
+        self.check(request)
+        self._admit(Sequence(request, emit))
+
+    def submit_prefilled(self, request: Request, emit, rows: np.ndarray, first_token: int, inserted=None) -> None:
+        """A decode-only engine's arrival: ``request`` with its prompt's cache ``rows`` (as
+        :meth:`DecodeSlots.insert` takes them) and its first token already sent; ``inserted()`` is
+        called once the rows are on the device (their buffer may then be reused)."""
+        self.check(request)
+        self._admit(Sequence(request, emit, arrival=(rows, int(first_token), inserted)))
+
+    def _admit(self, seq: Sequence) -> None:
+        with self._lock:
+            if self.error is not None or self.stopped is not None:
+                raise RuntimeError(f"the engine stopped: {self.error or self.stopped}")
+            if self._held >= self.n_slots + self.max_queue:
+                raise QueueFull(f"{self._held} requests are already held ({self.n_slots} slots, "
+                                f"max_queue={self.max_queue})")
+            self._held += 1
+        self._inbox.put(("submit", seq))
+
+    def cancel(self, rid: str) -> None:
+        """Drop request ``rid`` (its client went away): its slot is free at the next iteration."""
+        self._inbox.put(("cancel", rid))
+
+    def stop(self, timeout: float = 10.0, reason: str = "the engine was stopped") -> None:
+        """Stop the loop (waiting up to ``timeout`` for it); every request still held ends with
+        ``"abort"`` and ``reason``. Later submissions are refused."""
+        if self._thread is not None:
+            self._inbox.put(("stop", reason))
+            self._thread.join(timeout)
+        else:   # never started: end what was submitted, here
+            self._end_all("abort", reason)
+
+    def stats(self) -> dict:
+        with self._lock:
+            held = self._held
+        running = len(self.scheduler.running)
+        out = {"policy": self.policy, "slots": self.n_slots, "active": running, "waiting": max(held - running, 0),
+               "held": held, "iterations": self.iterations, "max_num_batched_tokens": self.budget,
+               "async_scheduling": self.async_scheduling, "error": self.error}
+        if self.speculative is not None:
+            out["speculative"] = {"method": "ngram", "num_speculative_tokens": self.speculative[1],
+                                  "proposed": self.proposed, "accepted": self.accepted,
+                                  "acceptance_rate": self.accepted / self.proposed if self.proposed else None}
+        return out
+
+    def warmup(self) -> float:
+        """Compile every program this engine will run (each step shape its scheduler can make,
+        the inserts or extracts of the two pools, the verify steps), so that no request ever waits
+        for the compiler. Returns the seconds it took."""
+        t0 = now()
+        self.slots.warmup(self.scheduler.shapes(), widths=self.policy in ROLES,
+                          speculative=self.speculative[1] if self.speculative else 0)
+        return now() - t0
+
+    # -- the loop: the engine's thread only
+    def _loop(self) -> None:
+        pending = None               # (step, its tokens on the device): dispatched, not yet read
+        try:
+            while self._drain(block=pending is None and self.scheduler.idle()):
+                step = self.scheduler.schedule()
+                if step is not None and self.speculative and step.decode and not step.pieces:
+                    if pending is not None:
+                        self._deliver(*pending)
+                        pending = None
+                    self._insert(step)
+                    self._speculate(step)
+                elif step is not None:
+                    self._insert(step)
+                    tokens = self.slots.run(step) if step.decode or step.pieces else None
+                    if pending is not None:
+                        self._deliver(*pending)
+                    pending = (step, tokens)
+                    if not self.async_scheduling:
+                        self._deliver(*pending)
+                        pending = None
+                elif pending is not None:
+                    self._deliver(*pending)
+                    pending = None
+                self.iterations += 1
+        except Exception as e:   # the model, a kernel or a callback failed: every request ends, with the reason
+            self.error = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            self._end_all("error", self.error, pending)
+            return
+        self._end_all("abort", self.stopped or "the engine was stopped", pending)
+
+    def _drain(self, block: bool) -> bool:
+        """Take in what other threads sent; False once asked to stop."""
+        while True:
+            try:
+                kind, item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if kind == "stop":
+                self.stopped = item
+                return False
+            if kind == "submit":
+                if self.speculative is not None:
+                    item.history = list(item.request.prompt)
+                self.scheduler.add(item, arrived=item.arrival is not None)
+            else:
+                seq = self.scheduler.remove(item)
+                if seq is not None:
+                    self._end(seq, "abort", "")
+                elif self.forward_cancel is not None:
+                    self.forward_cancel(item)
+
+    def _insert(self, step) -> None:
+        """Decode-only: put the step's arrivals' caches into their slots before it runs."""
+        for seq in step.arrivals:
+            rows, first, inserted = seq.arrival
+            self.slots.insert(seq.slot, rows, first)
+            seq.arrival = None
+            if seq.history is not None:
+                seq.history.append(first)
+            if inserted is not None:
+                inserted()
+
+    def _deliver(self, step, tokens) -> None:
+        """Send the tokens ``step`` sampled (in order, per request), and end what they finish."""
+        tokens = np.asarray(tokens) if tokens is not None else None
+        for row, seq, index in step.sampled:
+            if seq.finished:        # ended meanwhile (a cancel, or an end-of-sequence token a step ago)
+                continue
+            if not self._send(seq, int(tokens[row]), index):
+                continue
+            if index == 0 and self.handoff is not None:
+                self.handoff(seq.request, int(tokens[row]),
+                             lambda out, s=seq: self.slots.extract(s.slot, s.prompt_len, out))
+                seq.finished = True
+                self.scheduler.release(seq)
+                self._forget(seq)
+
+    def _send(self, seq: Sequence, token: int, index: int) -> bool:
+        """Token ``index`` of ``seq`` out; True while the request goes on."""
+        finish = seq.finish_reason(token, index, self.max_len)
+        seq.delivered = index + 1
+        if seq.history is not None:
+            seq.history.append(token)
+        self._call(seq, TokenEvent(seq.rid, token, index, now(), finish))
+        if finish is not None:
+            seq.finished = True
+            self.scheduler.release(seq)
+            self._forget(seq)
+            return False
+        return True
+
+    def _speculate(self, step) -> None:
+        """A verify step instead of ``step``'s decode rows: each greedy row's guesses (prompt
+        lookup on its text so far) checked in one forward; the kept ones and the model's next token
+        sent. The scheduler moved each row by one token; the kept guesses move it further."""
+        draft, k = self.speculative
+        starts, guesses = [], []
+        for (row, seq, index), at in zip(step.sampled, step.positions):
+            room = min(k, seq.last_token(self.max_len) - index, self.max_len - 1 - at)
+            greedy = seq.request.temperature < 1e-5
+            guesses.append(draft.guess_row(seq.history, room) if greedy and room > 0 else [])
+            starts.append(at)
+        chosen, right = self.slots.verify(step.decode_width, step.sampled, starts, guesses, k)
+        for (row, seq, index), g in zip(step.sampled, guesses):
+            kept = int(right[row])
+            self.proposed += len(g)
+            self.accepted += kept
+            if kept:   # the scheduler counted one token; the kept guesses are more
+                seq.produced += kept
+                if seq.produced > seq.last_token(self.max_len):
+                    self.scheduler.release(seq)
+            for j in range(kept + 1):
+                if seq.finished or not self._send(seq, int(chosen[row, j]), index + j):
+                    break
+
+    def _call(self, seq: Sequence, event: TokenEvent) -> None:
+        try:
+            seq.emit(event)
+        except Exception:   # a listener's bug must not stop the engine for everyone else
+            traceback.print_exc()
+
+    def _forget(self, seq: Sequence) -> None:
+        with self._lock:
+            self._held -= 1
+
+    def _end(self, seq: Sequence, finish: str, reason: str) -> None:
+        """End ``seq`` without a token (``"abort"`` or ``"error"``, with the reason)."""
+        if seq.finished:
+            return
+        seq.finished = True
+        self.scheduler.release(seq)
+        if seq.arrival is not None:   # a decode-only arrival never inserted: its buffer is free again
+            seq.arrival[2]()
+            seq.arrival = None
+        self._call(seq, TokenEvent(seq.rid, -1, seq.delivered, now(), finish, reason))
+        self._forget(seq)
+
+    def _end_all(self, finish: str, reason: str, pending=None) -> None:
+        """Every request the engine holds ends: the scheduler's, those whose last step was still on
+        the device, and those still in the inbox. Later submissions are refused."""
+        with self._lock:
+            if self.error is None and self.stopped is None:
+                self.stopped = reason
+        seqs = self.scheduler.held()
+        if pending is not None:
+            seqs += [seq for _, seq, _ in pending[0].sampled]
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                seqs.append(item)
+        for seq in seqs:
+            self._end(seq, finish, reason)
