@@ -27,8 +27,6 @@ from inference_lab.analytic.workload import Requests
 from inference_lab.base import tokenizer
 from inference_lab.lessons import serving_engine as lesson
 from inference_lab.serving import server as serving_server
-from inference_lab.serving.engine import Engine
-from inference_lab.serving.scheduler import QueueFull, Request
 
 PRESET = "shakespeare"
 KEY = "test-key-123"
@@ -70,7 +68,7 @@ class KernelServer:
 @pytest.fixture(scope="module")
 def servers():
     """One server per policy: chunked with a key, prefill-first with two slots and a queue of three
-    (for the 429), disaggregated (two worker processes, started by a stand-in kernel). One after
+    (for the 429) and n-gram speculative decoding, disaggregated (two worker processes, started by a stand-in kernel). One after
     another, from this thread: a server dies with the thread that started it (PR_SET_PDEATHSIG
     follows the thread), so they cannot be started side by side from worker threads."""
     started = {}
@@ -78,7 +76,8 @@ def servers():
         started["disaggregated"] = KernelServer("disaggregated")
         started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--max-num-batched-tokens", "32", policy="chunked",
                                                           preset=PRESET)
-        started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--max-queue", "3",
+        started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--max-queue", "3", "--speculative",
+                                                                "ngram", "--num-speculative-tokens", "3",
                                                                 policy="prefill-first", preset=PRESET)
         yield started
     finally:
@@ -94,82 +93,6 @@ def _client(servers, policy):
     import openai
     return openai.OpenAI(base_url=servers[policy].base_url, api_key=KEY if policy == "chunked" else "none",
                          max_retries=0, timeout=60)
-
-
-# ----------------------------------------------------------------------------- the engine alone
-@pytest.mark.parametrize("policy", ["prefill-first", "chunked"])
-def test_engine_text_equals_generate(model, expected, policy):
-    engine = Engine(model, policy=policy, n_slots=2, max_num_batched_tokens=32 if policy == "chunked" else None)   # 3 requests, 2 slots: one waits
-    engine.warmup()
-    engine.start()
-    got, done = {}, threading.Semaphore(0)
-
-    def emit(e):
-        got.setdefault(e.rid, []).append(e.token)
-        if e.finish:
-            done.release()
-    try:
-        for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS)):
-            engine.submit(Request(str(i), tokenizer.encode(p), n, stop_at_eos=False), emit)
-        assert all(done.acquire(timeout=60) for _ in PROMPTS)
-    finally:
-        engine.stop()
-    assert [tokenizer.decode(got[str(i)]) for i in range(3)] == expected
-
-
-def test_engine_seeded_sampling_equals_generate(model):
-    from inference_lab.runtime import generation
-    want = generation.generate(model, PROMPTS[0], max_new_tokens=20, temperature=0.9, seed=7)
-    engine = Engine(model, policy="chunked", n_slots=2, max_num_batched_tokens=32).start()
-    got, done = [], threading.Event()
-    try:
-        engine.submit(Request("s", tokenizer.encode(PROMPTS[0]), 20, temperature=0.9, seed=7, stop_at_eos=False),
-                      lambda e: (got.append(e.token), e.finish and done.set()))
-        assert done.wait(60)
-    finally:
-        engine.stop()
-    assert tokenizer.decode(got) == want
-
-
-def test_engine_queue_bound_and_cancel(model):
-    """The engine holds at most n_slots + max_queue requests (here 1 + 1): the third is refused."""
-    engine = Engine(model, policy="prefill-first", n_slots=1, max_queue=1)
-    events = []
-    engine.submit(Request("a", [tokenizer.BOS] * 4, 200), events.append)
-    engine.submit(Request("b", [tokenizer.BOS] * 4, 200), events.append)
-    with pytest.raises(QueueFull):
-        engine.submit(Request("c", [tokenizer.BOS] * 4, 200), events.append)
-    engine.start()
-    try:
-        deadline = time.time() + 30
-        while not any(e.rid == "a" for e in events) and time.time() < deadline:
-            time.sleep(0.01)
-        engine.cancel("a")
-        engine.cancel("b")
-        while engine.stats()["active"] or engine.stats()["waiting"]:
-            assert time.time() < deadline, engine.stats()
-            time.sleep(0.01)
-    finally:
-        engine.stop()
-    ends = {e.rid: e.finish for e in events if e.finish}
-    assert ends == {"a": "abort", "b": "abort"}
-
-
-def test_engine_refuses_requests_it_cannot_hold(model):
-    engine = Engine(model, policy="chunked", n_slots=1)       # not started: refused at submit
-    for request, word in ((Request("a", [], 4), "prompt"), (Request("b", [tokenizer.BOS] * 256, 4), "max_len"),
-                          (Request("c", [9999], 4), "vocabulary"), (Request("d", [1, 2], 0), "max_tokens"),
-                          (Request("e", [1, 2], 4, temperature=-1.0), "temperature")):
-        with pytest.raises(ValueError, match=word):
-            engine.submit(request, lambda e: None)
-    assert engine.stats()["waiting"] == 0
-
-
-def test_engine_refuses_bad_settings(model):
-    for kwargs, word in (({"policy": "fastest"}, "policy"), ({"n_slots": 0}, "n_slots"),
-                         ({"max_num_batched_tokens": 8}, "max_num_batched_tokens"), ({"policy": "disaggregated"}, "TwoPoolEngine")):
-        with pytest.raises(ValueError, match=word):
-            Engine(model, **kwargs)
 
 
 # ----------------------------------------------------------------------------- through the OpenAI client
@@ -199,6 +122,19 @@ def test_openai_client_streams_the_text_generate_writes(servers, expected, polic
     assert [o[0] for o in out] == expected
     assert [o[1].completion_tokens for o in out] == LENGTHS
     assert out[0][1].prompt_tokens == len(tokenizer.encode(PROMPTS[0]))
+
+
+def test_speculative_server_reports_its_acceptance(servers, expected):
+    """The prefill-first server speculates (n-gram, 3 tokens): greedy text as generate() writes it
+    (the streaming test above), and /health counts the guesses checked and kept."""
+    song = "ROMEO:\nO Romeo, Romeo, wherefore art thou Romeo? O Romeo, Romeo, wherefore art thou"
+    r = httpx.post(servers["prefill-first"].base_url + "/completions", timeout=60,
+                   json={"model": PRESET, "prompt": song, "max_tokens": 30, "temperature": 0})
+    assert r.status_code == 200
+    health = httpx.get(servers["prefill-first"].url + "/health").json()
+    spec = health["speculative"]
+    assert spec["method"] == "ngram" and spec["num_speculative_tokens"] == 3 and spec["proposed"] > 0
+    assert spec["acceptance_rate"] == spec["accepted"] / spec["proposed"]
 
 
 def test_openai_client_without_streaming_and_chat(servers, expected):
@@ -332,8 +268,12 @@ def test_parse_args_rules():
         serving_server.parse_args(["--host", "10.0.0.5", "--api-key", " "])
     assert serving_server.parse_args(["--host", "10.0.0.5", "--api-key", "k"]).api_key == "k"
     assert serving_server.parse_args(["--host", "::1"]).api_key in (None, os.environ.get("INFERENCE_LAB_API_KEY"))
-    with pytest.raises(SystemExit):
-        serving_server.parse_args(["--slots", "8", "--max-num-batched-tokens", "8"])
+    for bad in (["--slots", "8", "--max-num-batched-tokens", "8"], ["--num-speculative-tokens", "16"],
+                ["--request-timeout", "0"], ["--speculative", "eagle"]):
+        with pytest.raises(SystemExit):
+            serving_server.parse_args(bad)
+    args = serving_server.parse_args(["--no-async-scheduling", "--speculative", "ngram"])
+    assert args.async_scheduling is False and args.speculative == "ngram" and args.max_num_batched_tokens is None
 
 
 # ----------------------------------------------------------------------------- stopping

@@ -290,7 +290,8 @@ async def _collected(served, stream, chat, http):
         while True:
             waiting = asyncio.ensure_future(anext(events))
             while not waiting.done():
-                await asyncio.wait({waiting}, timeout=0.5)
+                left = 0.5 if deadline is None else min(0.5, max(deadline - time.monotonic(), 0.0))
+                await asyncio.wait({waiting}, timeout=left)
                 if waiting.done():
                     break
                 if await http.is_disconnected():

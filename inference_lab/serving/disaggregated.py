@@ -237,7 +237,7 @@ class TwoPoolEngine:
     def _start_workers(self) -> None:
         ctx = mp.get_context("spawn")
         self._events = ctx.Queue()
-        free = ctx.Queue()
+        self._free = free = ctx.Queue()        # buffer numbers: the decode worker returns them
         for b in range(self.n_buffers):
             free.put(b)
         kv_in, kv_out = ctx.Pipe(duplex=False)
@@ -370,7 +370,8 @@ class TwoPoolEngine:
         recent = np.array(self._recent, np.float64)
         return {"policy": self.policy, "slots": self.n_slots, "active": held - waiting, "waiting": waiting,
                 "held": held, "error": self.error, "cores": list(self.cores), "worker_pids": self.pids(),
-                "kv_transfers": self.transfers,
+                "kv_transfers": self.transfers, "kv_buffers": self.n_buffers,
+                "kv_buffers_free": self._free.qsize() if hasattr(self, "_free") else None,
                 "kv_bytes_mean": self.transfer_bytes / self.transfers if self.transfers else None,
                 "kv_seconds_median": float(np.median(recent)) if len(recent) else None}
 

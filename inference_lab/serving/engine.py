@@ -185,8 +185,9 @@ class Engine:
     # -- the loop: the engine's thread only
     def _loop(self) -> None:
         pending = None               # (step, its tokens on the device): dispatched, not yet read
+        wait = 0.0                   # how long the next drain may wait for a message
         try:
-            while self._drain(block=pending is None and self.scheduler.idle()):
+            while self._drain(wait):
                 step = self.scheduler.schedule()
                 if step is not None and self.speculative and step.decode and not step.pieces:
                     if pending is not None:
@@ -207,6 +208,10 @@ class Engine:
                     self._deliver(*pending)
                     pending = None
                 self.iterations += 1
+                # Nothing on the device and nothing to run: sleep until a message comes (or, when
+                # requests wait for a slot that a step will not free, look again shortly).
+                idle = pending is None and step is None
+                wait = (None if self.scheduler.idle() else 0.01) if idle else 0.0
         except Exception as e:   # the model, a kernel or a callback failed: every request ends, with the reason
             self.error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -214,14 +219,15 @@ class Engine:
             return
         self._end_all("abort", self.stopped or "the engine was stopped", pending)
 
-    def _drain(self, block: bool) -> bool:
-        """Take in what other threads sent; False once asked to stop."""
+    def _drain(self, wait: float | None) -> bool:
+        """Take in what other threads sent, waiting up to ``wait`` seconds (None: until something
+        comes) for the first message; False once asked to stop."""
         while True:
             try:
-                kind, item = self._inbox.get(block=block)
+                kind, item = self._inbox.get(block=wait != 0.0, timeout=wait)
             except queue.Empty:
                 return True
-            block = False
+            wait = 0.0
             if kind == "stop":
                 self.stopped = item
                 return False

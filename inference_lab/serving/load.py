@@ -232,10 +232,12 @@ def bench_serve(base_url: str, requests: Requests, *, model: str, api_key: str |
 
 
 def drive_engine(backend, requests: Requests, *, label: str | None = None, seed: int = 0,
-                 timeout: float = 300.0) -> ServingTrace:
+                 timeout: float = 300.0, sampling=None) -> ServingTrace:
     """The same trace sent to an engine directly, without HTTP: each request is submitted at its
     arrival time (from this thread) and its tokens are timed as the engine stamps them. What
-    the server adds is the difference between this and :func:`bench_serve` on the same trace."""
+    the server adds is the difference between this and :func:`bench_serve` on the same trace.
+    ``sampling``: one dict per request of :class:`~inference_lab.serving.scheduler.Request`'s
+    ``temperature``, ``top_k`` and ``seed`` (default: greedy)."""
     import threading
 
     prompts = [tokenizer.encode(t) for t in prompt_texts(requests.prompt_len, seed)]
@@ -261,8 +263,8 @@ def drive_engine(backend, requests: Requests, *, label: str | None = None, seed:
         if delay > 0:
             time.sleep(delay)
         sent[i] = time.perf_counter() - t0
-        backend.submit(Request(f"drive-{i}", prompts[i], int(requests.output_len[i]), stop_at_eos=False),
-                       emit_for(i))
+        backend.submit(Request(f"drive-{i}", prompts[i], int(requests.output_len[i]), stop_at_eos=False,
+                               **(sampling[i] if sampling is not None else {})), emit_for(i))
     for _ in range(n):
         if not done.acquire(timeout=timeout):
             raise TimeoutError(f"the engine did not finish {n} requests within {timeout:g} s")

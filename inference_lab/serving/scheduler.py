@@ -190,9 +190,9 @@ def decode_widths(n_slots: int) -> list[int]:
 
 
 def piece_counts(most: int) -> list[int]:
-    """The piece counts a step compiles for, up to ``most``: 1, 2, 3, 4, then each about a third
-    more than the last (6, 8, 12, 16, 24, ...), so a step computes at most a third more pieces
-    than it holds, with few programs."""
+    """The piece counts a step compiles for, up to ``most``: 1, 2, 3, 4, then each a half or a
+    third more than the last (6, 8, 12, 16, 24, 32, ...): a step computes at most half again the
+    pieces it holds, with a few programs."""
     counts, n = [], 1
     while n < most:
         counts.append(n)

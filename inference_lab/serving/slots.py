@@ -178,7 +178,7 @@ class DecodeSlots:
     def _call(self, arrays):
         m = self.model
         tokens, self.next_token, self.k, self.v = _step_jit(
-            m.params(), self.k, self.v, self.next_token, *(jnp.asarray(a) for a in arrays), cfg=m.cfg, mode=m.kernels)
+            m.params(), self.k, self.v, self.next_token, *arrays, cfg=m.cfg, mode=m.kernels)
         tokens.copy_to_host_async()
         return tokens
 

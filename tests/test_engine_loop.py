@@ -1,0 +1,293 @@
+"""The serving engine in this process (no HTTP): text equal to generate() under every policy with
+the overlap on and off and requests arriving at odd moments, no compile after warm-up whatever
+the clients ask, seeded sampling among strangers, cancels mid-prefill, speculative decoding, and
+every request ending (tokens or an error) when the loop fails or the engine stops.
+
+Every engine here has two slots and the same budgets, so the compiled programs are shared by
+every test of the file (the trained 1.7M-parameter `shakespeare` model: quick to compile).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from inference_lab.base import tokenizer
+from inference_lab.serving.engine import Engine
+from inference_lab.serving.scheduler import QueueFull, Request
+
+PRESET = "shakespeare"
+PROMPTS = ["MENENIUS:\n", "ROMEO:\nBut soft, what light", "First Citizen:\nBefore we proceed any further, hear me speak.\n"]
+LENGTHS = [30, 12, 45]
+BUDGET = {"chunked": 32, "prefill-first": None}
+LONG = "First Citizen:\n" + "Before we proceed any further, hear me speak. " * 4   # 199 tokens: many pieces
+
+
+@pytest.fixture(scope="module")
+def model():
+    from inference_lab.model import pretrained
+    return pretrained.load(preset=PRESET)
+
+
+@pytest.fixture(scope="module")
+def expected(model):
+    from inference_lab.runtime import generation
+    return [generation.generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
+
+
+def engine_for(model, policy="chunked", **kw):
+    engine = Engine(model, policy=policy, n_slots=2, max_num_batched_tokens=BUDGET[policy], **kw)
+    engine.warmup()
+    return engine.start()
+
+
+class Listener:
+    """Collects every event by request; ``wait(n)`` until ``n`` requests have ended."""
+
+    def __init__(self):
+        self.events, self.ended = {}, threading.Semaphore(0)
+
+    def __call__(self, e):
+        self.events.setdefault(e.rid, []).append(e)
+        if e.finish:
+            self.ended.release()
+
+    def wait(self, n, timeout=60):
+        assert all(self.ended.acquire(timeout=timeout) for _ in range(n)), f"ended: {self.finishes()}"
+
+    def text(self, rid):
+        return tokenizer.decode([e.token for e in self.events[rid] if e.token >= 0])
+
+    def finishes(self):
+        return {rid: ev[-1].finish for rid, ev in self.events.items() if ev[-1].finish}
+
+
+@pytest.mark.parametrize("policy", ["chunked", "prefill-first"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["async", "sync"])
+def test_text_equals_generate_whatever_the_arrivals(model, expected, policy, overlap):
+    """Three requests on two slots, in a new order and at new moments in each round (one waits
+    for a slot, pieces of different prompts share steps, a slot is used again): greedy text as
+    generate() writes it alone, every time."""
+    engine = engine_for(model, policy, async_scheduling=overlap)
+    try:
+        for trial in range(4):
+            listen, rng = Listener(), random.Random(trial)
+            order = rng.sample(range(3), 3)
+            for i in order:
+                engine.submit(Request(f"{trial}-{i}", tokenizer.encode(PROMPTS[i]), LENGTHS[i], stop_at_eos=False),
+                              listen)
+                time.sleep(rng.random() * 0.03)
+            listen.wait(3)
+            assert [listen.text(f"{trial}-{i}") for i in range(3)] == expected, (trial, order)
+            assert all(e.index == j for i in range(3) for j, e in enumerate(listen.events[f"{trial}-{i}"]))
+    finally:
+        engine.stop()
+    assert engine.stats()["held"] == 0 and not engine.scheduler.running
+
+
+def test_no_compile_after_warmup_whatever_the_clients_ask(model):
+    """50 requests with random temperatures, top-k, seeds, lengths and EOS settings after warm-up:
+    XLA compiles nothing (top-k and the rest are arrays of the one step program, not static
+    arguments). The counter is shown to count: a new program compiled here is seen."""
+    compiles = []
+
+    def listener(name, seconds, **kw):
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiles.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    engine = engine_for(model)
+    rng = np.random.default_rng(0)
+    try:
+        jax.jit(lambda x: x * 3 + 1)(np.arange(7.0)).block_until_ready()
+        assert compiles, "the compile counter saw nothing: it would pass whatever happens"
+        before = len(compiles)
+        listen = Listener()
+        for i in range(50):
+            n = int(rng.integers(1, 120))
+            engine.submit(Request(str(i), [tokenizer.BOS] + rng.integers(32, 127, n).tolist(), int(rng.integers(1, 60)),
+                                  temperature=float(rng.choice([0.0, 0.5, 1.0, 1.7])),
+                                  top_k=None if rng.random() < 0.3 else int(rng.integers(1, 259)),
+                                  seed=int(rng.integers(0, 2**62)), stop_at_eos=bool(rng.random() < 0.5)), listen)
+        listen.wait(50, timeout=120)
+        assert len(compiles) == before, f"{len(compiles) - before} compiles after warm-up"
+        assert set(listen.finishes().values()) <= {"length", "stop"}
+    finally:
+        engine.stop()
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_seeded_sampling_among_strangers_equals_generate(model):
+    """Sampled requests with their own seeds, temperatures and top-k, served together (and beside a
+    greedy one): each gets what generate(..., seed=) gives it alone."""
+    from inference_lab.runtime import generation
+
+    asks = [dict(temperature=0.9, seed=7), dict(temperature=1.3, top_k=12, seed=2**40 + 1), dict(temperature=0.0)]
+    want = [generation.generate(model, PROMPTS[i], max_new_tokens=20, **a) for i, a in enumerate(asks)]
+    engine = engine_for(model)
+    listen = Listener()
+    try:
+        for i, a in enumerate(asks):
+            engine.submit(Request(str(i), tokenizer.encode(PROMPTS[i]), 20, stop_at_eos=False, **a), listen)
+        listen.wait(3)
+    finally:
+        engine.stop()
+    assert [listen.text(str(i)) for i in range(3)] == want
+
+
+class StepWatch:
+    """Wraps ``engine.slots.run``: calls ``act(step)`` as each step is dispatched (on the engine's thread)."""
+
+    def __init__(self, engine, act):
+        self.run, self.act = engine.slots.run, act
+        engine.slots.run = self
+
+    def __call__(self, step):
+        out = self.run(step)
+        self.act(step)
+        return out
+
+
+@pytest.mark.parametrize("policy", ["chunked", "prefill-first"])
+def test_cancel_mid_prefill_frees_the_slot(model, expected, policy):
+    """A long prompt cancelled while its pieces are on the device: it ends with "abort" and no
+    token, its slot is free at once, and the next request in that slot writes the right text."""
+    engine = engine_for(model, policy)
+    listen = Listener()
+
+    def act(step):
+        if any(p.seq.rid == "long" for p in step.pieces):
+            engine.cancel("long")
+
+    StepWatch(engine, act)
+    try:
+        engine.submit(Request("long", tokenizer.encode(LONG), 50, stop_at_eos=False), listen)
+        listen.wait(1)
+        assert listen.finishes() == {"long": "abort"} and [e.token for e in listen.events["long"]] == [-1]
+        assert not engine.scheduler.running and engine.stats()["held"] == 0
+        engine.submit(Request("next", tokenizer.encode(PROMPTS[2]), LENGTHS[2], stop_at_eos=False), listen)
+        listen.wait(1)
+        assert listen.text("next") == expected[2]
+    finally:
+        engine.stop()
+
+
+def test_a_failing_loop_ends_every_request(model):
+    """The step raises while requests are running, prefilling, waiting and still in the inbox: each
+    ends with "error" and the reason, and the engine refuses what comes after."""
+    engine = Engine(model, policy="chunked", n_slots=2, max_num_batched_tokens=32, max_queue=8)
+    engine.warmup()
+    listen, calls = Listener(), []
+    run = engine.slots.run
+
+    def failing(step):
+        calls.append(step)
+        if len(calls) == 6:
+            for i in range(3):   # these reach the inbox while the step fails
+                engine.submit(Request(f"late{i}", [tokenizer.BOS] * 5, 10), listen)
+            raise RuntimeError("the device fell over")
+        return run(step)
+
+    engine.slots.run = failing
+    for i in range(4):
+        engine.submit(Request(str(i), tokenizer.encode(LONG if i == 1 else PROMPTS[0]), 40), listen)
+    engine.start()
+    listen.wait(7)
+    ends = listen.finishes()
+    assert set(ends) == {"0", "1", "2", "3", "late0", "late1", "late2"} and set(ends.values()) == {"error"}
+    assert all("the device fell over" in listen.events[r][-1].error for r in ends)
+    with pytest.raises(RuntimeError, match="fell over"):
+        engine.submit(Request("after", [tokenizer.BOS], 3), listen)
+    assert engine.stats()["error"] and engine.stats()["held"] == 0
+
+
+def test_stop_ends_everything_in_flight_with_the_reason(model):
+    engine = Engine(model, policy="chunked", n_slots=2, max_num_batched_tokens=32, max_queue=30)
+    engine.warmup()
+    engine.start()
+    listen = Listener()
+    for i in range(20):
+        engine.submit(Request(str(i), [tokenizer.BOS] * 30, 200, stop_at_eos=False), listen)
+    while not listen.events:
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    engine.stop(reason="the lab is closing")
+    listen.wait(20, timeout=10)
+    assert time.perf_counter() - t0 < 10
+    ends = [ev[-1] for ev in listen.events.values()]
+    assert len(ends) == 20 and {e.finish for e in ends} == {"abort"}
+    assert all(e.error == "the lab is closing" for e in ends)
+    with pytest.raises(RuntimeError, match="closing"):
+        engine.submit(Request("after", [tokenizer.BOS], 3), listen)
+
+
+def test_back_pressure_counts_every_request_held(model):
+    """Two slots and max_queue=2: four requests are held (running or waiting), the fifth is
+    refused; once they end, the engine takes new ones again."""
+    engine = Engine(model, policy="chunked", n_slots=2, max_num_batched_tokens=32, max_queue=2)
+    listen = Listener()
+    for i in range(4):
+        engine.submit(Request(str(i), [tokenizer.BOS] * 4, 5), listen)
+    with pytest.raises(QueueFull, match="4 requests"):
+        engine.submit(Request("x", [tokenizer.BOS] * 4, 5), listen)
+    engine.warmup()
+    engine.start()
+    try:
+        listen.wait(4)
+        engine.submit(Request("y", [tokenizer.BOS] * 4, 5), listen)
+        listen.wait(1)
+    finally:
+        engine.stop()
+    assert engine.stats()["held"] == 0
+
+
+def test_speculative_decoding_keeps_the_text(model, expected):
+    """n-gram speculation (k = 3): every greedy text as generate() writes it, a repetitive prompt
+    accepts guesses, a sampled request still draws what generate(seed=) draws."""
+    from inference_lab.runtime import generation
+
+    engine = engine_for(model, speculative=("ngram", 3))
+    assert not engine.async_scheduling and engine.stats()["speculative"]["num_speculative_tokens"] == 3
+    song = "ROMEO:\nO Romeo, Romeo, wherefore art thou Romeo? O Romeo, Romeo, wherefore art thou"
+    want_song = generation.generate(model, song, max_new_tokens=40)
+    want_sampled = generation.generate(model, PROMPTS[1], max_new_tokens=15, temperature=1.0, seed=3)
+    listen = Listener()
+    try:
+        for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS)):
+            engine.submit(Request(str(i), tokenizer.encode(p), n, stop_at_eos=False), listen)
+        engine.submit(Request("song", tokenizer.encode(song), 40, stop_at_eos=False), listen)
+        engine.submit(Request("sampled", tokenizer.encode(PROMPTS[1]), 15, temperature=1.0, seed=3,
+                              stop_at_eos=False), listen)
+        listen.wait(5)
+    finally:
+        engine.stop()
+    assert [listen.text(str(i)) for i in range(3)] == expected
+    assert listen.text("song") == want_song and listen.text("sampled") == want_sampled
+    spec = engine.stats()["speculative"]
+    assert spec["proposed"] > 0 and spec["accepted"] > 0 and 0 < spec["acceptance_rate"] <= 1
+
+
+def test_engine_refuses_requests_it_cannot_hold(model):
+    engine = Engine(model, policy="chunked", n_slots=1)       # not started: refused at submit
+    for request, word in ((Request("a", [], 4), "prompt"), (Request("b", [tokenizer.BOS] * 256, 4), "max_len"),
+                          (Request("c", [9999], 4), "vocabulary"), (Request("d", [1, 2], 0), "max_tokens"),
+                          (Request("e", [1, 2], 4, temperature=-1.0), "temperature")):
+        with pytest.raises(ValueError, match=word):
+            engine.submit(request, lambda e: None)
+    assert engine.stats()["held"] == 0
+
+
+def test_engine_refuses_bad_settings(model):
+    for kwargs, word in (({"policy": "fastest"}, "policy"), ({"n_slots": 0}, "n_slots"),
+                         ({"max_num_batched_tokens": 8}, "max_num_batched_tokens"),
+                         ({"policy": "prefill-first", "max_num_batched_tokens": 64}, "whole prompt"),
+                         ({"policy": "disaggregated"}, "TwoPoolEngine"), ({"speculative": ("eagle", 3)}, "eagle"),
+                         ({"speculative": ("ngram", 16)}, "num_speculative_tokens"),
+                         ({"async_scheduling": "yes"}, "async_scheduling")):
+        with pytest.raises(ValueError, match=word):
+            Engine(model, **kwargs)
