@@ -30,6 +30,7 @@ from pallas_kernels import triton_compile as tc
 PRESETS = ("base", "llama3_8b")
 SHAPES = ((1, 2048), (64, 512))      # (batch, prompt tokens); the cache holds prompt + DECODE_ROOM
 DECODE_ROOM = 64
+SERVING = (8, 2048, 4)               # the serving engine's step: slots, positions per slot, prompt pieces
 
 
 def abstract_params(cfg: ModelConfig) -> dict:
@@ -38,7 +39,9 @@ def abstract_params(cfg: ModelConfig) -> dict:
 
 
 def model_cases(presets=PRESETS, shapes=SHAPES, *, n_layers: int | None = None) -> list[tuple[str, Callable, tuple]]:
-    """``(context, fn, abstract args)`` for prefill and one decode step of each preset and shape.
+    """``(context, fn, abstract args)`` for prefill and one decode step of each preset and shape,
+    and the serving engine's step (:data:`SERVING`: every slot's decode row and prompt pieces of
+    16 tokens in one forward, the pieces' flash attention with ``q_offsets``).
 
     ``n_layers`` overrides the presets' depth (every layer has the same kernels; tests use 1).
     """
@@ -63,6 +66,17 @@ def model_cases(presets=PRESETS, shapes=SHAPES, *, n_layers: int | None = None) 
                           (params, S((batch, prompt), jnp.int32), lengths, cache, cache)))
             cases.append((f"{ctx} decode ctx{prompt + DECODE_ROOM}", decode,
                           (params, S((batch,), jnp.int32), lengths, cache, cache)))
+        slots, positions, pieces = SERVING
+        cache = [S((slots, positions, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
+        i32 = jnp.int32
+
+        def step(p, tokens, n, active, piece_tokens, piece_slots, starts, heads, k, v, cfg=cfg):
+            return M.step_forward(p, tokens, n, active, piece_tokens, piece_slots, starts, heads, k, v,
+                                  cfg=cfg, mode="triton")
+
+        cases.append((f"{preset} serving step {slots} rows + {pieces} pieces ctx{positions}", step,
+                      (params, S((slots,), i32), S((slots,), i32), S((slots,), jnp.bool_), S((pieces, 16), i32),
+                       S((pieces,), i32), S((pieces,), i32), S((slots + pieces,), i32), cache, cache)))
     return cases
 
 

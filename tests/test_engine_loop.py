@@ -20,6 +20,7 @@ import pytest
 from inference_lab.base import tokenizer
 from inference_lab.serving.engine import Engine
 from inference_lab.serving.scheduler import QueueFull, Request
+from pallas_kernels.mode import pallas_supported
 
 PRESET = "shakespeare"
 PROMPTS = ["MENENIUS:\n", "ROMEO:\nBut soft, what light", "First Citizen:\nBefore we proceed any further, hear me speak.\n"]
@@ -291,3 +292,45 @@ def test_engine_refuses_bad_settings(model):
                          ({"async_scheduling": "yes"}, "async_scheduling")):
         with pytest.raises(ValueError, match=word):
             Engine(model, **kwargs)
+
+
+def test_the_engine_on_the_pallas_kernels_under_the_interpreter(expected):
+    """The engine's step on the Pallas kernels themselves (decode attention for the rows, flash
+    attention with q_offsets for the pieces), interpreted on this CPU: the greedy text the
+    reference kernels' generate() writes. (Four tokens: the interpreter is slow; a GPU runs
+    the whole check compiled, below.)"""
+    from inference_lab.model import pretrained
+
+    engine = Engine(pretrained.load("interpret", preset=PRESET), policy="chunked", n_slots=2,
+                    max_num_batched_tokens=32).start()
+    listen = Listener()
+    try:
+        engine.submit(Request("p", tokenizer.encode(PROMPTS[1]), 4, stop_at_eos=False), listen)
+        listen.wait(1, timeout=300)
+    finally:
+        engine.stop()
+    assert listen.text("p") == expected[1][:4]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not pallas_supported(), reason="needs an NVIDIA GPU (compute capability >= 8.0)")
+def test_the_engine_on_the_pallas_kernels_writes_what_generate_writes():
+    """On a GPU the engine's step runs the Pallas kernels (decode attention for the rows, flash
+    attention with q_offsets for the pieces): greedy text as generate() writes it, sampled as
+    generate(seed=) draws it."""
+    from inference_lab.model import pretrained
+    from inference_lab.runtime import generation
+
+    gpu_model = pretrained.load("pallas", preset=PRESET)
+    want = [generation.generate(gpu_model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
+    sampled = generation.generate(gpu_model, PROMPTS[1], max_new_tokens=20, temperature=0.8, seed=5)
+    engine = engine_for(gpu_model)
+    listen = Listener()
+    try:
+        for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS)):
+            engine.submit(Request(str(i), tokenizer.encode(p), n, stop_at_eos=False), listen)
+        engine.submit(Request("s", tokenizer.encode(PROMPTS[1]), 20, temperature=0.8, seed=5, stop_at_eos=False), listen)
+        listen.wait(4)
+    finally:
+        engine.stop()
+    assert [listen.text(str(i)) for i in range(3)] == want and listen.text("s") == sampled

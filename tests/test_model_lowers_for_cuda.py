@@ -79,3 +79,29 @@ def test_pallas_mode_picks_the_mosaic_tier_on_hopper(abstract_h200):
     text = _lowered(abstract_h200, decode, params, S((1,), jnp.int32), S((1,), jnp.int32), cache, cache)
     assert hlo.count_pallas_calls(text) == 0
     assert text.count("mosaic_gpu") >= 5 * cfg.n_layers + 1
+
+
+@pytest.mark.parametrize("tier,decode_rows", [("triton", 8), ("triton", 0), ("pallas", 8)])
+def test_the_serving_step_lowers_for_cuda(abstract_h200, tier, decode_rows):
+    """The serving engine's one forward (transformer.step_forward): 8 slots' decode rows and 4
+    prompt pieces of 16 tokens over a 2048-position cache. Per layer: the four matmuls, decode
+    attention for the rows and flash attention (with q_offsets) for the pieces; then the head.
+    On Hopper ("pallas") the pieces' attention runs on the Triton tier (the Mosaic flash
+    attention takes no q_offsets), everything else on the Mosaic tier."""
+    cfg = ModelConfig.preset("base", n_layers=2)
+    params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
+    cache = [S((8, 2048, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
+    i32 = jnp.int32
+    args = (params, S((decode_rows,), i32), S((decode_rows,), i32), S((decode_rows,), jnp.bool_), S((4, 16), i32),
+            S((4,), i32), S((4,), i32), S((decode_rows + 4,), i32), cache, cache)
+
+    def step(p, tokens, lengths, active, pieces, slots, starts, heads, k, v):
+        return M.step_forward(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, cfg=cfg, mode=tier)
+
+    text = _lowered(abstract_h200, step, *args)
+    per_layer = 4 + (decode_rows > 0) + 1
+    if tier == "triton":
+        assert hlo.count_pallas_calls(text) == per_layer * cfg.n_layers + 1
+    else:
+        assert hlo.count_pallas_calls(text) == cfg.n_layers            # the pieces' attention, per layer
+        assert text.count("mosaic_gpu") >= (per_layer - 1) * cfg.n_layers + 1
