@@ -1,73 +1,292 @@
-"""The serving engine's benchmark figures (docs/benchmarks.md, "The serving engine"):
+"""The serving engine's benchmark figures (docs/benchmarks.md, "The serving engine"), side by side
+in one run on this machine:
 
-1. the batching lesson, served: tokens/s of 8 concurrent streams on an 8-slot server against one
-   stream alone (on the same server, and on a 1-slot server: the best one stream gets);
-2. what the server adds to a token's latency: TPOT of one streamed request through HTTP against
-   the same request given to the same engine in-process (drive_engine), at batch 1 (1 slot).
+1. ``sampling``: tokens/s of 1 stream, 8 greedy streams and 8 streams at the API's default sampling
+   (temperature 1.0, a random top-k each), in-process, with the host/device overlap on and off
+   (what it saves), and the XLA compiles seen after warm-up (the target: none);
+2. ``budget``: the token-budget step against the engine before it (a git worktree of
+   ``--baseline``, run in a child process on the same trace, interleaved with this one): the
+   serving lesson's heavy trace as timed (arrival-bound) and all at once (engine-bound);
+3. ``http``: 8 concurrent streams through the server with the official ``openai`` client against
+   the same 8 streams given to the same engine in-process;
+4. ``pools``: the KV cache between the two pools, bytes and seconds per request, ours against
+   the baseline's pipe, on the heavy trace.
 
-    .venv/bin/python scripts/serving_bench.py [--preset shakespeare_large] [--tokens 64] [--repeats 3]
+    .venv/bin/python scripts/serving_bench.py [--parts sampling,budget,http,pools] [--repeats 3]
 
-Prints medians over the repeats and the processor. No GPU needed; nothing is asserted.
+Prints medians over the repeats, the processor and the versions. No GPU needed; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 
 import numpy as np
 
 from inference_lab.analytic.workload import Requests
 from inference_lab.base import hardware
-from inference_lab.serving.load import bench_serve, drive_engine
-from inference_lab.serving.models import load_model
+from inference_lab.lessons import serving_engine as lesson
 from inference_lab.serving.engine import Engine
-from inference_lab.serving.server import ServerProcess
+from inference_lab.serving.load import drive_engine
+from inference_lab.serving.models import load_model
+
+BASELINE = "5d7ebfa"      # the engine before the token-budget step (issue 33): two programs an iteration
+KEYS = ("output_tokens_per_s", "itl_p50_ms", "itl_p99_ms", "ttft_p50_ms", "tpot_p50_ms")
+
+# The baseline's side, run with its own code: one engine (or the two pools), one trace per line read.
+BASELINE_RUNNER = """
+import dataclasses, json, sys
+import numpy as np
+from inference_lab.lessons import serving_engine as lesson
+from inference_lab.serving.load import drive_engine
+policy, preset = sys.argv[1], sys.argv[2]
+if policy == "disaggregated":
+    from inference_lab.serving.disaggregated import TwoPoolEngine
+    engine = TwoPoolEngine(preset, n_slots=8).start()
+else:
+    from inference_lab.serving.models import load_model
+    from inference_lab.serving.scheduler import Engine
+    engine = Engine(load_model(preset), policy=policy, n_slots=8, chunk_tokens=64)
+    engine.warmup()
+    engine.start()
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    seed, burst = json.loads(line)
+    trace = lesson.traces(seed)["heavy"]
+    if burst:
+        trace = dataclasses.replace(trace, arrival=np.zeros(len(trace)))
+    row = drive_engine(engine, trace, label="baseline").summary()
+    row["stats"] = {k: v for k, v in engine.stats().items() if isinstance(v, (int, float, str, type(None)))}
+    print(json.dumps(row), flush=True)
+engine.stop()
+"""
+
+
+def med(rows, key):
+    return statistics.median(r[key] for r in rows)
 
 
 def streams(n: int, tokens: int, prompt: int = 32) -> Requests:
     return Requests(np.zeros(n), np.full(n, prompt), np.full(n, tokens))
 
 
+def default_sampling(n: int, rng) -> list[dict]:
+    """The API's default: temperature 1.0, and here a random top-k for each request."""
+    return [dict(temperature=1.0, top_k=int(rng.integers(1, 259)), seed=int(rng.integers(0, 2**62)))
+            for _ in range(n)]
+
+
+class Compiles:
+    """Counts XLA backend compiles from now on."""
+
+    def __init__(self):
+        import jax
+
+        self.n = 0
+        jax.monitoring.register_event_duration_secs_listener(self._seen)
+
+    def _seen(self, name, seconds, **kw):
+        if name == "/jax/core/compile/backend_compile_duration":
+            self.n += 1
+
+
+def part_sampling(model, repeats, tokens):
+    print(f"\n## 1. Sampling in the step, and the overlap ({tokens} tokens per stream, 32-token prompts)")
+    counter = Compiles()
+    rows, compiled = {}, {}
+    rng = np.random.default_rng(0)
+    engines = {overlap: Engine(model, policy="chunked", n_slots=8, async_scheduling=overlap) for overlap in (True, False)}
+    for e in engines.values():
+        e.warmup()
+        e.start()
+    before = counter.n
+    for _ in range(repeats):
+        for overlap, e in engines.items():
+            for name, n, sampling in (("1 stream", 1, None), ("8 greedy", 8, None),
+                                      ("8 default-sampled", 8, default_sampling(8, rng))):
+                rows.setdefault((overlap, name), []).append(drive_engine(e, streams(n, tokens), sampling=sampling).summary())
+    compiled["after warm-up"] = counter.n - before
+    for e in engines.values():
+        e.stop()
+    print("| overlap | streams | tok/s | ITL p50 ms | ITL p99 ms |\n|---|---|---|---|---|")
+    for (overlap, name), r in rows.items():
+        print(f"| {'async' if overlap else 'sync'} | {name} | {med(r, 'output_tokens_per_s'):.0f} | "
+              f"{med(r, 'itl_p50_ms'):.2f} | {med(r, 'itl_p99_ms'):.2f} |")
+    for overlap in (True, False):
+        tag = "async" if overlap else "sync"
+        s, g, one = (med(rows[(overlap, k)], "output_tokens_per_s") for k in ("8 default-sampled", "8 greedy", "1 stream"))
+        print(f"{tag}: 8 default-sampled / 8 greedy x{s / g:.2f} (target >= 0.9); / 1 stream x{s / one:.2f} (target >= 4)")
+    for name in ("1 stream", "8 greedy", "8 default-sampled"):
+        a, b = med(rows[(True, name)], "output_tokens_per_s"), med(rows[(False, name)], "output_tokens_per_s")
+        print(f"the overlap, {name}: x{a / b:.2f} tok/s (ITL p50 {med(rows[(False, name)], 'itl_p50_ms'):.2f} -> "
+              f"{med(rows[(True, name)], 'itl_p50_ms'):.2f} ms)")
+    print(f"XLA compiles after warm-up, over {6 * repeats} runs of random settings: {compiled['after warm-up']} (target 0)")
+
+
+class Baseline:
+    """The engine at ``rev``, in a child process over a git worktree of it."""
+
+    def __init__(self, rev: str, policy: str, preset: str):
+        self.folder = tempfile.mkdtemp(prefix="inference-lab-baseline-")
+        subprocess.run(["git", "worktree", "add", "--detach", self.folder, rev], check=True, capture_output=True)
+        self.process = subprocess.Popen([sys.executable, "-c", BASELINE_RUNNER, policy, preset], cwd=self.folder,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, "PYTHONPATH": self.folder})
+        assert json.loads(self.process.stdout.readline())["ready"]
+
+    def run(self, seed: int, burst: bool) -> dict:
+        self.process.stdin.write(json.dumps([seed, burst]) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(60)
+        subprocess.run(["git", "worktree", "remove", "--force", self.folder], capture_output=True)
+
+
+def heavy(seed: int, burst: bool) -> Requests:
+    trace = lesson.traces(seed)["heavy"]
+    return dataclasses.replace(trace, arrival=np.zeros(len(trace))) if burst else trace
+
+
+def part_budget(model, repeats, rev, preset):
+    print(f"\n## 2. The token-budget step against the engine at {rev} (chunked, 8 slots), the lesson's heavy trace")
+    old = Baseline(rev, "chunked", preset)
+    new = {b: Engine(model, policy="chunked", n_slots=8, max_num_batched_tokens=b) for b in (64, 128)}
+    for e in new.values():
+        e.warmup()
+        e.start()
+    rows = {}
+    try:
+        for rep in range(repeats):
+            for burst in (False, True):
+                rows.setdefault((burst, f"{rev}, budget 64"), []).append(old.run(rep, burst))
+                for b, e in new.items():
+                    rows.setdefault((burst, f"this engine, budget {b}"), []).append(drive_engine(e, heavy(rep, burst)).summary())
+    finally:
+        old.close()
+        for e in new.values():
+            e.stop()
+    print("| arrivals | engine | tok/s | ITL p50 | ITL p99 | TTFT p50 | TPOT p50 |\n|---|---|---|---|---|---|---|")
+    for (burst, name), r in rows.items():
+        print(f"| {'all at once' if burst else 'as timed'} | {name} | " + " | ".join(f"{med(r, k):.1f}" for k in KEYS) + " |")
+    for burst in (False, True):
+        base = rows[(burst, f"{rev}, budget 64")]
+        for b in (64, 128):
+            r = rows[(burst, f"this engine, budget {b}")]
+            print(f"{'all at once' if burst else 'as timed'}, budget {b}: throughput x"
+                  f"{med(r, 'output_tokens_per_s') / med(base, 'output_tokens_per_s'):.2f}, ITL p99 x"
+                  f"{med(r, 'itl_p99_ms') / med(base, 'itl_p99_ms'):.2f} of the baseline's (target: >= 1.2x at the same ITL p99)")
+
+
+def openai_streams(base_url: str, n: int, tokens: int, model_name: str) -> dict:
+    """``n`` concurrent streamed completions through the official client: output tokens/s from the
+    first request sent to the last token received."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120)
+    prompt = lesson_prompt(32)
+    counts, last = [0] * n, [0.0] * n
+
+    def one(i):
+        for chunk in client.completions.create(model=model_name, prompt=prompt, max_tokens=tokens, temperature=0,
+                                               stream=True, extra_body={"ignore_eos": True}):
+            if chunk.choices:
+                counts[i] += 1
+                last[i] = time.perf_counter()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"output_tokens_per_s": sum(counts) / (max(last) - t0), "tokens": sum(counts)}
+
+
+def lesson_prompt(n_tokens: int) -> str:
+    from inference_lab.serving.load import prompt_texts
+    return prompt_texts([n_tokens])[0]
+
+
+def part_http(model, repeats, tokens, preset):
+    from inference_lab.serving.server import ServerProcess
+
+    print(f"\n## 3. Through HTTP with the official openai client, 8 streams of {tokens} tokens")
+    engine = Engine(model, policy="chunked", n_slots=8)
+    engine.warmup()
+    engine.start()
+    rows = {}
+    with ServerProcess("--slots", "8", policy="chunked", preset=preset) as server:
+        openai_streams(server.base_url, 8, tokens, preset)        # one run first: the client's connections
+        for _ in range(repeats):                                   # interleaved: drift hits both alike
+            rows.setdefault("http (openai client)", []).append(openai_streams(server.base_url, 8, tokens, preset))
+            rows.setdefault("in-process", []).append(drive_engine(engine, streams(8, tokens)).summary())
+    engine.stop()
+    h, p = (med(rows[k], "output_tokens_per_s") for k in ("http (openai client)", "in-process"))
+    print(f"8 streams: HTTP {h:.0f} tok/s, in-process {p:.0f} tok/s: the server costs {100 * (1 - h / p):.1f}% "
+          "(target <= 10%); run by run: " + ", ".join(
+              f"{100 * (1 - a['output_tokens_per_s'] / b['output_tokens_per_s']):+.1f}%"
+              for a, b in zip(rows["http (openai client)"], rows["in-process"])))
+
+
+def part_pools(repeats, rev, preset):
+    from inference_lab.serving.disaggregated import TwoPoolEngine
+
+    print("\n## 4. The KV cache between the two pools (the heavy trace, as timed)")
+    old = Baseline(rev, "disaggregated", preset)
+    new = TwoPoolEngine(preset, n_slots=8).start()
+    rows = {}
+    try:
+        for rep in range(repeats):
+            rows.setdefault(rev, []).append(old.run(rep, False))
+            row = drive_engine(new, heavy(rep, False)).summary()
+            row["stats"] = new.stats()
+            rows.setdefault("this engine", []).append(row)
+    finally:
+        old.close()
+        new.stop()
+    print("| two pools | KV bytes per request | seconds per transfer (median) | TTFT p50 ms | TPOT p50 ms |\n"
+          "|---|---|---|---|---|")
+    for name, r in rows.items():
+        s = r[-1]["stats"]
+        print(f"| {name} | {s['kv_bytes_mean'] / 1e6:.2f} MB | {1e3 * med([x['stats'] for x in r], 'kv_seconds_median'):.2f} ms | "
+              f"{med(r, 'ttft_p50_ms'):.0f} | {med(r, 'tpot_p50_ms'):.1f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="shakespeare_large")
-    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--parts", default="sampling,budget,http,pools")
+    p.add_argument("--tokens", type=int, default=128, help="output tokens per stream in parts 1 and 3")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--baseline", default=BASELINE, help="the git revision to compare against (parts 2 and 4)")
     args = p.parse_args()
-    print(hardware.processor_summary())
-    rows = {}
-    model = load_model(args.preset)
-    engine = Engine(model, policy="chunked", n_slots=1)   # the same engine as a 1-slot server, no HTTP
-    engine.warmup()
-    engine.start()
-    for slots in (1, 8):
-        with ServerProcess("--slots", str(slots), policy="chunked", preset=args.preset) as server:
-            for n in sorted({1, slots}):
-                bench_serve(server.base_url, streams(n, args.tokens), model=args.preset)   # warm-up run
-                rows[(slots, n, "http")] = []
-                for _ in range(args.repeats):
-                    rows[(slots, n, "http")].append(
-                        bench_serve(server.base_url, streams(n, args.tokens), model=args.preset).trace().summary())
-                    if (slots, n) == (1, 1):   # interleaved: the machine's drift hits both alike
-                        rows.setdefault((1, 1, "in-process"), []).append(
-                            drive_engine(engine, streams(1, args.tokens)).summary())
-    engine.stop()
+    import jax
+    import flax
 
-    def med(key, field):
-        return statistics.median(r[field] for r in rows[key])
-
-    print(f"\n{args.preset}, {args.tokens} output tokens per stream, medians of {args.repeats} runs")
-    for key in rows:
-        print(f"  {key[0]} slot(s), {key[1]} stream(s), {key[2]:10s}: {med(key, 'output_tokens_per_s'):7.1f} tok/s, "
-              f"TPOT p50 {med(key, 'tpot_p50_ms'):6.2f} ms, TTFT p50 {med(key, 'ttft_p50_ms'):6.1f} ms")
-    eight = med((8, 8, "http"), "output_tokens_per_s")
-    print(f"8 streams / 1 stream on the 8-slot server: x{eight / med((8, 1, 'http'), 'output_tokens_per_s'):.2f}; "
-          f"/ 1 stream on a 1-slot server: x{eight / med((1, 1, 'http'), 'output_tokens_per_s'):.2f} (target >= 4)")
-    pairs = [h["tpot_p50_ms"] / e["tpot_p50_ms"] - 1 for h, e in zip(rows[(1, 1, "http")], rows[(1, 1, "in-process")])]
-    print(f"server overhead per token at batch 1 (TPOT p50, HTTP vs in-process, run by run): median "
-          f"{100 * statistics.median(pairs):+.1f}%, range {100 * min(pairs):+.1f}% .. {100 * max(pairs):+.1f}% "
-          "(target < 10%)")
+    print(f"{time.strftime('%Y-%m-%d')}, {hardware.processor_summary()}; Python {sys.version.split()[0]}, "
+          f"jax {jax.__version__}, flax {flax.__version__}; {args.preset}, medians of {args.repeats}")
+    parts = args.parts.split(",")
+    model = load_model(args.preset) if {"sampling", "budget", "http"} & set(parts) else None
+    if "sampling" in parts:
+        part_sampling(model, args.repeats, args.tokens)
+    if "budget" in parts:
+        part_budget(model, args.repeats, args.baseline, args.preset)
+    if "http" in parts:
+        part_http(model, args.repeats, args.tokens, args.preset)
+    if "pools" in parts:
+        part_pools(args.repeats, args.baseline, args.preset)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import collections
 import hmac
 import itertools
 import json
@@ -121,6 +122,7 @@ class Served:
         self.backend, self.model_name = backend, model_name
         self.max_seq_len, self.vocab_size = max_seq_len, vocab_size
         self.api_key, self.max_body, self.request_timeout = api_key, max_body, request_timeout
+        self.relay: _Relay | None = None   # made in the event loop, by the first request
         self.created = int(time.time())
 
     def engine_request(self, body: dict, chat: bool) -> tuple[Request, dict]:
@@ -201,11 +203,41 @@ def _check_key(served: Served, http: HTTPRequest) -> None:
                        code="invalid_api_key")
 
 
+class _Relay:
+    """Events from the engine's thread into the event loop, one wake-up per batch: the engine
+    sends every token of a step at once, and waking the loop once per token (a write to its
+    self-pipe and a pass of the loop each) cost more than the rest of the server's work."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.batch: collections.deque = collections.deque()
+        self.waking = False
+
+    def put(self, queue: asyncio.Queue, event) -> None:
+        """From any thread: ``event`` into ``queue`` on the loop."""
+        self.batch.append((queue, event))
+        if not self.waking:          # a wake-up already on its way takes this one too
+            self.waking = True
+            try:
+                self.loop.call_soon_threadsafe(self._hand_out)
+            except RuntimeError:     # the event loop closed (the server is stopping): nobody is listening
+                pass
+
+    def _hand_out(self) -> None:
+        self.waking = False
+        while self.batch:
+            queue, event = self.batch.popleft()
+            queue.put_nowait(event)
+
+
 class _Stream:
     """One request's events, carried from the engine's thread into the event loop."""
 
     def __init__(self, served: Served, request: Request):
-        self.loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if served.relay is None or served.relay.loop is not loop:
+            served.relay = _Relay(loop)
+        self.relay = served.relay
         self.queue: asyncio.Queue = asyncio.Queue()
         self.served, self.request, self.finished = served, request, False
         self.text = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -221,10 +253,7 @@ class _Stream:
             raise _bad(str(e)) from None
 
     def _from_engine(self, event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:   # the event loop closed (the server is stopping): nobody is listening
-            pass
+        self.relay.put(self.queue, event)
 
     async def events(self):
         """(text piece, finish reason) per token until the request ends."""

@@ -21,8 +21,10 @@ a whole slot's K and V (``2 x layers x max_len x KV heads x head_dim``). The pre
 a finished prompt's cache from its device into a free buffer and sends a small message (the
 request, its first token, the buffer, the padded width) down a pipe; the decode worker copies the
 buffer onto its device and hands the buffer back. One copy out of the prefill device, one into the
-decode device, no pickling of the arrays. The bytes and seconds of every transfer (from the copy out
-to the cache on the decode device) are counted: :meth:`TwoPoolEngine.stats`.
+decode device, no pickling of the arrays. A cache travels at a padded width (whole pieces, a few
+compiled widths: :func:`inference_lab.serving.slots.prefill_widths`). Every transfer is counted
+(:meth:`TwoPoolEngine.stats`): its bytes, its seconds (the copy out, the message, the copy in) and,
+apart, how long it then waited for a free decode slot (queueing, not transfer).
 
 **Nothing lost.** The front orders each request's tokens by their index (the prefill worker's
 first token can reach the front after the decode worker's second), ends every request it holds
@@ -116,17 +118,20 @@ def prefill_worker(spec: dict, inbox, kv_out, free, events) -> None:
     model = _start(spec, "prefill")
     buffers = _buffers(spec)
 
-    def handoff(request: Request, token: int, extract) -> None:
-        t0 = now()
+    def handoff(request: Request, token: int, copy) -> None:
         b = free.get()                         # waits while the decode pool holds every buffer
-        width = extract(buffers[b])
-        kv_out.send(("arrive", (request, token, b, width, t0)))
+        t0 = now()
+        width = copy(buffers[b])
+        sent = now()
+        kv_out.send(("arrive", (request, token, b, width, sent - t0, sent)))
 
     def emit(event):
         events.put(("token", event))
 
+    # No overlap (async scheduling) on a pool's one core: host and device work cannot run side by
+    # side there, and the hand-off's copy would wait behind the next step for the core.
     engine = Engine(model, policy="prefill-only", n_slots=PREFILL_SLOTS, max_queue=1 << 20, handoff=handoff,
-                    forward_cancel=lambda rid: kv_out.send(("cancel", rid)))
+                    forward_cancel=lambda rid: kv_out.send(("cancel", rid)), async_scheduling=False)
     warmup = engine.warmup()
     costs = engine.slots.time_shapes(engine.scheduler.shapes(), context=0, repeats=3)
     events.put(("ready", "prefill", warmup, costs))
@@ -142,7 +147,7 @@ def decode_worker(spec: dict, kv_in, control, free, events) -> None:
     model = _start(spec, "decode")
     buffers = _buffers(spec)
     engine = Engine(model, policy="decode-only", n_slots=spec["n_slots"], max_queue=1 << 20,
-                    speculative=spec.get("speculative"))
+                    speculative=spec.get("speculative"), async_scheduling=False)   # one core: as the prefill pool
     warmup = engine.warmup()
     costs = engine.slots.time_shapes(engine.scheduler.shapes(), context=model.cfg.max_seq_len // 2)
     events.put(("ready", "decode", warmup, costs))
@@ -151,10 +156,15 @@ def decode_worker(spec: dict, kv_in, control, free, events) -> None:
     def emit(event):
         events.put(("token", event))
 
-    def arrive(request, token, b, width, t0):
-        def inserted():
+    def arrive(request, token, b, width, extract_s, sent):
+        received = now()
+
+        def inserted(insert_s):
             free.put(b)
-            events.put(("kv", request.rid, int(buffers[b, :, :, :width].nbytes), now() - t0))
+            if insert_s is not None:   # out of the prefill device, down the pipe, onto this one
+                row = buffers[b, :, :, :width]
+                events.put(("kv", request.rid, row.nbytes * len(request.prompt) // width, row.nbytes,
+                            extract_s + (received - sent) + insert_s, now() - insert_s - received))
         try:
             engine.submit_prefilled(request, emit, buffers[b, :, :, :width], token, inserted=inserted)
         except Exception as e:
@@ -209,8 +219,10 @@ class TwoPoolEngine:
         self._lock = threading.Lock()
         self._outbox = queue.SimpleQueue()            # (connection, message), sent by the sender thread
         self.transfers = 0
-        self.transfer_bytes = 0
-        self._recent: collections.deque = collections.deque(maxlen=RECENT_TRANSFERS)   # seconds per transfer
+        self.transfer_bytes = 0        # the prompts' caches
+        self.copied_bytes = 0          # what was copied: each cache at its padded width
+        # (seconds of the transfer, seconds it then waited for a decode slot), the latest ones
+        self._recent: collections.deque = collections.deque(maxlen=RECENT_TRANSFERS)
         self.warmup_s: dict[str, float] = {}
         # measured by each worker on its own core before it serves: its step costs by shape
         # (the simulator's costs for this pair of pools)
@@ -313,9 +325,11 @@ class TwoPoolEngine:
                 return
             kind = message[0]
             if kind == "kv":
+                _, _, cache, copied, seconds, waited = message
                 self.transfers += 1
-                self.transfer_bytes += message[2]
-                self._recent.append(message[3])
+                self.transfer_bytes += cache
+                self.copied_bytes += copied
+                self._recent.append((seconds, waited))
             elif kind == "failed":
                 self._fail(f"the {message[1]} worker failed: {message[2]}")
             elif kind == "token":
@@ -367,13 +381,15 @@ class TwoPoolEngine:
         with self._lock:
             held = len(self._held)
             waiting = sum(1 for h in self._held.values() if h.next == 0)
-        recent = np.array(self._recent, np.float64)
+        recent = np.array(self._recent, np.float64).reshape(-1, 2)
         return {"policy": self.policy, "slots": self.n_slots, "active": held - waiting, "waiting": waiting,
                 "held": held, "error": self.error, "cores": list(self.cores), "worker_pids": self.pids(),
                 "kv_transfers": self.transfers, "kv_buffers": self.n_buffers,
                 "kv_buffers_free": self._free.qsize() if hasattr(self, "_free") else None,
                 "kv_bytes_mean": self.transfer_bytes / self.transfers if self.transfers else None,
-                "kv_seconds_median": float(np.median(recent)) if len(recent) else None}
+                "kv_copied_bytes_mean": self.copied_bytes / self.transfers if self.transfers else None,
+                "kv_seconds_median": float(np.median(recent[:, 0])) if len(recent) else None,
+                "kv_slot_wait_seconds_median": float(np.median(recent[:, 1])) if len(recent) else None}
 
     def stop(self, timeout: float = 10.0, reason: str = "the server is stopping") -> None:
         with self._lock:

@@ -51,8 +51,8 @@ class Engine:
     ``max_num_batched_tokens`` the token budget of an iteration (chunked: default
     :data:`~inference_lab.serving.scheduler.DEFAULT_BUDGET`; prefill-first: the context, so any prompt
     fits whole), at most ``n_slots + max_queue`` requests held at once (then :class:`QueueFull`).
-    A prefill-only engine calls ``handoff(request, first_token, extract)`` for each request that
-    goes on, where ``extract(out)`` copies its cache into ``out`` and returns the padded width, and
+    A prefill-only engine calls ``handoff(request, first_token, copy)`` for each request that
+    goes on, where ``copy(out)`` puts its cache into ``out`` and returns the padded width, and
     ``forward_cancel(rid)`` for a cancel of a request it no longer holds (handed on already)."""
 
     def __init__(self, model, *, policy: str = "chunked", n_slots: int = 8, max_num_batched_tokens: int | None = None,
@@ -132,8 +132,9 @@ class Engine:
 
     def submit_prefilled(self, request: Request, emit, rows: np.ndarray, first_token: int, inserted=None) -> None:
         """A decode-only engine's arrival: ``request`` with its prompt's cache ``rows`` (as
-        :meth:`DecodeSlots.insert` takes them) and its first token already sent; ``inserted()`` is
-        called once the rows are on the device (their buffer may then be reused)."""
+        :meth:`DecodeSlots.insert` takes them) and its first token already sent;
+        ``inserted(seconds)`` is called once the rows are on the device (their buffer may then be
+        reused), with the seconds the copy took, or ``inserted(None)`` if the request ends first."""
         self.check(request)
         self._admit(Sequence(request, emit, arrival=(rows, int(first_token), inserted)))
 
@@ -198,6 +199,10 @@ class Engine:
                 elif step is not None:
                     self._insert(step)
                     tokens = self.slots.run(step) if step.decode or step.pieces else None
+                    if self.handoff is not None:   # each finished prompt's cache, queued behind its step
+                        for piece in step.pieces:
+                            if piece.samples:
+                                piece.seq.cache_out = self.slots.extract(piece.seq.slot, piece.seq.prompt_len)
                     if pending is not None:
                         self._deliver(*pending)
                     pending = (step, tokens)
@@ -246,12 +251,13 @@ class Engine:
         """Decode-only: put the step's arrivals' caches into their slots before it runs."""
         for seq in step.arrivals:
             rows, first, inserted = seq.arrival
+            t0 = now()
             self.slots.insert(seq.slot, rows, first)
             seq.arrival = None
             if seq.history is not None:
                 seq.history.append(first)
             if inserted is not None:
-                inserted()
+                inserted(now() - t0)
 
     def _deliver(self, step, tokens) -> None:
         """Send the tokens ``step`` sampled (in order, per request), and end what they finish."""
@@ -262,8 +268,8 @@ class Engine:
             if not self._send(seq, int(tokens[row]), index):
                 continue
             if index == 0 and self.handoff is not None:
-                self.handoff(seq.request, int(tokens[row]),
-                             lambda out, s=seq: self.slots.extract(s.slot, s.prompt_len, out))
+                self.handoff(seq.request, int(tokens[row]), seq.cache_out)
+                seq.cache_out = None
                 seq.finished = True
                 self.scheduler.release(seq)
                 self._forget(seq)
@@ -323,7 +329,8 @@ class Engine:
         seq.finished = True
         self.scheduler.release(seq)
         if seq.arrival is not None:   # a decode-only arrival never inserted: its buffer is free again
-            seq.arrival[2]()
+            if seq.arrival[2] is not None:
+                seq.arrival[2](None)
             seq.arrival = None
         self._call(seq, TokenEvent(seq.rid, -1, seq.delivered, now(), finish, reason))
         self._forget(seq)

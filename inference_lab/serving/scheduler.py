@@ -117,6 +117,7 @@ class Sequence:
     delivered: int = 0
     finished: bool = False
     arrival: tuple | None = None   # decode-only: (its cache rows, first token, called once inserted)
+    cache_out: object = None       # prefill-only: the copy of its cache off the device, under way
     history: list | None = None    # speculative decoding: prompt and tokens so far, for the draft
 
     @property

@@ -36,24 +36,19 @@ import numpy as np
 from inference_lab.base import tokenizer
 from inference_lab.model.transformer import step_forward
 from inference_lab.runtime import generation
-from inference_lab.serving.scheduler import PIECE, Step, decode_widths
-
-
-def prefill_width(n_tokens: int, max_len: int) -> int:
-    """The padded width a row of ``n_tokens`` travels at between the pools: the next power of
-    two (>= :data:`~inference_lab.serving.scheduler.PIECE`), at most ``max_len``."""
-    width = PIECE
-    while width < n_tokens:
-        width *= 2
-    return min(width, max_len)
+from inference_lab.serving.scheduler import PIECE, Step, decode_widths, piece_counts
 
 
 def prefill_widths(max_len: int) -> list[int]:
-    """Every width :func:`prefill_width` gives for rows of 1..``max_len`` tokens."""
-    widths = [prefill_width(1, max_len)]
-    while widths[-1] < max_len:
-        widths.append(prefill_width(widths[-1] + 1, max_len))
-    return widths
+    """The padded widths a prompt's cache travels at between the pools (one compiled extract and
+    insert each): whole pieces, in the steps of :func:`~inference_lab.serving.scheduler.piece_counts`
+    (16, 32, 48, 64, 96, 128, 192, 256, ...: at most half again the prompt), the last ``max_len``."""
+    return [min(PIECE * c, max_len) for c in piece_counts(-(-max_len // PIECE))]
+
+
+def prefill_width(n_tokens: int, max_len: int) -> int:
+    """The padded width a cache of ``n_tokens`` travels at: the first of :func:`prefill_widths` that holds it."""
+    return next(w for w in prefill_widths(max_len) if w >= n_tokens)
 
 
 # ----------------------------------------------------------------------------- the programs
@@ -202,20 +197,27 @@ class DecodeSlots:
     # -- the two pools
     def insert(self, slot: int, rows: np.ndarray, first_token: int) -> None:
         """Slot ``slot`` from a prompt's cache ``rows`` [2, layers, W, Hkv, Dh] (W: a
-        :func:`prefill_width`), feeding ``first_token`` next. The host array is copied first, so
-        its buffer may be reused as soon as this returns."""
-        rows = jnp.array(rows, copy=True)
-        self.k, self.v, self.next_token = _insert_jit(self.k, self.v, self.next_token, jnp.int32(slot), rows,
-                                                      jnp.int32(first_token))
-        rows.block_until_ready()
+        :func:`prefill_width`), feeding ``first_token`` next. The host array is copied on the host
+        first (a memcpy, never waiting for the device), so its buffer may be reused as soon as
+        this returns; the copy onto the device runs behind the steps already dispatched."""
+        rows = np.array(rows, copy=True)
+        self.k, self.v, self.next_token = _insert_jit(self.k, self.v, self.next_token, np.int32(slot), rows,
+                                                      np.int32(first_token))
 
-    def extract(self, slot: int, n_tokens: int, out: np.ndarray) -> int:
-        """Copy the first ``n_tokens`` positions of slot ``slot`` (every layer's K and V) into
-        ``out`` [2, layers, >= W, Hkv, Dh] at the padded width W; returns W."""
+    def extract(self, slot: int, n_tokens: int):
+        """Dispatch the copy of slot ``slot``'s first ``n_tokens`` positions (every layer's K and V,
+        at the padded width W) off the device, queued right behind the step that writes them (so
+        it never waits for a later step); returns ``copy(out)``, which puts them into ``out``
+        [2, layers, >= W, Hkv, Dh] and returns W."""
         width = prefill_width(n_tokens, self.max_len)
         rows = _extract_jit(self.k, self.v, jnp.int32(slot), width=width)
-        np.copyto(out[:, :, :width], np.asarray(rows))
-        return width
+        rows.copy_to_host_async()
+
+        def copy(out: np.ndarray) -> int:
+            np.copyto(out[:, :, :width], np.asarray(rows))
+            return width
+
+        return copy
 
     # -- compiling and timing
     def synthetic(self, shape: tuple[int, int], context: int) -> tuple:
@@ -243,7 +245,7 @@ class DecodeSlots:
             cfg = self.model.cfg
             for w in prefill_widths(self.max_len):
                 buffer = np.zeros((2, cfg.n_layers, w, cfg.n_kv_heads, cfg.head_dim), cfg.dtype)
-                self.extract(0, w, buffer)
+                self.extract(0, w)(buffer)
                 self.insert(0, buffer, tokenizer.BOS)
         if speculative:
             for w in decode_widths(self.n_slots):
