@@ -85,17 +85,26 @@ def _start(spec: dict, role: str):
     return load_model(spec["preset"], spec.get("weights"))
 
 
-def _serve(engine, inbox, events, role: str, on_message) -> None:
+def _serve(engine, inbox, events, role: str, on_message, helpers=()) -> None:
     """A worker's main thread: the front's messages to ``on_message`` until it says stop (or
-    goes away, or the engine fails: then the front hears why and the process ends)."""
-    def watch():
-        while engine.error is None and engine.stopped is None:
-            threading.Event().wait(0.2)
+    goes away, or the engine fails: then the front hears why and the process ends).
+    ``helpers(done)``: more loops to run in threads until the Event ``done`` is set.
+
+    Every thread is joined before this returns, so the engine (and its device arrays) is freed by
+    the main thread while the interpreter still runs: freed by a helper thread during the
+    interpreter's exit, an array's destructor was cut short there and the process aborted."""
+    done = threading.Event()
+
+    def watch(done):
+        while engine.error is None and engine.stopped is None and not done.wait(0.2):
+            pass
         if engine.error is not None:
             events.put(("failed", role, engine.error))
             os._exit(1)
 
-    threading.Thread(target=watch, daemon=True).start()
+    threads = [threading.Thread(target=h, args=(done,), daemon=True) for h in (watch, *helpers)]
+    for t in threads:
+        t.start()
     while True:
         try:
             kind, item = inbox.recv()
@@ -108,6 +117,9 @@ def _serve(engine, inbox, events, role: str, on_message) -> None:
         except Exception as e:   # a request no engine could serve, sent straight here: refused, not fatal
             events.put(("token", TokenEvent(getattr(item, "rid", "?"), -1, 0, now(), "error", f"{e}")))
     engine.stop(reason="the server is stopping")
+    done.set()
+    for t in threads:
+        t.join(5.0)
 
 
 def prefill_worker(spec: dict, inbox, kv_out, free, events) -> None:
@@ -171,9 +183,11 @@ def decode_worker(spec: dict, kv_in, control, free, events) -> None:
             free.put(b)
             emit(TokenEvent(request.rid, -1, 1, now(), "error", str(e)))
 
-    def arrivals():
-        while True:
+    def arrivals(done):
+        while not done.is_set():
             try:
+                if not kv_in.poll(0.2):
+                    continue
                 kind, item = kv_in.recv()
             except (EOFError, OSError):
                 return
@@ -182,8 +196,7 @@ def decode_worker(spec: dict, kv_in, control, free, events) -> None:
             else:
                 engine.cancel(item)
 
-    threading.Thread(target=arrivals, daemon=True).start()
-    _serve(engine, control, events, "decode", lambda kind, item: None)
+    _serve(engine, control, events, "decode", lambda kind, item: None, helpers=(arrivals,))
 
 
 # ----------------------------------------------------------------------------- in the front
