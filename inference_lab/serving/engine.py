@@ -38,6 +38,7 @@ import traceback
 
 import numpy as np
 
+from inference_lab.runtime.generation import MIN_TEMPERATURE
 from inference_lab.serving.scheduler import (DEFAULT_BUDGET, PIECE, POLICIES, ROLES, QueueFull, Request, Scheduler,
                                              Sequence, TokenEvent, check_request, now)
 from inference_lab.serving.slots import DecodeSlots
@@ -296,7 +297,7 @@ class Engine:
         starts, guesses = [], []
         for (row, seq, index), at in zip(step.sampled, step.positions):
             room = min(k, seq.last_token(self.max_len) - index, self.max_len - 1 - at)
-            greedy = seq.request.temperature < 1e-5
+            greedy = seq.request.temperature < MIN_TEMPERATURE
             guesses.append(draft.guess_row(seq.history, room) if greedy and room > 0 else [])
             starts.append(at)
         chosen, right = self.slots.verify(step.decode_width, step.sampled, starts, guesses, k)
