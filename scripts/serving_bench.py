@@ -214,30 +214,68 @@ def openai_streams(base_url: str, n: int, tokens: int, model_name: str) -> dict:
     return {"output_tokens_per_s": sum(counts) / (max(last) - t0), "tokens": sum(counts)}
 
 
+def curl_streams(base_url: str, n: int, tokens: int, model_name: str) -> dict:
+    """The same ``n`` streams with curl, one process each, its output thrown away: a client that
+    costs next to nothing, so what remains is the server's own cost."""
+    body = json.dumps({"model": model_name, "prompt": lesson_prompt(32), "max_tokens": tokens, "temperature": 0,
+                       "stream": True, "ignore_eos": True})
+    cmd = ["curl", "-sN", "-o", "/dev/null", "-H", "Content-Type: application/json", "-d", body,
+           base_url + "/completions"]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(cmd) for _ in range(n)]
+    for p in procs:
+        p.wait()
+    return {"output_tokens_per_s": n * tokens / (time.perf_counter() - t0)}
+
+
 def lesson_prompt(n_tokens: int) -> str:
     from inference_lab.serving.load import prompt_texts
     return prompt_texts([n_tokens])[0]
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds used so far by process ``pid`` (None: this one and its finished children)."""
+    if pid is None:
+        import resource
+
+        return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                   for f in ("ru_utime", "ru_stime"))
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
 def part_http(model, repeats, tokens, preset):
     from inference_lab.serving.server import ServerProcess
 
-    print(f"\n## 3. Through HTTP with the official openai client, 8 streams of {tokens} tokens")
+    print(f"\n## 3. Through HTTP, 8 streams of {tokens} tokens: the official openai client, curl, in-process")
     engine = Engine(model, policy="chunked", n_slots=8)
     engine.warmup()
     engine.start()
     rows = {}
     with ServerProcess("--slots", "8", policy="chunked", preset=preset) as server:
         openai_streams(server.base_url, 8, tokens, preset)        # one run first: the client's connections
-        for _ in range(repeats):                                   # interleaved: drift hits both alike
-            rows.setdefault("http (openai client)", []).append(openai_streams(server.base_url, 8, tokens, preset))
-            rows.setdefault("in-process", []).append(drive_engine(engine, streams(8, tokens)).summary())
+        runs = {"http, openai client": lambda: openai_streams(server.base_url, 8, tokens, preset),
+                "http, curl": lambda: curl_streams(server.base_url, 8, tokens, preset),
+                "in-process": lambda: drive_engine(engine, streams(8, tokens)).summary()}
+        for _ in range(repeats):                                   # interleaved: drift hits all alike
+            for name, run in runs.items():
+                server0, here0 = cpu_seconds(server.process.pid), cpu_seconds()
+                row = run()
+                row["server_cpu_s"] = cpu_seconds(server.process.pid) - server0
+                row["client_cpu_s"] = cpu_seconds() - here0      # in-process: the engine's own
+                rows.setdefault(name, []).append(row)
     engine.stop()
-    h, p = (med(rows[k], "output_tokens_per_s") for k in ("http (openai client)", "in-process"))
-    print(f"8 streams: HTTP {h:.0f} tok/s, in-process {p:.0f} tok/s: the server costs {100 * (1 - h / p):.1f}% "
-          "(target <= 10%); run by run: " + ", ".join(
-              f"{100 * (1 - a['output_tokens_per_s'] / b['output_tokens_per_s']):+.1f}%"
-              for a, b in zip(rows["http (openai client)"], rows["in-process"])))
+    p = med(rows["in-process"], "output_tokens_per_s")
+    print("| 8 streams | tok/s | x in-process | server CPU s | client CPU s |\n|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {med(r, 'output_tokens_per_s'):.0f} | {med(r, 'output_tokens_per_s') / p:.2f} | "
+              f"{med(r, 'server_cpu_s'):.2f} | {med(r, 'client_cpu_s'):.2f} |")
+    for name in ("http, openai client", "http, curl"):
+        print(f"{name}: the server costs {100 * (1 - med(rows[name], 'output_tokens_per_s') / p):.1f}% of the "
+              "in-process tokens/s (target <= 10%); run by run: " + ", ".join(
+                  f"{100 * (1 - a['output_tokens_per_s'] / b['output_tokens_per_s']):+.1f}%"
+                  for a, b in zip(rows[name], rows["in-process"])))
 
 
 def part_pools(repeats, rev, preset):
