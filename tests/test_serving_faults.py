@@ -35,8 +35,10 @@ HELD = SLOTS + QUEUE
 def servers():
     started = {}
     try:
+        # the budget of tests/test_engine_loop.py's engines: the same compiled programs, from the cache
         started["chunked"] = serving_server.ServerProcess("--slots", str(SLOTS), "--max-queue", str(QUEUE),
-                                                          "--request-timeout", "0.1", policy="chunked", preset=PRESET)
+                                                          "--max-num-batched-tokens", "32", "--request-timeout",
+                                                          "0.1", policy="chunked", preset=PRESET)
         started["disaggregated"] = serving_server.ServerProcess("--slots", str(SLOTS), "--max-queue", str(QUEUE),
                                                                 policy="disaggregated", preset=PRESET)
         yield started

@@ -213,7 +213,7 @@ def start_engines(seed: int = 0):
         for e in engines.values():
             e.start()
         bar.set_postfix_str("two pools: starting the workers", refresh=False)
-        engines["disaggregated"] = TwoPoolEngine(PRESET, n_slots=N_SLOTS).start()
+        engines["disaggregated"] = TwoPoolEngine(PRESET, n_slots=N_SLOTS, time_steps=True).start()
         bar.update()
     return engines, costs
 

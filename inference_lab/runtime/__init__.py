@@ -1,2 +1,3 @@
-"""The runtime layer: running the model. Prefill, decode and generate (``engine``), one answer
-token by token (``streaming``), and reading the compiled programs (``hlo``)."""
+"""The runtime layer: running the model. Prefill, decode, verify and generate, and the samplers
+(``generation``), speculative decoding (``speculative``), one answer token by token
+(``streaming``), and reading the compiled programs (``hlo``)."""

@@ -145,7 +145,7 @@ def prefill_worker(spec: dict, inbox, kv_out, free, events) -> None:
     engine = Engine(model, policy="prefill-only", n_slots=PREFILL_SLOTS, max_queue=1 << 20, handoff=handoff,
                     forward_cancel=lambda rid: kv_out.send(("cancel", rid)), async_scheduling=False)
     warmup = engine.warmup()
-    costs = engine.slots.time_shapes(engine.scheduler.shapes(), context=0, repeats=3)
+    costs = engine.slots.time_shapes(engine.scheduler.shapes(), context=0, repeats=3) if spec["time_steps"] else {}
     events.put(("ready", "prefill", warmup, costs))
     engine.start()
     _serve(engine, inbox, events, "prefill",
@@ -161,7 +161,8 @@ def decode_worker(spec: dict, kv_in, control, free, events) -> None:
     engine = Engine(model, policy="decode-only", n_slots=spec["n_slots"], max_queue=1 << 20,
                     speculative=spec.get("speculative"), async_scheduling=False)   # one core: as the prefill pool
     warmup = engine.warmup()
-    costs = engine.slots.time_shapes(engine.scheduler.shapes(), context=model.cfg.max_seq_len // 2)
+    costs = (engine.slots.time_shapes(engine.scheduler.shapes(), context=model.cfg.max_seq_len // 2)
+             if spec["time_steps"] else {})
     events.put(("ready", "decode", warmup, costs))
     engine.start()
 
@@ -214,12 +215,14 @@ class TwoPoolEngine:
     (``submit``, ``cancel``, ``stats``, ``start``, ``stop``), for the server. ``preset`` and
     ``weights`` name the model (:func:`inference_lab.serving.models.load_model`), ``cfg`` its config
     (read from ``preset`` when not given); at most ``n_slots + max_queue`` requests are held at
-    once, in both pools together; ``speculative``: the decode pool's, as the Engine takes it."""
+    once, in both pools together; ``speculative``: the decode pool's, as the Engine takes it;
+    ``time_steps``: each worker times its own steps on its core before it serves
+    (:attr:`worker_costs`, what the serving lesson's simulator runs on)."""
 
     policy = "disaggregated"
 
     def __init__(self, preset: str, weights=None, *, cfg: ModelConfig | None = None, n_slots: int = 8,
-                 max_queue: int = 64, speculative: tuple | None = None):
+                 max_queue: int = 64, speculative: tuple | None = None, time_steps: bool = False):
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
         self.cores = (cores[0], cores[1] if len(cores) > 1 else cores[0])
         self.cfg = cfg if cfg is not None else ModelConfig.preset(preset)
@@ -227,7 +230,8 @@ class TwoPoolEngine:
         self.n_buffers = self.n_slots + PREFILL_SLOTS
         self.spec = {"preset": preset, "weights": None if weights is None else str(weights),
                      "cfg": dataclasses.asdict(self.cfg), "n_slots": self.n_slots, "cores": self.cores,
-                     "parent": os.getpid(), "n_buffers": self.n_buffers, "speculative": speculative}
+                     "parent": os.getpid(), "n_buffers": self.n_buffers, "speculative": speculative,
+                     "time_steps": bool(time_steps)}
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._outbox = queue.SimpleQueue()            # (connection, message), sent by the sender thread

@@ -180,8 +180,8 @@ class Engine:
         the inserts or extracts of the two pools, the verify steps), so that no request ever waits
         for the compiler. Returns the seconds it took."""
         t0 = now()
-        self.slots.warmup(self.scheduler.shapes(), widths=self.policy in ROLES,
-                          speculative=self.speculative[1] if self.speculative else 0)
+        self.slots.warmup(self.scheduler.shapes(), extracts=self.policy == "prefill-only",
+                          inserts=self.policy == "decode-only", speculative=self.speculative[1] if self.speculative else 0)
         return now() - t0
 
     # -- the loop: the engine's thread only

@@ -36,14 +36,17 @@ import numpy as np
 from inference_lab.base import tokenizer
 from inference_lab.model.transformer import step_forward
 from inference_lab.runtime import generation
-from inference_lab.serving.scheduler import PIECE, Step, decode_widths, piece_counts
+from inference_lab.serving.scheduler import PIECE, Step, decode_widths
 
 
 def prefill_widths(max_len: int) -> list[int]:
     """The padded widths a prompt's cache travels at between the pools (one compiled extract and
-    insert each): whole pieces, in the steps of :func:`~inference_lab.serving.scheduler.piece_counts`
-    (16, 32, 48, 64, 96, 128, 192, 256, ...: at most half again the prompt), the last ``max_len``."""
-    return [min(PIECE * c, max_len) for c in piece_counts(-(-max_len // PIECE))]
+    insert each): a piece, then powers of two (16, 32, 64, 128, ...), the last ``max_len``. A
+    wider copy costs a memcpy; each width, a compile in both pools."""
+    widths = [PIECE]
+    while widths[-1] < max_len:
+        widths.append(min(2 * widths[-1], max_len))
+    return widths
 
 
 def prefill_width(n_tokens: int, max_len: int) -> int:
@@ -235,17 +238,18 @@ class DecodeSlots:
         return (lengths, np.ones(wd, bool), tokens, slots, starts, heads, write, np.zeros((rows, 2), np.uint32),
                 np.zeros(rows, np.int32), np.ones(rows, np.float32), np.full(rows, self.vocab, np.int32))
 
-    def warmup(self, shapes, *, widths: bool = False, speculative: int = 0) -> None:
-        """Compile every program the engine will run: a step of each of ``shapes``, the inserts
-        and extracts of every padded width (``widths``), a verify of each decode width with
-        ``speculative`` guesses."""
+    def warmup(self, shapes, *, extracts: bool = False, inserts: bool = False, speculative: int = 0) -> None:
+        """Compile every program the engine will run: a step of each of ``shapes``, the extracts
+        (the prefill pool) or inserts (the decode pool) of every padded width, a verify of each
+        decode width with ``speculative`` guesses."""
         for shape in shapes:
             np.asarray(self._call(self.synthetic(shape, 1)))
-        if widths:
-            cfg = self.model.cfg
-            for w in prefill_widths(self.max_len):
-                buffer = np.zeros((2, cfg.n_layers, w, cfg.n_kv_heads, cfg.head_dim), cfg.dtype)
+        cfg = self.model.cfg
+        for w in prefill_widths(self.max_len) if extracts or inserts else ():
+            buffer = np.zeros((2, cfg.n_layers, w, cfg.n_kv_heads, cfg.head_dim), cfg.dtype)
+            if extracts:
                 self.extract(0, w)(buffer)
+            if inserts:
                 self.insert(0, buffer, tokenizer.BOS)
         if speculative:
             for w in decode_widths(self.n_slots):
