@@ -324,7 +324,7 @@ def test_the_engine_on_the_pallas_kernels_writes_what_generate_writes():
     gpu_model = pretrained.load("pallas", preset=PRESET)
     want = [generation.generate(gpu_model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
     sampled = generation.generate(gpu_model, PROMPTS[1], max_new_tokens=20, temperature=0.8, seed=5)
-    # no warm-up: only the shapes these requests reach are compiled (the GPU check's time is short)
+    # no warm-up: only the shapes these requests reach are compiled (the GPU check has 130 s for its tests)
     engine = Engine(gpu_model, policy="chunked", n_slots=2, max_num_batched_tokens=BUDGET["chunked"]).start()
     listen = Listener()
     try:

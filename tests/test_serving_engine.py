@@ -51,7 +51,7 @@ class KernelServer:
 
     def __init__(self, policy: str):
         code = ("from inference_lab.serving.server import ServerProcess\n"
-                f"s = ServerProcess(policy={policy!r}, preset={PRESET!r})\n"
+                f"s = ServerProcess('--slots', '2', policy={policy!r}, preset={PRESET!r})\n"
                 "print(s.process.pid, s.url, flush=True)\nimport time\ntime.sleep(600)\n")
         self.kernel = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         line = self.kernel.stdout.readline().split()
@@ -67,15 +67,17 @@ class KernelServer:
 
 @pytest.fixture(scope="module")
 def servers():
-    """One server per policy: chunked with a key, prefill-first with two slots and a queue of three
-    (for the 429) and n-gram speculative decoding, disaggregated (two worker processes, started by a stand-in kernel). One after
+    """One server per policy, each with two slots (so they compile the programs of the engines of
+    tests/test_engine_loop.py and tests/test_serving_faults.py: the compile cache serves them all):
+    chunked with a key, prefill-first with a queue of three (for the 429) and n-gram speculative
+    decoding, disaggregated (two worker processes, started by a stand-in kernel). One after
     another, from this thread: a server dies with the thread that started it (PR_SET_PDEATHSIG
     follows the thread), so they cannot be started side by side from worker threads."""
     started = {}
     try:
         started["disaggregated"] = KernelServer("disaggregated")
-        started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--max-num-batched-tokens", "32", policy="chunked",
-                                                          preset=PRESET)
+        started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--slots", "2", "--max-num-batched-tokens",
+                                                          "32", policy="chunked", preset=PRESET)
         started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--max-queue", "3", "--speculative",
                                                                 "ngram", "--num-speculative-tokens", "3",
                                                                 policy="prefill-first", preset=PRESET)
