@@ -57,7 +57,6 @@ from inference_lab.serving.lifetime import die_with_parent, one_core
 from inference_lab.serving.scheduler import QueueFull, Request, TokenEvent, check_request, now
 
 READY_TIMEOUT_S = 600.0    # warm-up compiles every program of both roles; minutes on a slow CPU
-PREFILL_SLOTS = 4          # prompts the prefill pool holds at once (each only until it is handed on)
 RECENT_TRANSFERS = 256     # transfers kept for the median
 
 
@@ -142,7 +141,9 @@ def prefill_worker(spec: dict, inbox, kv_out, free, events) -> None:
 
     # No overlap (async scheduling) on a pool's one core: host and device work cannot run side by
     # side there, and the hand-off's copy would wait behind the next step for the core.
-    engine = Engine(model, policy="prefill-only", n_slots=PREFILL_SLOTS, max_queue=1 << 20, handoff=handoff,
+    # As many slots as the decode pool (a prompt holds one only until it is handed on): its steps
+    # are then a prefill-first engine's of the same size, compiled once for both.
+    engine = Engine(model, policy="prefill-only", n_slots=spec["n_slots"], max_queue=1 << 20, handoff=handoff,
                     forward_cancel=lambda rid: kv_out.send(("cancel", rid)), async_scheduling=False)
     warmup = engine.warmup()
     costs = engine.slots.time_shapes(engine.scheduler.shapes(), context=0, repeats=3) if spec["time_steps"] else {}
@@ -227,7 +228,7 @@ class TwoPoolEngine:
         self.cores = (cores[0], cores[1] if len(cores) > 1 else cores[0])
         self.cfg = cfg if cfg is not None else ModelConfig.preset(preset)
         self.n_slots, self.max_queue = int(n_slots), int(max_queue)
-        self.n_buffers = self.n_slots + PREFILL_SLOTS
+        self.n_buffers = 2 * self.n_slots
         self.spec = {"preset": preset, "weights": None if weights is None else str(weights),
                      "cfg": dataclasses.asdict(self.cfg), "n_slots": self.n_slots, "cores": self.cores,
                      "parent": os.getpid(), "n_buffers": self.n_buffers, "speculative": speculative,

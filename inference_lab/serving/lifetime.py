@@ -35,10 +35,10 @@ def die_with_parent(parent: int, on_death=None) -> None:
 
 
 def one_core(core: int | None) -> None:
-    """This process on one core with one XLA thread, so that two pools on two cores do not take
-    time from each other (XLA reads its flags when its CPU backend starts, at the first array,
-    not when jax is imported)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1".strip()
+    """This process on one core, so that two pools on two cores do not take time from each other.
+    Only the affinity: XLA's threads then share that core (a step took the same time as with XLA's
+    single-thread flags, measured on the 2-core CPU), and without flags of its own the process
+    compiles exactly the programs an engine in the parent compiles, so it finds them in the
+    compile cache instead of compiling them again."""
     if core is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {core})
