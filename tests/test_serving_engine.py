@@ -1,6 +1,8 @@
-"""The serving engine and its server: text equal to generate() under every policy, through the
-official OpenAI client; every bad request its 4xx; the key; the queue bound; a disconnect frees
-its slot; the server and its workers stop cleanly; the load generator's file reads back.
+"""The serving engine's server: text equal to generate() under every policy (speculative decoding
+on one), through the official OpenAI client; every bad request its 4xx; the key; a disconnect frees
+its slot; the server and its workers stop cleanly; the load generator's file reads back. (The
+engine alone: tests/test_engine_loop.py; floods, stops, timeouts and dead workers:
+tests/test_serving_faults.py.)
 
 Servers start once for the module (the trained 1.7M-parameter `shakespeare` model: quick to
 compile, same code as the larger one) and every test keeps its request count small; `make
@@ -69,8 +71,7 @@ class KernelServer:
 def servers():
     """One server per policy, each with two slots (so they compile the programs of the engines of
     tests/test_engine_loop.py and tests/test_serving_faults.py: the compile cache serves them all):
-    chunked with a key, prefill-first with a queue of three (for the 429) and n-gram speculative
-    decoding, disaggregated (two worker processes, started by a stand-in kernel). One after
+    chunked with a key, prefill-first with n-gram speculative decoding, disaggregated (two worker processes, started by a stand-in kernel). One after
     another, from this thread: a server dies with the thread that started it (PR_SET_PDEATHSIG
     follows the thread), so they cannot be started side by side from worker threads."""
     started = {}
@@ -78,9 +79,9 @@ def servers():
         started["disaggregated"] = KernelServer("disaggregated")
         started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--slots", "2", "--max-num-batched-tokens",
                                                           "32", policy="chunked", preset=PRESET)
-        started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--max-queue", "3", "--speculative",
-                                                                "ngram", "--num-speculative-tokens", "3",
-                                                                policy="prefill-first", preset=PRESET)
+        started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--speculative", "ngram",
+                                                                "--num-speculative-tokens", "3", policy="prefill-first",
+                                                                preset=PRESET)
         yield started
     finally:
         for s in started.values():
@@ -200,23 +201,6 @@ def test_transport_refusals(servers):
     assert httpx.get(servers["chunked"].base_url + "/models").status_code == 401
     assert httpx.get(servers["chunked"].url + "/nowhere", headers=h).json()["error"]["message"]
     assert httpx.get(url, headers=h).status_code == 405
-
-
-def test_full_queue_answers_429(servers):
-    """Two slots and a queue of three: of ten long requests at once, some wait, the rest get 429."""
-    url = servers["prefill-first"].base_url + "/completions"
-    codes = []
-
-    def one():
-        r = httpx.post(url, json={"model": PRESET, "prompt": "a", "max_tokens": 120, "ignore_eos": True}, timeout=60)
-        codes.append((r.status_code, r.headers.get("retry-after"), r.json().get("error", {}).get("type")))
-
-    threads = [threading.Thread(target=one) for _ in range(10)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert sorted(c[0] for c in codes)[:3] == [200, 200, 200] and (429, "1", "rate_limit_error") in codes, codes
 
 
 @pytest.mark.parametrize("policy", ["chunked", "disaggregated"])

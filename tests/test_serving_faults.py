@@ -62,14 +62,17 @@ def _pids(server):
 
 def _stream(url, max_tokens, *, started=None):
     """One streamed request: (HTTP status, tokens, the error text or '') and when it ended; status
-    0 when the connection failed or was cut."""
+    0 when the connection failed or was cut. A 429 must say when to retry, as OpenAI's does."""
     body = {"model": PRESET, "prompt": "ROMEO:\n", "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
     tokens, error, status = 0, "", 200
     try:
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
             if r.status_code != 200:
                 r.read()
-                return r.status_code, 0, r.json()["error"]["message"], time.perf_counter()
+                error = r.json()["error"]
+                if r.status_code == 429:
+                    assert r.headers["retry-after"] == "1" and error["type"] == "rate_limit_error", error
+                return r.status_code, 0, error["message"], time.perf_counter()
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
