@@ -10,7 +10,6 @@ every test of the file (the trained 1.7M-parameter `shakespeare` model: quick to
 from __future__ import annotations
 
 import random
-import threading
 import time
 
 import jax
@@ -21,51 +20,26 @@ from inference_lab.base import tokenizer
 from inference_lab.serving.engine import Engine
 from inference_lab.serving.scheduler import QueueFull, Request
 from pallas_kernels.mode import pallas_supported
+from serving_helpers import LENGTHS, PRESET, PROMPTS, Listener, generated, load
 
-PRESET = "shakespeare"
-PROMPTS = ["MENENIUS:\n", "ROMEO:\nBut soft, what light", "First Citizen:\nBefore we proceed any further, hear me speak.\n"]
-LENGTHS = [30, 12, 45]
 BUDGET = {"chunked": 32, "prefill-first": None}
 LONG = "First Citizen:\n" + "Before we proceed any further, hear me speak. " * 4   # 199 tokens: many pieces
 
 
 @pytest.fixture(scope="module")
 def model():
-    from inference_lab.model import pretrained
-    return pretrained.load(preset=PRESET)
+    return load()
 
 
 @pytest.fixture(scope="module")
 def expected(model):
-    from inference_lab.runtime import generation
-    return [generation.generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
+    return generated(model)
 
 
 def engine_for(model, policy="chunked", **kw):
     engine = Engine(model, policy=policy, n_slots=2, max_num_batched_tokens=BUDGET[policy], **kw)
     engine.warmup()
     return engine.start()
-
-
-class Listener:
-    """Collects every event by request; ``wait(n)`` until ``n`` requests have ended."""
-
-    def __init__(self):
-        self.events, self.ended = {}, threading.Semaphore(0)
-
-    def __call__(self, e):
-        self.events.setdefault(e.rid, []).append(e)
-        if e.finish:
-            self.ended.release()
-
-    def wait(self, n, timeout=60):
-        assert all(self.ended.acquire(timeout=timeout) for _ in range(n)), f"ended: {self.finishes()}"
-
-    def text(self, rid):
-        return tokenizer.decode([e.token for e in self.events[rid] if e.token >= 0])
-
-    def finishes(self):
-        return {rid: ev[-1].finish for rid, ev in self.events.items() if ev[-1].finish}
 
 
 @pytest.mark.parametrize("policy", ["chunked", "prefill-first"])

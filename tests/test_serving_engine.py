@@ -29,23 +29,14 @@ from inference_lab.analytic.workload import Requests
 from inference_lab.base import tokenizer
 from inference_lab.lessons import serving_engine as lesson
 from inference_lab.serving import server as serving_server
+from serving_helpers import LENGTHS, PRESET, PROMPTS, generated, load
 
-PRESET = "shakespeare"
 KEY = "test-key-123"
-PROMPTS = ["MENENIUS:\n", "ROMEO:\nBut soft, what light", "First Citizen:\nBefore we proceed any further, hear me speak.\n"]
-LENGTHS = [30, 12, 45]
 
 
 @pytest.fixture(scope="module")
-def model():
-    from inference_lab.model import pretrained
-    return pretrained.load(preset=PRESET)
-
-
-@pytest.fixture(scope="module")
-def expected(model):
-    from inference_lab.runtime import generation
-    return [generation.generate(model, p, max_new_tokens=n) for p, n in zip(PROMPTS, LENGTHS)]
+def expected():
+    return generated(load())
 
 
 class KernelServer:

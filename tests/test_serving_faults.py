@@ -25,8 +25,8 @@ from inference_lab.base import tokenizer
 from inference_lab.serving import server as serving_server
 from inference_lab.serving.disaggregated import TwoPoolEngine, _Held
 from inference_lab.serving.scheduler import Request, TokenEvent
+from serving_helpers import PRESET, Listener
 
-PRESET = "shakespeare"
 SLOTS, QUEUE = 2, 18
 HELD = SLOTS + QUEUE
 
@@ -144,19 +144,6 @@ def pools():
     # the prefill worker (its decode partner was killed by the last test) still exits cleanly: it
     # aborted at exit when a helper thread, not its main thread, freed the engine's arrays
     assert two._procs[0].exitcode == 0
-
-
-class Listener:
-    def __init__(self):
-        self.events, self.ended = {}, threading.Semaphore(0)
-
-    def __call__(self, e):
-        self.events.setdefault(e.rid, []).append(e)
-        if e.finish:
-            self.ended.release()
-
-    def wait(self, n, timeout=60):
-        assert all(self.ended.acquire(timeout=timeout) for _ in range(n)), self.events.keys()
 
 
 def test_the_front_puts_tokens_in_order():

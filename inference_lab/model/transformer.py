@@ -7,14 +7,16 @@
 Two layers of code:
 
 1. **Pure functions over a dict of arrays** (:func:`prefill_forward`, :func:`decode_forward`,
-   :func:`verify_forward`, :func:`forward`). They are what the engine jits. Every matmul is
+   :func:`verify_forward`, :func:`step_forward` (a serving engine's mixed batch), :func:`forward`).
+   They are what the runtime and the serving engine jit. Every matmul is
    ``pk.matmul`` on a 2-D view, prefill attention is ``pk.flash_attention``, decode attention is
    ``pk.decode_attention``, all with the same ``mode``. Head counts and the vocabulary size
    are read from the *local* weight shapes, and the two partial sums of a tensor-parallel
    layer are ``psum``-ed over the mesh axis ``"tp"`` only when that axis exists, so the same
    functions run unchanged inside ``shard_map`` (Megatron layout: ``parallel.PARTITION``).
-   One :func:`block` serves both phases; only its attention differs (whole prompts through
-   flash attention in prefill, one token against the cache in decode).
+   One :func:`block` serves every phase; only its attention differs (whole prompts through
+   flash attention in prefill, one token against the cache in decode, both at once in a
+   serving step).
 2. :class:`Transformer`, a Flax NNX module that owns the parameters (seeded initialiser,
    safetensors save/load) and hands them out with :meth:`Transformer.params`.
 
@@ -217,15 +219,14 @@ def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, 
     """A serving iteration's attention: h [Wd + P * C, D] holds one decode token for each of the
     first Wd rows of the caches, then P prompt pieces of C tokens (piece ``i`` belongs to row
     ``piece_slots[i]`` and starts at its position ``piece_starts[i]``). Q, K and V of every token come
-    out of one matmul. The decode tokens attend as in :func:`decode_attention` (their K/V written
-    at ``decode_lengths`` first); then the pieces' K/V are written into their rows (positions past
-    the cache are dropped: a prompt's last piece may be partly padding) and each piece attends to
-    its row with ``pk.flash_attention``, its queries placed at ``piece_starts`` by ``q_offsets``, so
-    it sees the cache that earlier iterations' pieces filled, the pieces before it in this one
-    (several pieces of one prompt can run together) and itself, causally.
-
-    A row in both groups (a prompt being prefilled sits in the decode batch as a passenger) gets
-    its decode write first, at its current length, and the piece that starts there overwrites it."""
+    out of one matmul, and every new K/V goes into the caches at once: a decode token's at
+    ``decode_lengths`` of its row (only where ``decode_active``: a free or still-prefilling row
+    rides along in the decode batch and writes nothing), a piece's from ``piece_starts`` of its row
+    (positions past the cache are dropped: a prompt's last piece may be partly padding). Then the
+    decode tokens attend as in :func:`decode_attention`, and each piece attends to its row with
+    ``pk.flash_attention``, its queries placed at ``piece_starts`` by ``q_offsets``: it sees what
+    earlier iterations' pieces wrote, the pieces before it in this one (several pieces of one
+    prompt can run together) and itself, causally."""
     wd, n_pieces = decode_lengths.shape[0], piece_starts.shape[0]
     c = (h.shape[0] - wd) // max(n_pieces, 1)
     piece_positions = piece_starts[:, None] + jnp.arange(c, dtype=jnp.int32)        # [P, C]
@@ -233,8 +234,8 @@ def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, 
     q, k, v = _qkv(p, h, positions, cfg, mode)                                     # [N,Hq,Dh], [N,Hkv,Dh]
     # Every new K/V first, in one scatter per cache: rows (a decode token's row, each piece's row
     # per token) and positions; a passenger's decode write goes past the cache and is dropped.
-    # (Writing first and reading after keeps XLA:CPU from copying the donated caches whole.) A step
-    # of the first Wd rows alone works on those rows and puts them back, as decode_rows does.
+    # Writing first and reading after keeps XLA:CPU from copying the donated caches whole, and a
+    # step of the first Wd rows alone works on those rows and writes them back, for the same reason.
     part = n_pieces == 0 and wd < kc.shape[0]
     rows_k, rows_v = (kc[:wd], vc[:wd]) if part else (kc, vc)
     rows = jnp.concatenate([jnp.arange(wd, dtype=jnp.int32), jnp.repeat(piece_slots, c)])
@@ -324,9 +325,10 @@ def verify_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
 def step_forward(params, decode_tokens, decode_lengths, decode_active, piece_tokens, piece_slots, piece_starts,
                  head_rows, k_caches, v_caches, *, cfg, mode):
     """One iteration of a serving engine in one forward (vLLM v1's token-budget step): decode
-    tokens [Wd] for the first Wd rows of the caches at positions ``decode_lengths`` [Wd], and P
-    prompt pieces ``piece_tokens`` [P, C] written into rows ``piece_slots`` [P] from positions
-    ``piece_starts`` [P] (:func:`step_attention`). Either group may be empty (Wd = 0 or P = 0).
+    tokens [Wd] for the first Wd rows of the caches at positions ``decode_lengths`` [Wd] (rows
+    whose ``decode_active`` [Wd] is False ride along, their work dropped), and P prompt pieces
+    ``piece_tokens`` [P, C] written into rows ``piece_slots`` [P] from positions ``piece_starts``
+    [P] (:func:`step_attention`). Either group may be empty (Wd = 0 or P = 0).
     Every weight is read once for all ``Wd + P * C`` tokens. Returns (float32 logits [R, V] for
     the tokens at ``head_rows`` [R] only, indices into the decode tokens then the pieces' tokens in
     order: the head runs where a token is sampled, not at every prompt position; k_caches,
@@ -334,8 +336,7 @@ def step_forward(params, decode_tokens, decode_lengths, decode_active, piece_tok
     tokens = jnp.concatenate([decode_tokens, piece_tokens.reshape(-1)])
     x = _embed(params, tokens, cfg)                               # [Wd + P * C, D]
     attention = functools.partial(step_attention, decode_lengths=decode_lengths, decode_active=decode_active,
-                                  piece_slots=piece_slots,
-                                  piece_starts=piece_starts, cfg=cfg, mode=mode)
+                                  piece_slots=piece_slots, piece_starts=piece_starts, cfg=cfg, mode=mode)
     x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
     return _logits(params, x[head_rows], cfg, mode), new_k, new_v
 

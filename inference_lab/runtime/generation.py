@@ -1,4 +1,5 @@
-"""Prefill, decode and generate: the serving loop, in a page.
+"""Prefill, decode and generate: running the model on prompts, in a page (the serving engine
+built on these pieces is :mod:`inference_lab.serving`).
 
 - :func:`prefill` runs whole prompts through the model at once (compute-bound: every weight
   is used for ``B x T`` tokens) and fills the KV cache.
