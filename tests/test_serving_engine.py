@@ -303,3 +303,21 @@ def test_two_pools_claim_can_fail():
     assert lesson.two_pools_hold_tpot(light, doubled, light, held).holds is True
     assert lesson.two_pools_hold_tpot(light, doubled, light, doubled).holds is False    # both degrade
     assert lesson.two_pools_hold_tpot(light, held, light, held).holds is False          # neither does
+
+
+def test_step_costs_are_the_engine_steps_by_shape():
+    """The lesson's cost model reads the engine's steps by shape: prompts in whole pieces, the
+    smallest compiled count that holds them (in proportion past the largest), decode rows at the
+    smallest compiled width; the predicted stall is a decode step plus the longest prompt's
+    pieces alone, against a chunked iteration with every slot decoding and 3 pieces."""
+    timed = {(1, 0): 0.005, (2, 0): 0.006, (4, 0): 0.007, (8, 0): 0.010, (0, 1): 0.011, (0, 4): 0.020,
+             (0, 8): 0.035, (0, 16): 0.070, (8, 1): 0.013, (8, 3): 0.020, (8, 4): 0.024}
+    costs = lesson.step_costs(timed)
+    assert costs.decode == {1: 0.005, 2: 0.006, 4: 0.007, 8: 0.010} and costs.mixed == {1: 0.013, 3: 0.020, 4: 0.024}
+    assert costs.step(3) == 0.007 and costs.pieces(costs.prefill, 5) == 0.035 and costs.pieces(costs.prefill, 32) == 0.140
+    phases = costs.phases(kv_bytes_per_token=8192)
+    assert phases.prefill_seconds([20, 30]) == 0.020          # 2 + 2 pieces
+    assert phases.iteration_seconds(8, 0, [(40, 0)]) == 0.020   # 3 pieces beside the decode rows
+    assert phases.iteration_seconds(5, 0) == 0.010              # decode rows alone: the 8-wide step
+    heavy = Requests(np.zeros(2), np.array([100, 219]), np.array([30, 30]))
+    assert lesson.predicted_stall(costs, heavy) == pytest.approx((0.010 + 0.070) / 0.020)
