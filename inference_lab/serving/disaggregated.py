@@ -253,6 +253,7 @@ class TwoPoolEngine:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         fd, path = tempfile.mkstemp(prefix="inference-lab-kv-", dir=folder)
         os.close(fd)
+        threading.Thread(target=self._send, name="inference-lab-send", daemon=True).start()
         try:
             size = self.n_buffers * int(np.prod(row_shape(self.cfg))) * self.cfg.dtype_bytes
             np.memmap(path, dtype=np.uint8, mode="w+", shape=(size,)).flush()
@@ -260,7 +261,7 @@ class TwoPoolEngine:
             self._start_workers()
         finally:
             os.unlink(path)   # both workers have it mapped (or failed): nothing is left behind, even on a crash
-        for name in ("send", "dispatch", "monitor"):
+        for name in ("dispatch", "monitor"):
             threading.Thread(target=getattr(self, f"_{name}"), name=f"inference-lab-{name}", daemon=True).start()
         return self
 
@@ -414,10 +415,8 @@ class TwoPoolEngine:
             self.stopped = self.stopped or reason
         self._end_all("abort", reason)
         for conn in (getattr(self, "_to_prefill", None), getattr(self, "_to_decode", None)):
-            if conn is not None:
-                with_timeout = threading.Thread(target=self._quietly_send, args=(conn, ("stop", None)), daemon=True)
-                with_timeout.start()
-                with_timeout.join(timeout)
+            if conn is not None:   # through the sender thread: a full pipe cannot hold up the stop
+                self._outbox.put((conn, ("stop", None)))
         self._outbox.put((None, None))
         for p in self._procs:
             p.join(timeout)
@@ -426,10 +425,3 @@ class TwoPoolEngine:
                 p.join(timeout)
         if getattr(self, "_events", None) is not None:
             self._events.put(None)
-
-    @staticmethod
-    def _quietly_send(conn, message) -> None:
-        try:
-            conn.send(message)
-        except (OSError, ValueError):
-            pass

@@ -271,9 +271,7 @@ class Engine:
             if index == 0 and self.handoff is not None:
                 self.handoff(seq.request, int(tokens[row]), seq.cache_out)
                 seq.cache_out = None
-                seq.finished = True
-                self.scheduler.release(seq)
-                self._forget(seq)
+                self._retire(seq)
 
     def _send(self, seq: Sequence, token: int, index: int) -> bool:
         """Token ``index`` of ``seq`` out; True while the request goes on."""
@@ -283,9 +281,7 @@ class Engine:
             seq.history.append(token)
         self._call(seq, TokenEvent(seq.rid, token, index, now(), finish))
         if finish is not None:
-            seq.finished = True
-            self.scheduler.release(seq)
-            self._forget(seq)
+            self._retire(seq)
             return False
         return True
 
@@ -319,7 +315,11 @@ class Engine:
         except Exception:   # a listener's bug must not stop the engine for everyone else
             traceback.print_exc()
 
-    def _forget(self, seq: Sequence) -> None:
+    def _retire(self, seq: Sequence) -> None:
+        """``seq`` is done here (its last event sent, or its cache handed on): its slot is free and
+        it no longer counts against the bound."""
+        seq.finished = True
+        self.scheduler.release(seq)
         with self._lock:
             self._held -= 1
 
@@ -327,14 +327,12 @@ class Engine:
         """End ``seq`` without a token (``"abort"`` or ``"error"``, with the reason)."""
         if seq.finished:
             return
-        seq.finished = True
-        self.scheduler.release(seq)
         if seq.arrival is not None:   # a decode-only arrival never inserted: its buffer is free again
             if seq.arrival[2] is not None:
                 seq.arrival[2](None)
             seq.arrival = None
         self._call(seq, TokenEvent(seq.rid, -1, seq.delivered, now(), finish, reason))
-        self._forget(seq)
+        self._retire(seq)
 
     def _end_all(self, finish: str, reason: str, pending=None) -> None:
         """Every request the engine holds ends: the scheduler's, those whose last step was still on

@@ -36,7 +36,7 @@ import numpy as np
 from inference_lab.base import tokenizer
 from inference_lab.model.transformer import step_forward
 from inference_lab.runtime import generation
-from inference_lab.serving.scheduler import PIECE, Step, decode_widths
+from inference_lab.serving.scheduler import PIECE, Piece, Request, Sequence, Step, decode_widths
 
 
 def prefill_widths(max_len: int) -> list[int]:
@@ -129,11 +129,6 @@ class DecodeSlots:
         self.next_token = jnp.full((self.n_slots,), tokenizer.PAD, jnp.int32)
         self.vocab = cfg.vocab_size
 
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one slot's K and V over every layer and position."""
-        return 2 * len(self.k) * self.k[0][0].nbytes
-
     # -- a step
     def arrays(self, step: Step) -> tuple:
         """The host arrays of ``step`` for :func:`_step_jit` (everything but the weights, caches
@@ -193,8 +188,8 @@ class DecodeSlots:
             guess[slot, :len(g)] = g
         m = self.model
         chosen, right, self.next_token, self.k, self.v = _verify_jit(
-            m.params(), self.k, self.v, self.next_token, jnp.asarray(start), jnp.asarray(guess), jnp.asarray(n_guess),
-            *(jnp.asarray(a) for a in self.sampling(rows, width)), cfg=m.cfg, mode=m.kernels)
+            m.params(), self.k, self.v, self.next_token, start, guess, n_guess, *self.sampling(rows, width),
+            cfg=m.cfg, mode=m.kernels)
         return np.asarray(chosen), np.asarray(right)
 
     # -- the two pools
@@ -213,7 +208,7 @@ class DecodeSlots:
         it never waits for a later step); returns ``copy(out)``, which puts them into ``out``
         [2, layers, >= W, Hkv, Dh] and returns W."""
         width = prefill_width(n_tokens, self.max_len)
-        rows = _extract_jit(self.k, self.v, jnp.int32(slot), width=width)
+        rows = _extract_jit(self.k, self.v, np.int32(slot), width=width)
         rows.copy_to_host_async()
 
         def copy(out: np.ndarray) -> int:
@@ -224,19 +219,20 @@ class DecodeSlots:
 
     # -- compiling and timing
     def synthetic(self, shape: tuple[int, int], context: int) -> tuple:
-        """Host arrays for a step of ``shape`` as when every decode row holds ``context`` tokens and
-        the pieces fill slots from position ``context`` (what warm-up compiles and the step-cost
-        measurements time; it writes the caches, so only while nothing is served)."""
+        """Host arrays (:meth:`arrays`) of a step of ``shape`` whose decode rows hold ``context``
+        tokens and whose pieces, full ones, fill slots from position ``context``, every row
+        sampled at temperature 1: what warm-up compiles and the step-cost measurements time. It
+        writes the caches and ``next_token``, so only while nothing is served."""
         wd, n_pieces = shape
-        rows = wd + n_pieces
-        lengths = np.full(wd, context, np.int32)
-        tokens = np.full((n_pieces, PIECE), tokenizer.BOS, np.int32)
-        slots = (np.arange(n_pieces) % self.n_slots).astype(np.int32)
-        starts = np.full(n_pieces, min(context, self.max_len - PIECE), np.int32)
-        heads = np.concatenate([np.arange(wd), wd + PIECE * np.arange(n_pieces) + PIECE - 1]).astype(np.int32)
-        write = np.full(rows, self.n_slots, np.int32)
-        return (lengths, np.ones(wd, bool), tokens, slots, starts, heads, write, np.zeros((rows, 2), np.uint32),
-                np.zeros(rows, np.int32), np.ones(rows, np.float32), np.full(rows, self.vocab, np.int32))
+        at = min(context, self.max_len - PIECE)
+
+        def seq(slot):
+            return Sequence(Request("synthetic", [tokenizer.BOS] * PIECE, 1, temperature=1.0), None, slot=slot)
+
+        decode = [seq(s) for s in range(wd)]
+        pieces = [Piece(seq(i % self.n_slots), at, [tokenizer.BOS] * PIECE, True) for i in range(n_pieces)]
+        sampled = [(row, s, 0) for row, s in enumerate(decode + [p.seq for p in pieces])]
+        return self.arrays(Step(wd, decode, [context] * wd, pieces, n_pieces, sampled))
 
     def warmup(self, shapes, *, extracts: bool = False, inserts: bool = False, speculative: int = 0) -> None:
         """Compile every program the engine will run: a step of each of ``shapes``, the extracts
