@@ -1,4 +1,5 @@
-"""Pallas kernels for LLM inference: a matmul, flash attention (prefill) and decode attention.
+"""Pallas kernels for LLM inference: a matmul, flash attention (prefill), decode attention and
+paged decode attention (the same, through a paged KV cache's block tables).
 
 Two tiers of the same three kernels: the readable Triton-style kernels in
 ``pallas_kernels.triton`` (Ampere and newer, and the ones the lessons show) and the Hopper tier in
@@ -26,6 +27,9 @@ _PUBLIC = {
     "decode_attention": ("pallas_kernels.triton.decode_attention", "decode_attention"),
     "DecodeAttentionConfig": ("pallas_kernels.triton.decode_attention", "DecodeAttentionConfig"),
     "decode_attention_plan": ("pallas_kernels.triton.decode_attention", "plan"),
+    "paged_decode_attention": ("pallas_kernels.triton.paged_decode_attention", "paged_decode_attention"),
+    "PagedDecodeAttentionConfig": ("pallas_kernels.triton.paged_decode_attention", "PagedDecodeAttentionConfig"),
+    "paged_decode_attention_plan": ("pallas_kernels.triton.paged_decode_attention", "plan"),
 }
 _SUBMODULES = ("mode", "reference", "testing", "ceilings", "timing", "checks", "device", "files")
 

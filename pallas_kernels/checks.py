@@ -75,12 +75,13 @@ def is_concrete(x: Any) -> bool:
 
 
 def attention_operands(q, k, v, *, q_rank: int, q_layout: str, k_name: str, v_name: str,
-                       kv_layout: str, sm_scale):
+                       kv_layout: str, sm_scale, same_batch: bool = True):
     """The checks both attention kernels share: q against a K/V pair.
 
     ``q`` is ``[B, T, Hq, D]`` (prefill, ``q_rank`` 4) or ``[B, Hq, D]`` (decode, 3); K and V
-    are ``[B, S, Hkv, D]`` under the names ``k_name``/``v_name``. Returns the arrays and the
-    softmax scale: (q, k, v, sm_scale).
+    are ``[B, S, Hkv, D]`` under the names ``k_name``/``v_name`` (``same_batch=False``: a pool of
+    blocks ``[N, block_size, Hkv, D]`` that every row shares). Returns the arrays and the softmax
+    scale: (q, k, v, sm_scale).
     """
     q, k, v = as_array(q, "q"), as_array(k, k_name), as_array(v, v_name)
     check_rank(q, q_rank, "q", q_layout)
@@ -91,7 +92,7 @@ def attention_operands(q, k, v, *, q_rank: int, q_layout: str, k_name: str, v_na
                          f"{k_name} and {v_name} must match")
     b, hq, d = q.shape[0], q.shape[-2], q.shape[-1]
     bk, _, hkv, dk = k.shape
-    if bk != b:
+    if same_batch and bk != b:
         raise ValueError(f"{k_name} has batch {bk} but q has {b}; q, {k_name} and {v_name} need the same batch size")
     if dk != d:
         raise ValueError(f"{k_name} has head dim {dk} but q has {d}; q, {k_name} and {v_name} need the same head dim")

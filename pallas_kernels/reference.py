@@ -88,3 +88,19 @@ def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm
     p = jax.nn.softmax(s, axis=1).astype(v_cache.dtype).astype(f32)             # every row sees key 0
     out = jnp.sum(p[..., None] * v_cache[:, :, :, None, :].astype(f32), axis=1)  # [B,Hkv,G,D]
     return out.reshape(b, hq, d).astype(q.dtype)
+
+
+def paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_scale=None):
+    """Decode attention through block tables: q [B,Hq,D] over the pool k_pages, v_pages
+    [N, block_size, Hkv, D], row ``b``'s position ``j`` in block ``block_tables[b, j // block_size]``.
+
+    Each row's blocks are gathered into a contiguous [B, P * block_size, Hkv, D] view, then
+    :func:`decode_attention` runs over it. XLA fuses the gather into the multiply-then-sum (no copy
+    of the gathered cache is written); table entries past a row's length point at any block (the
+    serving engine's null block), whose keys the length masks.
+    """
+    b, pages = block_tables.shape
+    _, block_size, hkv, d = k_pages.shape
+    k = k_pages[block_tables].reshape(b, pages * block_size, hkv, d)
+    v = v_pages[block_tables].reshape(b, pages * block_size, hkv, d)
+    return decode_attention(q, k, v, lengths, sm_scale=sm_scale)

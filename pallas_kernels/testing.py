@@ -99,3 +99,14 @@ def decode_attention_f64(q, k_cache, v_cache, lengths, sm_scale=None) -> np.ndar
     s = k_cache.shape[1]
     visible = (np.arange(s)[None, :] < np.asarray(lengths)[:, None])[:, None, :]
     return attention_f64(np.asarray(f64(q))[:, None], k_cache, v_cache, visible, sm_scale)[:, 0]
+
+
+def paged_decode_attention_f64(q, k_pages, v_pages, block_tables, lengths, sm_scale=None) -> np.ndarray:
+    """Paged decode attention's ground truth: each row's blocks gathered in NumPy, then
+    :func:`decode_attention_f64` over them."""
+    tables = np.asarray(block_tables)
+    b, pages = tables.shape
+    k, v = np.asarray(f64(k_pages)), np.asarray(f64(v_pages))
+    rows_k = k[tables].reshape(b, pages * k.shape[1], *k.shape[2:])
+    rows_v = v[tables].reshape(b, pages * v.shape[1], *v.shape[2:])
+    return decode_attention_f64(q, rows_k, rows_v, lengths, sm_scale)

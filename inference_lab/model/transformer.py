@@ -215,7 +215,8 @@ def verify_attention(p, h, kc, vc, *, lengths, cfg, mode):
     return _attention_out(p, attn.reshape(b, t, *attn.shape[1:]), mode), kc, vc
 
 
-def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, piece_starts, cfg, mode):
+def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, piece_starts, cfg, mode,
+                   block_table=None):
     """A serving iteration's attention: h [Wd + P * C, D] holds one decode token for each of the
     first Wd rows of the caches, then P prompt pieces of C tokens (piece ``i`` belongs to row
     ``piece_slots[i]`` and starts at its position ``piece_starts[i]``). Q, K and V of every token come
@@ -226,7 +227,14 @@ def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, 
     decode tokens attend as in :func:`decode_attention`, and each piece attends to its row with
     ``pk.flash_attention``, its queries placed at ``piece_starts`` by ``q_offsets``: it sees what
     earlier iterations' pieces wrote, the pieces before it in this one (several pieces of one
-    prompt can run together) and itself, causally."""
+    prompt can run together) and itself, causally.
+
+    With ``block_table`` [rows, P] the caches are a paged pool kc, vc [N, block_size, Hkv, Dh]
+    (:func:`paged_step_attention`)."""
+    if block_table is not None:
+        return paged_step_attention(p, h, kc, vc, decode_lengths=decode_lengths, decode_active=decode_active,
+                                    piece_slots=piece_slots, piece_starts=piece_starts, block_table=block_table,
+                                    cfg=cfg, mode=mode)
     wd, n_pieces = decode_lengths.shape[0], piece_starts.shape[0]
     c = (h.shape[0] - wd) // max(n_pieces, 1)
     piece_positions = piece_starts[:, None] + jnp.arange(c, dtype=jnp.int32)        # [P, C]
@@ -251,6 +259,43 @@ def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, 
         hq, dh = q.shape[1], k.shape[2]
         attn = pk.flash_attention(q[wd:].reshape(n_pieces, c, hq, dh), kc[piece_slots], vc[piece_slots],
                                   q_offsets=piece_starts, mode=mode)              # [P, C, Hq, Dh]
+        outs.append(attn.reshape(n_pieces * c, hq, dh))
+    return _attention_out(p, jnp.concatenate(outs) if len(outs) > 1 else outs[0], mode), kc, vc
+
+
+def paged_step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, piece_starts, block_table,
+                         cfg, mode):
+    """:func:`step_attention` over a paged cache: kc, vc [N, block_size, Hkv, Dh] are a pool of
+    blocks, and row ``r``'s position ``j`` lives in block ``block_table[r, j // block_size]``
+    (:mod:`inference_lab.serving.blocks`). Every new K/V goes to its block in one scatter over the
+    pool seen flat (a write that has no place, a passenger row's or a padding piece's past the
+    context, lands past the pool and is dropped); the decode rows attend with
+    ``pk.paged_decode_attention``, reading through the table; each piece attends with
+    ``pk.flash_attention`` over its row's blocks gathered in order (a prompt piece is compute-bound:
+    the copy is small beside its matmuls)."""
+    wd, n_pieces = decode_lengths.shape[0], piece_starts.shape[0]
+    n_blocks, bs = kc.shape[:2]
+    c = (h.shape[0] - wd) // max(n_pieces, 1)
+    piece_positions = piece_starts[:, None] + jnp.arange(c, dtype=jnp.int32)        # [P, C]
+    positions = jnp.concatenate([decode_lengths, piece_positions.reshape(-1)])
+    q, k, v = _qkv(p, h, positions, cfg, mode)                                     # [N,Hq,Dh], [N,Hkv,Dh]
+    rows = jnp.concatenate([jnp.arange(wd, dtype=jnp.int32), jnp.repeat(piece_slots, c)])
+    valid = jnp.concatenate([decode_active, jnp.ones((n_pieces * c,), bool)]) & (positions < block_table.shape[1] * bs)
+    block = block_table.at[rows, positions // bs].get(mode="fill", fill_value=n_blocks)
+    at = jnp.where(valid, block * bs + positions % bs, n_blocks * bs)             # flat position in the pool
+    flat = (n_blocks * bs, *kc.shape[2:])
+    kc = kc.reshape(flat).at[at].set(k.astype(kc.dtype), mode="drop").reshape(kc.shape)
+    vc = vc.reshape(flat).at[at].set(v.astype(vc.dtype), mode="drop").reshape(vc.shape)
+    outs = []
+    if wd:
+        outs.append(pk.paged_decode_attention(q[:wd], kc, vc, block_table[:wd], decode_lengths + 1, mode=mode))
+    if n_pieces:
+        hq, dh = q.shape[1], k.shape[2]
+        tables = block_table[piece_slots]                                           # [P, pages]
+        k_rows = kc[tables].reshape(n_pieces, -1, *kc.shape[2:])                    # [P, pages * bs, Hkv, Dh]
+        v_rows = vc[tables].reshape(n_pieces, -1, *vc.shape[2:])
+        attn = pk.flash_attention(q[wd:].reshape(n_pieces, c, hq, dh), k_rows, v_rows, q_offsets=piece_starts,
+                                  mode=mode)                                        # [P, C, Hq, Dh]
         outs.append(attn.reshape(n_pieces * c, hq, dh))
     return _attention_out(p, jnp.concatenate(outs) if len(outs) > 1 else outs[0], mode), kc, vc
 
@@ -323,7 +368,7 @@ def verify_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
 
 
 def step_forward(params, decode_tokens, decode_lengths, decode_active, piece_tokens, piece_slots, piece_starts,
-                 head_rows, k_caches, v_caches, *, cfg, mode):
+                 head_rows, k_caches, v_caches, *, cfg, mode, block_table=None):
     """One iteration of a serving engine in one forward (vLLM v1's token-budget step): decode
     tokens [Wd] for the first Wd rows of the caches at positions ``decode_lengths`` [Wd] (rows
     whose ``decode_active`` [Wd] is False ride along, their work dropped), and P prompt pieces
@@ -332,11 +377,13 @@ def step_forward(params, decode_tokens, decode_lengths, decode_active, piece_tok
     Every weight is read once for all ``Wd + P * C`` tokens. Returns (float32 logits [R, V] for
     the tokens at ``head_rows`` [R] only, indices into the decode tokens then the pieces' tokens in
     order: the head runs where a token is sampled, not at every prompt position; k_caches,
-    v_caches); no length is advanced here."""
+    v_caches); no length is advanced here. With ``block_table`` [rows, P] the caches are pools of
+    blocks (a paged cache: :func:`paged_step_attention`)."""
     tokens = jnp.concatenate([decode_tokens, piece_tokens.reshape(-1)])
     x = _embed(params, tokens, cfg)                               # [Wd + P * C, D]
     attention = functools.partial(step_attention, decode_lengths=decode_lengths, decode_active=decode_active,
-                                  piece_slots=piece_slots, piece_starts=piece_starts, cfg=cfg, mode=mode)
+                                  piece_slots=piece_slots, piece_starts=piece_starts, cfg=cfg, mode=mode,
+                                  block_table=block_table)
     x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
     return _logits(params, x[head_rows], cfg, mode), new_k, new_v
 

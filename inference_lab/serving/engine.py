@@ -25,6 +25,11 @@ feeds its last token and up to ``k`` guesses from prompt lookup in one forward, 
 guesses the model agrees with); it needs each row's text so far, so those iterations run without
 the overlap. Greedy text is unchanged; a sampled row takes one token per step as before.
 
+The KV cache is contiguous slots by default; ``block_size``, ``num_kv_blocks``, ``kv_cache_memory``
+or ``enable_prefix_caching`` (vLLM's names) make it paged (:mod:`inference_lab.serving.blocks`):
+memory in blocks, as many requests running as their real lengths fit, recompute preemption when the
+pool runs dry, and with prefix caching a prompt's cached leading blocks are not prefilled again.
+
 The two pools (:mod:`inference_lab.serving.disaggregated`) run this loop in the roles
 ``"prefill-only"`` (prefill whole prompts, send the first token, hand the cache on through
 ``handoff``) and ``"decode-only"`` (requests arrive prefilled, :meth:`Engine.submit_prefilled`).
@@ -38,7 +43,9 @@ import traceback
 
 import numpy as np
 
+from inference_lab.analytic import costs
 from inference_lab.runtime.generation import MIN_TEMPERATURE
+from inference_lab.serving.blocks import PagedKV, check_block_size, parse_bytes
 from inference_lab.serving.scheduler import (DEFAULT_BUDGET, PIECE, POLICIES, ROLES, QueueFull, Request, Scheduler,
                                              Sequence, TokenEvent, check_request, now)
 from inference_lab.serving.slots import DecodeSlots
@@ -54,11 +61,17 @@ class Engine:
     fits whole), at most ``n_slots + max_queue`` requests held at once (then :class:`QueueFull`).
     A prefill-only engine calls ``handoff(request, first_token, copy)`` for each request that
     goes on, where ``copy(out)`` puts its cache into ``out`` and returns the padded width, and
-    ``forward_cancel(rid)`` for a cancel of a request it no longer holds (handed on already)."""
+    ``forward_cancel(rid)`` for a cancel of a request it no longer holds (handed on already).
+
+    A paged cache: ``block_size`` positions a block (default 16), ``num_kv_blocks`` blocks (the
+    null block included) or as many as ``kv_cache_memory`` holds (bytes, or a size such as
+    ``"64MiB"``), by default the memory ``n_slots`` contiguous slots would take;
+    ``enable_prefix_caching`` shares cached prompt blocks between requests."""
 
     def __init__(self, model, *, policy: str = "chunked", n_slots: int = 8, max_num_batched_tokens: int | None = None,
                  max_queue: int = 64, handoff=None, async_scheduling: bool = True, speculative: tuple | None = None,
-                 forward_cancel=None):
+                 forward_cancel=None, block_size: int | None = None, num_kv_blocks: int | None = None,
+                 kv_cache_memory=None, enable_prefix_caching: bool = False):
         if policy not in POLICIES[:2] + ROLES:
             raise ValueError(f"policy={policy!r}: the in-process engine runs 'prefill-first' or 'chunked' "
                              "('disaggregated' is serving.disaggregated.TwoPoolEngine)")
@@ -71,12 +84,14 @@ class Engine:
             raise ValueError(f"async_scheduling={async_scheduling!r} must be True or False")
         self.model, self.policy, self.handoff, self.forward_cancel = model, policy, handoff, forward_cancel
         self.n_slots, self.max_queue = int(n_slots), int(max_queue)
-        self.slots = DecodeSlots(model, self.n_slots)
-        self.max_len = self.slots.max_len
+        self.max_len = model.cfg.max_seq_len
+        self.kv = self._paged(block_size, num_kv_blocks, kv_cache_memory, enable_prefix_caching)
         self.budget = self._budget(max_num_batched_tokens)
         self.speculative = self._speculative(speculative)
+        self.slots = DecodeSlots(model, self.n_slots, self.max_len,
+                                 blocks=None if self.kv is None else (self.kv.pool.num_blocks, self.kv.block_size))
         self.async_scheduling = async_scheduling and self.speculative is None
-        self.scheduler = Scheduler(policy, n_slots=self.n_slots, max_len=self.max_len, budget=self.budget)
+        self.scheduler = Scheduler(policy, n_slots=self.n_slots, max_len=self.max_len, budget=self.budget, kv=self.kv)
         self._inbox = queue.SimpleQueue()       # ("submit", Sequence) | ("cancel", rid) | ("stop", reason)
         self._lock = threading.Lock()
         self._held = 0                          # submitted and not yet ended (the back-pressure count)
@@ -99,6 +114,24 @@ class Engine:
             raise ValueError(f"max_num_batched_tokens={budget} cannot hold a whole prompt of up to {self.max_len - 1} "
                              f"tokens, which prefill-first never cuts: make it at least {whole}, or use 'chunked'")
         return int(budget)
+
+    def _paged(self, block_size, num_kv_blocks, kv_cache_memory, prefix_caching) -> PagedKV | None:
+        if not isinstance(prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching={prefix_caching!r} must be True or False")
+        if block_size is None and num_kv_blocks is None and kv_cache_memory is None and not prefix_caching:
+            return None
+        if self.policy in ROLES:
+            raise ValueError("the two pools hand on contiguous caches: a paged cache (block_size, num_kv_blocks, "
+                             "kv_cache_memory, prefix caching) serves 'prefill-first' or 'chunked'")
+        bs = check_block_size(16 if block_size is None else block_size, self.max_len, smallest=PIECE)
+        if num_kv_blocks is not None and kv_cache_memory is not None:
+            raise ValueError("give num_kv_blocks or kv_cache_memory, not both (the one sets the other)")
+        block_bytes = bs * costs.kv_bytes_per_token(self.model.cfg)
+        if kv_cache_memory is not None:
+            num_kv_blocks = parse_bytes(kv_cache_memory) // int(block_bytes)
+        elif num_kv_blocks is None:   # the memory n_slots contiguous slots would take, and the null block
+            num_kv_blocks = self.n_slots * self.max_len // bs + 1
+        return PagedKV(num_kv_blocks, bs, self.max_len, prefix_caching=prefix_caching)
 
     def _speculative(self, spec):
         if spec is None:
@@ -168,7 +201,10 @@ class Engine:
         running = len(self.scheduler.running)
         out = {"policy": self.policy, "slots": self.n_slots, "active": running, "waiting": max(held - running, 0),
                "held": held, "iterations": self.iterations, "max_num_batched_tokens": self.budget,
-               "async_scheduling": self.async_scheduling, "error": self.error}
+               "async_scheduling": self.async_scheduling, "error": self.error,
+               "preemptions": self.scheduler.preemptions,
+               "kv_cache": {"layout": "contiguous", "slots": self.n_slots, "max_len": self.max_len}
+               if self.kv is None else {"layout": "paged", **self.kv.stats()}}
         if self.speculative is not None:
             out["speculative"] = {"method": "ngram", "num_speculative_tokens": self.speculative[1],
                                   "proposed": self.proposed, "accepted": self.accepted,
@@ -238,8 +274,6 @@ class Engine:
                 self.stopped = item
                 return False
             if kind == "submit":
-                if self.speculative is not None:
-                    item.history = list(item.request.prompt)
                 self.scheduler.add(item, arrived=item.arrival is not None)
             else:
                 seq = self.scheduler.remove(item)
@@ -255,8 +289,7 @@ class Engine:
             t0 = now()
             self.slots.insert(seq.slot, rows, first)
             seq.arrival = None
-            if seq.history is not None:
-                seq.history.append(first)
+            seq.output.append(first)
             if inserted is not None:
                 inserted(now() - t0)
 
@@ -277,8 +310,7 @@ class Engine:
         """Token ``index`` of ``seq`` out; True while the request goes on."""
         finish = seq.finish_reason(token, index, self.max_len)
         seq.delivered = index + 1
-        if seq.history is not None:
-            seq.history.append(token)
+        seq.output.append(token)
         self._call(seq, TokenEvent(seq.rid, token, index, now(), finish))
         if finish is not None:
             self._retire(seq)
@@ -294,9 +326,13 @@ class Engine:
         for (row, seq, index), at in zip(step.sampled, step.positions):
             room = min(k, seq.last_token(self.max_len) - index, self.max_len - 1 - at)
             greedy = seq.request.temperature < MIN_TEMPERATURE
-            guesses.append(draft.guess_row(seq.history, room) if greedy and room > 0 else [])
+            if greedy and room > 0 and self.kv is not None:   # guesses only where blocks are free for them
+                if not self.kv.grow(seq.table, at + 1 + room):
+                    room = len(seq.table.blocks) * self.kv.block_size - at - 1
+                step.block_table[seq.slot, :len(seq.table.blocks)] = seq.table.blocks
+            guesses.append(draft.guess_row(seq.tokens(), room) if greedy and room > 0 else [])
             starts.append(at)
-        chosen, right = self.slots.verify(step.decode_width, step.sampled, starts, guesses, k)
+        chosen, right = self.slots.verify(step.decode_width, step.sampled, starts, guesses, k, step.block_table)
         for (row, seq, index), g in zip(step.sampled, guesses):
             kept = int(right[row])
             self.proposed += len(g)

@@ -27,15 +27,26 @@ Policies:
 The plan of an iteration (:class:`Step`) is made as if the iteration succeeds (a request's
 counts move at once), so the engine can dispatch the next forward before it reads this one's
 tokens: only an end-of-sequence token is news afterwards, and the engine drops that request then.
+
+**The paged cache** (``kv=``, a :class:`~inference_lab.serving.blocks.PagedKV`): a slot is then only
+a decode row, and memory is blocks. A request starts only when the pool has blocks for its first
+pieces (after the prefix cache gave it what it holds); each step grows the tables of the requests
+it writes. When a decode row needs a block and none is free, the **newest** running request is
+**preempted** (vLLM v1's recompute preemption): its blocks go back, and it returns to the front of
+the queue to prefill its prompt and the tokens it had so far again, then goes on where it stopped;
+a piece of a prompt may preempt only requests newer than its own. The oldest request can always
+preempt the others, and the pool holds one request of the full context, so every request finishes.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import time
 
 from inference_lab.base import checks, tokenizer
+from inference_lab.serving.blocks import BlockTable, PagedKV
 
 POLICIES = ("prefill-first", "chunked", "disaggregated")
 ROLES = ("prefill-only", "decode-only")   # the two pools' schedulers (serving.disaggregated)
@@ -105,9 +116,12 @@ def check_request(request: Request, *, vocab_size: int, max_len: int) -> None:
 
 @dataclasses.dataclass(eq=False)
 class Sequence:
-    """A request inside the engine. ``prefilled``: prompt tokens scheduled into its slot;
-    ``produced``: tokens scheduled to be sampled (the next one sampled is token ``produced``);
-    ``delivered``: tokens whose event went out. ``finished``: nothing more will be sent."""
+    """A request inside the engine. ``prefilled``: tokens of :meth:`prefill_tokens` scheduled into
+    its cache; ``produced``: tokens scheduled to be sampled (the next one sampled is token
+    ``produced``); ``delivered``: tokens whose event went out, ``output`` those tokens.
+    ``finished``: nothing more will be sent. ``resumed_at``: how many output tokens it had when its
+    prefill (re)started: 0, or more after a preemption (its prefill is then the prompt and those
+    tokens). ``table``: its blocks, in a paged cache; ``order``: when it (re)started running."""
 
     request: Request
     emit: object
@@ -118,7 +132,10 @@ class Sequence:
     finished: bool = False
     arrival: tuple | None = None   # decode-only: (its cache rows, first token, called once inserted)
     cache_out: object = None       # prefill-only: the copy of its cache off the device, under way
-    history: list | None = None    # speculative decoding: prompt and tokens so far, for the draft
+    output: list = dataclasses.field(default_factory=list)
+    resumed_at: int = 0
+    table: BlockTable = dataclasses.field(default_factory=BlockTable)
+    order: int = 0
 
     @property
     def rid(self) -> str:
@@ -128,9 +145,21 @@ class Sequence:
     def prompt_len(self) -> int:
         return len(self.request.prompt)
 
+    @property
+    def prefill_len(self) -> int:
+        return self.prompt_len + self.resumed_at
+
+    def prefill_tokens(self) -> list:
+        """What its prefill writes: the prompt, and after a preemption the tokens it had so far."""
+        return self.request.prompt + self.output[:self.resumed_at] if self.resumed_at else self.request.prompt
+
+    def tokens(self) -> list:
+        """The prompt and every token delivered so far (speculative decoding's draft reads them)."""
+        return self.request.prompt + self.output
+
     def cache_length(self) -> int:
-        """Positions of the slot that hold this request's tokens (where its next token is written)."""
-        if self.prefilled < self.prompt_len:
+        """Positions of its cache that hold its tokens (where its next token is written)."""
+        if self.prefilled < self.prefill_len:
             return self.prefilled
         return self.prompt_len + self.produced - 1
 
@@ -165,7 +194,8 @@ class Step:
     row's token is written (its request's cache length before the step). ``sampled`` lists, in head-row
     order, ``(head row, sequence, token index)`` for every token this step samples (head rows:
     ``0 .. decode_width - 1`` are the decode rows by slot, ``decode_width + i`` is piece ``i``'s
-    last token). ``arrivals``: decode-only sequences placed in their slots before this step."""
+    last token). ``arrivals``: decode-only sequences placed in their slots before this step.
+    ``block_table``: with a paged cache, every slot's blocks ``[n_slots, blocks per request]``."""
 
     decode_width: int
     decode: list
@@ -174,6 +204,7 @@ class Step:
     piece_count: int
     sampled: list
     arrivals: list = dataclasses.field(default_factory=list)
+    block_table: object = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -209,16 +240,21 @@ class Scheduler:
     """The waiting requests, the running ones by slot, and the plan of each iteration.
 
     ``policy`` as the module says (or one of :data:`ROLES`), ``n_slots`` slots of ``max_len``
-    positions, ``budget`` tokens per iteration (``max_num_batched_tokens``)."""
+    positions, ``budget`` tokens per iteration (``max_num_batched_tokens``); ``kv``: a paged cache's
+    blocks (None: each slot owns ``max_len`` contiguous positions)."""
 
-    def __init__(self, policy: str, *, n_slots: int, max_len: int, budget: int):
+    def __init__(self, policy: str, *, n_slots: int, max_len: int, budget: int, kv: PagedKV | None = None):
         if policy not in ("prefill-first", "chunked") + ROLES:
             raise ValueError(f"policy={policy!r}: a scheduler runs 'prefill-first', 'chunked' or a pool's role")
-        self.policy, self.n_slots, self.max_len, self.budget = policy, n_slots, max_len, budget
+        if kv is not None and policy in ROLES:
+            raise ValueError("the two pools hand on contiguous caches: a paged cache serves 'prefill-first' or 'chunked'")
+        self.policy, self.n_slots, self.max_len, self.budget, self.kv = policy, n_slots, max_len, budget, kv
         self.max_pieces = budget // PIECE
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[int, Sequence] = {}          # slot -> sequence (prefilling or decoding)
         self._free = list(range(n_slots))               # lowest first: running requests stay packed
+        self._started = itertools.count()
+        self.preemptions = 0
 
     # -- requests in and out
     def add(self, seq: Sequence, *, arrived: bool = False) -> None:
@@ -241,11 +277,16 @@ class Scheduler:
         return None
 
     def release(self, seq: Sequence) -> None:
-        """``seq`` no longer needs its slot (finished, cancelled, or its cache handed on)."""
+        """``seq`` no longer needs its slot and blocks (finished, cancelled, or its cache handed on);
+        a preempted one waiting to start again leaves the queue."""
         if seq.slot >= 0 and self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
             self._free.append(seq.slot)
             self._free.sort()
+        elif seq.slot < 0 and seq in self.waiting:
+            self.waiting.remove(seq)
+        if self.kv is not None:
+            self.kv.free(seq.table)
 
     def held(self) -> list[Sequence]:
         return list(self.waiting) + list(self.running.values())
@@ -255,13 +296,62 @@ class Scheduler:
         asks for no rows)."""
         if self.waiting:
             return False
-        return not any(s.prefilled < s.prompt_len or (self.policy != "prefill-only"
-                                                      and s.produced <= s.last_token(self.max_len))
+        return not any(s.prefilled < s.prefill_len or (self.policy != "prefill-only"
+                                                       and s.produced <= s.last_token(self.max_len))
                        for s in self.running.values())
 
     def _place(self, seq: Sequence) -> None:
         seq.slot = self._free.pop(0)
+        seq.order = next(self._started)
         self.running[seq.slot] = seq
+
+    # -- the paged cache: starting, growing, preempting
+    def _start(self, seq: Sequence, n_pieces: int) -> list[Piece] | None:
+        """The first ``n_pieces`` pieces (or fewer) of the waiting request ``seq``, placed in a free
+        slot. With a paged cache, after the prefix cache gave it the blocks it holds, and only if the
+        pool has blocks for those pieces (else None, nothing taken: it waits)."""
+        if self.kv is not None:
+            if seq.delivered < seq.produced:   # preempted with tokens still on their way: its prefill needs them
+                return None
+            tokens = seq.prefill_tokens()
+            seq.prefilled = self.kv.match(seq.table, tokens)
+            if not self.kv.grow(seq.table, min(seq.prefilled + n_pieces * PIECE, len(tokens))):
+                self.kv.free(seq.table)
+                seq.prefilled = 0
+                return None
+            self.kv.count_lookup(len(tokens), seq.prefilled)
+        self.waiting.remove(seq)
+        self._place(seq)
+        return self._cut(seq, n_pieces)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: ``seq`` gives back its slot and blocks and waits at the front of the
+        queue; it starts again by prefilling its prompt and the tokens it had (``resumed_at``)."""
+        self.release(seq)
+        seq.slot, seq.prefilled, seq.resumed_at = -1, 0, seq.produced
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _make_room(self, rows: list[Sequence]) -> list[Sequence]:
+        """A block for each decode row's next position, the oldest request first; where none is free
+        the newest running request is preempted (the row's own request last of all). Returns the rows
+        still running."""
+        if self.kv is None:
+            return rows
+        for seq in sorted(rows, key=lambda s: s.order):
+            while seq.slot >= 0 and not self.kv.grow(seq.table, seq.cache_length() + 1):
+                self._preempt(max(self.running.values(), key=lambda s: s.order))
+        return [s for s in rows if s.slot >= 0]
+
+    def _grow_newest_first(self, seq: Sequence, n_positions: int) -> bool:
+        """Blocks for ``seq``'s first ``n_positions``, preempting requests newer than it while the
+        pool is short; False when there is none left to preempt."""
+        while not self.kv.grow(seq.table, n_positions):
+            newer = [s for s in self.running.values() if s.order > seq.order]
+            if not newer:
+                return False
+            self._preempt(max(newer, key=lambda s: s.order))
+        return True
 
     # -- the plan
     def schedule(self) -> Step | None:
@@ -290,12 +380,21 @@ class Scheduler:
                        and s.produced <= s.last_token(self.max_len)), key=lambda s: s.slot)
 
     def _decode_step(self) -> Step | None:
-        rows = self._decoding()
+        rows = self._make_room(self._decoding())
         if not rows:
             return None
         width = next(w for w in decode_widths(self.n_slots) if w > rows[-1].slot)
+        return self._step(width, rows, [], 0)
+
+    def _step(self, width: int, rows: list[Sequence], pieces: list[Piece], count: int) -> Step:
+        """The step of these rows and pieces. Its block table is read before the requests whose last
+        token it samples give their blocks back: this step reads them, only the next may reuse them."""
         positions = [s.cache_length() for s in rows]
-        return Step(width, rows, positions, [], 0, self._advance(rows))
+        table = None
+        if self.kv is not None:
+            table = self.kv.tables({slot: s.table for slot, s in self.running.items()}, self.n_slots)
+        sampled = self._advance(rows) + self._piece_rows(pieces, width)
+        return Step(width, rows, positions, pieces, count, sampled, block_table=table)
 
     def _advance(self, rows: list[Sequence]) -> list:
         """Each decode row samples its request's next token; the requests whose last token that
@@ -309,16 +408,22 @@ class Scheduler:
         return sampled
 
     def _cut(self, seq: Sequence, n_pieces: int) -> list[Piece]:
-        """The next ``n_pieces`` pieces of ``seq``'s prompt (fewer if it needs fewer)."""
+        """The next ``n_pieces`` pieces of ``seq``'s prefill (fewer if it needs fewer). With a paged
+        cache each piece needs its blocks: where the pool has none, a request newer than ``seq`` is
+        preempted, and if there is none, ``seq`` goes on in a later step."""
         out = []
-        prompt = seq.request.prompt
+        tokens = seq.prefill_tokens()
         for _ in range(n_pieces):
-            if seq.prefilled >= seq.prompt_len:
+            if seq.prefilled >= len(tokens):
                 break
             start = seq.prefilled
-            tokens = prompt[start:start + PIECE]
-            seq.prefilled += len(tokens)
-            out.append(Piece(seq, start, tokens, samples=seq.prefilled == seq.prompt_len))
+            piece = tokens[start:start + PIECE]
+            if self.kv is not None and not self._grow_newest_first(seq, start + len(piece)):
+                break
+            seq.prefilled += len(piece)
+            out.append(Piece(seq, start, piece, samples=seq.prefilled == len(tokens)))
+        if self.kv is not None:
+            self.kv.filled(seq.table, tokens, seq.prefilled)
         return out
 
     def _piece_rows(self, pieces: list[Piece], width: int) -> list:
@@ -326,46 +431,54 @@ class Scheduler:
         for i, piece in enumerate(pieces):
             if piece.samples:
                 seq = piece.seq
-                sampled.append((width + i, seq, 0))
-                seq.produced = 1
-                if seq.last_token(self.max_len) == 0 and self.policy != "prefill-only":
+                sampled.append((width + i, seq, seq.resumed_at))
+                seq.produced = seq.resumed_at + 1
+                if seq.produced > seq.last_token(self.max_len) and self.policy != "prefill-only":
                     self.release(seq)
         return sampled
 
     def _whole_prompts(self) -> Step | None:
-        """Prefill-first: whole prompts of waiting requests, FIFO, within the budget and free slots."""
+        """Prefill-first: whole prompts of waiting requests, FIFO, within the budget and the free
+        slots (and blocks: a paged cache gives a request every block of its prompt before it starts)."""
         pieces = []
         while self.waiting and self._free:
-            need = pieces_of(self.waiting[0].prompt_len)
+            need = pieces_of(self.waiting[0].prefill_len)
             if len(pieces) + need > self.max_pieces:
                 break
-            seq = self.waiting.popleft()
-            self._place(seq)
-            pieces += self._cut(seq, need)
+            got = self._start(self.waiting[0], need)
+            if got is None:
+                break
+            pieces += got
         if not pieces:
             return None
         count = next(c for c in piece_counts(self.max_pieces) if c >= len(pieces))
-        return Step(0, [], [], pieces, count, self._piece_rows(pieces, 0))
+        return self._step(0, [], pieces, count)
 
     def _budget_step(self) -> Step | None:
         """Chunked: every decoding request's row, then pieces of prompts with what is left."""
-        rows = self._decoding()
-        positions = [s.cache_length() for s in rows]
+        preempted = self.preemptions
+        rows = self._make_room(self._decoding())
         room = (self.budget - len(rows)) // PIECE
         pieces = []
-        prefilling = sorted((s for s in self.running.values() if s.prefilled < s.prompt_len),
-                            key=lambda s: s.slot)   # started earlier: continue them first
+        prefilling = sorted((s for s in self.running.values() if s.prefilled < s.prefill_len),
+                            key=lambda s: s.order)   # started earlier: continue them first
         for seq in prefilling:
-            pieces += self._cut(seq, room - len(pieces))
-        while self.waiting and self._free and len(pieces) < room:
-            seq = self.waiting.popleft()
-            self._place(seq)
-            pieces += self._cut(seq, room - len(pieces))
+            if seq.slot >= 0:   # (not preempted by an older one's piece meanwhile)
+                pieces += self._cut(seq, room - len(pieces))
+        # no newcomer in a step that had to preempt (vLLM v1's rule): memory is short, and the one
+        # preempted would otherwise start again at once, in the blocks just taken from it
+        while self.waiting and self._free and len(pieces) < room and self.preemptions == preempted:
+            got = self._start(self.waiting[0], room - len(pieces))
+            if got is None:
+                break
+            pieces += got
+        rows = [s for s in rows if s.slot >= 0]     # a piece may have preempted a newer decoding request
+        pieces = [p for p in pieces if p.seq.slot >= 0]
         if not pieces:
             return self._decode_step()
         count = next(c for c in piece_counts(self.max_pieces) if c >= len(pieces))
         width = self.n_slots   # with pieces, every slot rides along: one program per piece count
-        return Step(width, rows, positions, pieces, count, self._advance(rows) + self._piece_rows(pieces, width))
+        return self._step(width, rows, pieces, count)
 
     def shapes(self) -> list[tuple[int, int]]:
         """Every (decode rows, pieces) shape this policy's steps can take: what warm-up compiles."""

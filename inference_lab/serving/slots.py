@@ -23,6 +23,11 @@ The programs, each compiled once per shape at warm-up (:meth:`DecodeSlots.warmup
 A step computes every row of its shape: free slots ride along in a decode batch (their writes
 dropped, their tokens thrown away) and padding pieces write past the cache (dropped). Their work
 is wasted; their shape is what lets the program stay compiled.
+
+**Paged** (``blocks=(num_blocks, block_size)``): each layer's K and V are instead a pool
+``[num_blocks, block_size, Hkv, Dh]`` that every slot shares, and each step takes the block table
+``[n_slots, max_len // block_size]`` the scheduler made (:mod:`inference_lab.serving.blocks`): one
+more int32 array of the step, not another program. A slot is then only a row of the decode batch.
 """
 
 from __future__ import annotations
@@ -57,19 +62,21 @@ def prefill_width(n_tokens: int, max_len: int) -> int:
 # ----------------------------------------------------------------------------- the programs
 @functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
 def _step_jit(params, k_caches, v_caches, next_token, lengths, active, piece_tokens, piece_slots, piece_starts,
-              head_rows, write_slots, words, index, temperature, top_k, *, cfg, mode):
+              head_rows, block_table, write_slots, words, index, temperature, top_k, *, cfg, mode):
     """One engine step: the forward, the draws, each drawn token written into ``next_token`` at
-    its slot (``write_slots``; ``n_slots`` for a row whose token is thrown away: dropped)."""
+    its slot (``write_slots``; ``n_slots`` for a row whose token is thrown away: dropped).
+    ``block_table``: None for contiguous slots."""
     decode_tokens = next_token[:lengths.shape[0]]
     logits, k_caches, v_caches = step_forward(params, decode_tokens, lengths, active, piece_tokens, piece_slots,
-                                              piece_starts, head_rows, k_caches, v_caches, cfg=cfg, mode=mode)
+                                              piece_starts, head_rows, k_caches, v_caches, cfg=cfg, mode=mode,
+                                              block_table=block_table)
     tokens = generation.sample_rows(logits, words, index, temperature, top_k)
     return tokens, next_token.at[write_slots].set(tokens, mode="drop"), k_caches, v_caches
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
-def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guesses, write_slots, words, index,
-                temperature, top_k, *, cfg, mode):
+def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guesses, block_table, write_slots, words,
+                index, temperature, top_k, *, cfg, mode):
     """Speculative decoding's check for the first W slots: slot ``i`` feeds its next token and its
     guesses [W, k] as one piece from position ``starts[i]``. Returns (``chosen`` [W, k + 1]: the
     model's token after each fed one, a sampled row's first drawn by ``sample_rows`` instead;
@@ -81,7 +88,7 @@ def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guess
     heads = jnp.arange(w * (k + 1), dtype=jnp.int32)
     empty = jnp.zeros((0,), jnp.int32)
     logits, k_caches, v_caches = step_forward(params, empty, empty, jnp.zeros((0,), bool), lanes, slots, starts,
-                                              heads, k_caches, v_caches, cfg=cfg, mode=mode)
+                                              heads, k_caches, v_caches, cfg=cfg, mode=mode, block_table=block_table)
     logits = logits.reshape(w, k + 1, -1)
     chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)                       # [W, k + 1]
     drawn = generation.sample_rows(logits[:, 0], words, index, temperature, top_k)
@@ -114,16 +121,19 @@ def _extract_jit(k_caches, v_caches, slot, *, width):
 # ----------------------------------------------------------------------------- the slots
 class DecodeSlots:
     """``n_slots`` rows of ``max_len`` positions (default: the model's context) for ``model``, the
-    token each feeds next, and the calls that run the programs above on them."""
+    token each feeds next, and the calls that run the programs above on them. ``blocks``:
+    ``(num_blocks, block_size)`` for a paged cache, whose steps then take the scheduler's block table."""
 
-    def __init__(self, model, n_slots: int, max_len: int | None = None):
+    def __init__(self, model, n_slots: int, max_len: int | None = None, blocks: tuple | None = None):
         if model.mesh is not None:
             raise ValueError("the serving engine runs on one device; serve a model that parallel.shard did not split")
         cfg = model.cfg
         self.model = model
         self.n_slots = int(n_slots)
         self.max_len = int(max_len or cfg.max_seq_len)
-        shape = (self.n_slots, self.max_len, cfg.n_kv_heads, cfg.head_dim)
+        self.blocks = blocks
+        shape = (self.n_slots, self.max_len) if blocks is None else tuple(blocks)
+        shape += (cfg.n_kv_heads, cfg.head_dim)
         self.k = [jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers)]
         self.v = [jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers)]
         self.next_token = jnp.full((self.n_slots,), tokenizer.PAD, jnp.int32)
@@ -146,7 +156,8 @@ class DecodeSlots:
             tokens[i, :len(piece.tokens)] = piece.tokens
             slots[i], starts[i] = piece.seq.slot, piece.start
             heads[wd + i] += len(piece.tokens) - 1
-        return (lengths, active, tokens, slots, starts, heads, *self.sampling(step.sampled, wd + n_pieces))
+        return (lengths, active, tokens, slots, starts, heads, step.block_table,
+                *self.sampling(step.sampled, wd + n_pieces))
 
     def sampling(self, sampled: list, rows: int) -> tuple:
         """(write slots, seed words, token index, temperature, top-k), [rows] each: the draw of
@@ -176,10 +187,10 @@ class DecodeSlots:
         return tokens
 
     # -- speculative decoding
-    def verify(self, width: int, rows: list, starts: list, guesses: list, k: int):
+    def verify(self, width: int, rows: list, starts: list, guesses: list, k: int, block_table=None):
         """Speculative decoding's check of the first ``width`` slots: ``rows`` [(slot, sequence,
         token index)] of the decoding ones, each fed from ``starts`` with its ``guesses`` (at most
-        ``k``). Returns (chosen [width, k + 1], right [width]) on the host."""
+        ``k``; paged: through ``block_table``). Returns (chosen [width, k + 1], right [width]) on the host."""
         start = np.full(width, self.max_len, np.int32)
         guess = np.zeros((width, k), np.int32)
         n_guess = np.zeros(width, np.int32)
@@ -188,8 +199,8 @@ class DecodeSlots:
             guess[slot, :len(g)] = g
         m = self.model
         chosen, right, self.next_token, self.k, self.v = _verify_jit(
-            m.params(), self.k, self.v, self.next_token, start, guess, n_guess, *self.sampling(rows, width),
-            cfg=m.cfg, mode=m.kernels)
+            m.params(), self.k, self.v, self.next_token, start, guess, n_guess, block_table,
+            *self.sampling(rows, width), cfg=m.cfg, mode=m.kernels)
         return np.asarray(chosen), np.asarray(right)
 
     # -- the two pools
@@ -232,7 +243,17 @@ class DecodeSlots:
         decode = [seq(s) for s in range(wd)]
         pieces = [Piece(seq(i % self.n_slots), at, [tokenizer.BOS] * PIECE, True) for i in range(n_pieces)]
         sampled = [(row, s, 0) for row, s in enumerate(decode + [p.seq for p in pieces])]
-        return self.arrays(Step(wd, decode, [context] * wd, pieces, n_pieces, sampled))
+        return self.arrays(Step(wd, decode, [context] * wd, pieces, n_pieces, sampled,
+                                block_table=self.synthetic_table()))
+
+    def synthetic_table(self):
+        """Paged: a block table giving every slot its own blocks, as far as the pool goes (then
+        shared), and none the null block: what warm-up and the step-cost timings read. None if contiguous."""
+        if self.blocks is None:
+            return None
+        pages = self.max_len // self.blocks[1]
+        usable = self.blocks[0] - 1
+        return (1 + np.arange(self.n_slots * pages).reshape(self.n_slots, pages) % usable).astype(np.int32)
 
     def warmup(self, shapes, *, extracts: bool = False, inserts: bool = False, speculative: int = 0) -> None:
         """Compile every program the engine will run: a step of each of ``shapes``, the extracts
@@ -249,7 +270,7 @@ class DecodeSlots:
                 self.insert(0, buffer, tokenizer.BOS)
         if speculative:
             for w in decode_widths(self.n_slots):
-                self.verify(w, [], [], [], speculative)
+                self.verify(w, [], [], [], speculative, self.synthetic_table())
         self.clear()
 
     def clear(self) -> None:

@@ -174,13 +174,7 @@ def launch(q, k_cache, v_cache, lengths, k_new=None, v_new=None, *, sm_scale, in
     if single:
         out = outs[0]
     else:
-        acc, m, l = outs[:3]
-        # Combine the splits (log-sum-exp in base 2). Split 0 always has a key, so m_max is finite.
-        m_max = jnp.max(m, axis=1, keepdims=True)               # [B, 1, Hq]
-        w = jnp.exp2(m - m_max)                                 # [B, splits, Hq]; 0 for empty splits
-        num = jnp.sum(w[..., None] * acc, axis=1)               # [B, Hq, D]
-        den = jnp.sum(w * l, axis=1)                            # [B, Hq]
-        out = (num / den[..., None]).astype(q.dtype)
+        out = online_softmax.combine(*outs[:3], q.dtype)       # the splits merged (log-sum-exp)
     return (out, outs[-2], outs[-1]) if fused else out
 
 

@@ -33,3 +33,16 @@ def update(carry, scores, v):
     acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, precision=lax.Precision.HIGHEST,
                                          preferred_element_type=jnp.float32)
     return acc, m_new, l_new
+
+
+def combine(acc, m, l, dtype):
+    """Merge the partials of programs that each saw a part of the keys (flash-decoding's splits):
+    ``acc [B, splits, Hq, D]``, ``m``, ``l [B, splits, Hq]`` -> ``[B, Hq, D]`` in ``dtype``, by the
+    log-sum-exp rule (base 2): ``M = max_s m_s``, ``w_s = 2^(m_s - M)``, ``out = sum_s w_s acc_s /
+    sum_s w_s l_s``. A split that saw no key (``m = -inf``, ``l = 0``) weighs 0; split 0 always has a
+    key, so ``M`` is finite. A few fused jnp ops on small arrays."""
+    m_max = jnp.max(m, axis=1, keepdims=True)               # [B, 1, Hq]
+    w = jnp.exp2(m - m_max)                                 # [B, splits, Hq]
+    num = jnp.sum(w[..., None] * acc, axis=1)               # [B, Hq, D]
+    den = jnp.sum(w * l, axis=1)                            # [B, Hq]
+    return (num / den[..., None]).astype(dtype)
