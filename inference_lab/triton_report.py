@@ -31,6 +31,7 @@ PRESETS = ("base", "llama3_8b")
 SHAPES = ((1, 2048), (64, 512))      # (batch, prompt tokens); the cache holds prompt + DECODE_ROOM
 DECODE_ROOM = 64
 SERVING = (8, 2048, 4)               # the serving engine's step: slots, positions per slot, prompt pieces
+PAGED_BLOCK = 16                     # its paged cache's block size (the serve default)
 
 
 def abstract_params(cfg: ModelConfig) -> dict:
@@ -41,7 +42,8 @@ def abstract_params(cfg: ModelConfig) -> dict:
 def model_cases(presets=PRESETS, shapes=SHAPES, *, n_layers: int | None = None) -> list[tuple[str, Callable, tuple]]:
     """``(context, fn, abstract args)`` for prefill and one decode step of each preset and shape,
     and the serving engine's step (:data:`SERVING`: every slot's decode row and prompt pieces of
-    16 tokens in one forward, the pieces' flash attention with ``q_offsets``).
+    16 tokens in one forward, the pieces' flash attention with ``q_offsets``), over contiguous slots
+    and over a paged cache (the rows' attention through block tables).
 
     ``n_layers`` overrides the presets' depth (every layer has the same kernels; tests use 1).
     """
@@ -77,6 +79,18 @@ def model_cases(presets=PRESETS, shapes=SHAPES, *, n_layers: int | None = None) 
         cases.append((f"{preset} serving step {slots} rows + {pieces} pieces ctx{positions}", step,
                       (params, S((slots,), i32), S((slots,), i32), S((slots,), jnp.bool_), S((pieces, 16), i32),
                        S((pieces,), i32), S((pieces,), i32), S((slots + pieces,), i32), cache, cache)))
+        # the same step over a paged cache: the pool holds every slot's positions in blocks of 16
+        pool = [S((slots * positions // PAGED_BLOCK + 1, PAGED_BLOCK, cfg.n_kv_heads, cfg.head_dim),
+                  jnp.dtype(cfg.dtype))] * cfg.n_layers
+
+        def paged_step(p, tokens, n, active, piece_tokens, piece_slots, starts, heads, k, v, table, cfg=cfg):
+            return M.step_forward(p, tokens, n, active, piece_tokens, piece_slots, starts, heads, k, v,
+                                  cfg=cfg, mode="triton", block_table=table)
+
+        cases.append((f"{preset} paged serving step {slots} rows + {pieces} pieces ctx{positions}", paged_step,
+                      (params, S((slots,), i32), S((slots,), i32), S((slots,), jnp.bool_), S((pieces, 16), i32),
+                       S((pieces,), i32), S((pieces,), i32), S((slots + pieces,), i32), pool, pool,
+                       S((slots, positions // PAGED_BLOCK), i32))))
     return cases
 
 

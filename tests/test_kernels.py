@@ -29,6 +29,7 @@ from pallas_kernels.mode import pallas_supported
 mm_mod = importlib.import_module("pallas_kernels.triton.matmul")
 fa_mod = importlib.import_module("pallas_kernels.triton.flash_attention")
 da_mod = importlib.import_module("pallas_kernels.triton.decode_attention")
+pda_mod = importlib.import_module("pallas_kernels.triton.paged_decode_attention")
 
 GPU = pytest.mark.skipif(not pallas_supported(), reason="needs an NVIDIA GPU (compute capability >= 8.0)")
 MODES = [
@@ -411,6 +412,78 @@ def test_flash_attention_errors():
     _err(lambda: fa_(q, k, k, causal=False, q_offsets=jnp.asarray([0])), "q_offsets", "causal")
 
 
+# ---------------------------------------------------------------- paged decode attention
+PAGED_CASES = [
+    # (B, Hq, Hkv, D, block_size, pool blocks, pages per row, lengths, splits, dtype): odd block counts,
+    # lengths that are not block multiples, rows sharing blocks, splits whose runs start past a row's end
+    (3, 6, 2, 64, 16, 11, 5, [37, 80, 1], None, F32),
+    (2, 8, 2, 32, 32, 7, 3, [33, 96], 2, F32),
+    (4, 4, 4, 32, 16, 13, 7, [17, 111, 64, 2], 3, F32),
+    (2, 8, 1, 64, 16, 9, 5, [79, 20], None, BF16),
+    (2, 4, 2, 128, 64, 5, 3, [130, 191], 2, F16),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("b,hq,hkv,d,bs,n_blocks,pages,lengths,splits,dtype", PAGED_CASES)
+def test_paged_decode_attention_matches_float64(mode, b, hq, hkv, d, bs, n_blocks, pages, lengths, splits, dtype):
+    """Tables drawn at random from the pool (rows share blocks, a row's pages are out of order);
+    positions past each row's length hold huge values in the blocks that only those positions use."""
+    rng = np.random.default_rng(n_blocks * 7 + d)
+    q = rand(rng, (b, hq, d), dtype)
+    kp, vp = rand(rng, (n_blocks, bs, hkv, d), dtype), rand(rng, (n_blocks, bs, hkv, d), dtype)
+    tables = jnp.asarray(rng.integers(0, n_blocks, (b, pages)), jnp.int32)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    want = testing.paged_decode_attention_f64(q, kp, vp, tables, lengths)
+    config = None if splits is None else pk.PagedDecodeAttentionConfig(num_splits=splits)
+    out = pk.paged_decode_attention(q, kp, vp, tables, lengths, mode=mode, config=config)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    what = f"paged decode B{b} H{hq}/{hkv} D{d} bs{bs} splits {splits}"
+    assert_close(out, want, dtype, mode, what)
+    assert_close(pk.reference.paged_decode_attention(q, kp, vp, tables, lengths), want, dtype, mode,
+                 what + " (reference)")
+    # The check can fail: a table that points each page at the next block of the pool is another answer.
+    other = (tables + 1) % n_blocks
+    moved = pk.paged_decode_attention(q, kp, vp, other, lengths, mode=mode, config=config)
+    assert float(np.max(np.abs(f64(moved) - want))) > 10 * tol(dtype, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_paged_decode_attention_ignores_blocks_past_the_length(mode):
+    """Garbage in the unused part of a row's last block and in the table entries past its length
+    (the serving engine's null block) changes nothing."""
+    rng = np.random.default_rng(5)
+    b, hq, hkv, d, bs, n = 2, 4, 2, 32, 16, 6
+    q = rand(rng, (b, hq, d), F32)
+    kp, vp = rand(rng, (n, bs, hkv, d), F32), rand(rng, (n, bs, hkv, d), F32)
+    tables = jnp.asarray([[1, 2, 0, 0], [3, 4, 5, 0]], jnp.int32)
+    lengths = jnp.asarray([21, 40], jnp.int32)
+    want = testing.paged_decode_attention_f64(q, kp, vp, tables, lengths)
+    kp = kp.at[0].set(1e4).at[2, 5:].set(1e4).at[5, 8:].set(-1e4)
+    vp = vp.at[0].set(-1e4).at[2, 5:].set(1e4).at[5, 8:].set(1e4)
+    out = pk.paged_decode_attention(q, kp, vp, tables, lengths, mode=mode, config=pk.PagedDecodeAttentionConfig(2))
+    assert_close(out, want, F32, mode, "paged decode with garbage past the lengths")
+
+
+def test_paged_decode_attention_plan_and_errors():
+    p = pk.paged_decode_attention_plan(1, 512, 16, 8, num_sms=132)
+    assert p.num_splits > 1 and p.pages_per_split * p.num_splits >= 512 and p.grid[1:] == (8, 1)
+    assert pk.paged_decode_attention_plan(64, 16, 16, 8, num_sms=132).num_splits == 2
+    q, kp = jnp.ones((2, 4, 32), F32), jnp.ones((5, 16, 2, 32), F32)
+    t, n = jnp.asarray([[1, 2], [3, 4]], jnp.int32), jnp.asarray([5, 32], jnp.int32)
+    pda = pk.paged_decode_attention
+    _err(lambda: pda(q, jnp.ones((5, 8, 2, 32)), jnp.ones((5, 8, 2, 32)), t, n), "blocks of 8", "power of two")
+    _err(lambda: pda(q, jnp.ones((5, 24, 2, 32)), jnp.ones((5, 24, 2, 32)), t, n), "power of two")
+    _err(lambda: pda(q, kp, kp, t[0], n), "block_tables", "[B, pages]")
+    _err(lambda: pda(q, kp, kp, t.astype(F32), n), "block_tables", "int32")
+    _err(lambda: pda(q, kp, kp, t, jnp.asarray([0, 3])), "lengths", "1..pages * block_size = 32")
+    _err(lambda: pda(q, kp, kp, t, jnp.asarray([1, 33])), "lengths", "1..pages")
+    _err(lambda: pda(q, kp, kp, t + 2, n), "block_tables", "blocks 0..4")
+    _err(lambda: pda(q, kp, jnp.ones((5, 16, 2, 16)), t, n), "v_pages")
+    _err(lambda: pda(q, kp, kp, t, n, mode="mosaic_interpret"), "no paged decode attention")
+    _err(lambda: pk.PagedDecodeAttentionConfig(0), "num_splits")
+
+
 def test_decode_attention_errors():
     q, kc = jnp.ones((2, 4, 32), F32), jnp.ones((2, 10, 2, 32), F32)
     n = jnp.asarray([1, 10], jnp.int32)
@@ -478,6 +551,15 @@ def test_decode_attention_lowers_for_cuda(b, hq, hkv, d, s_max, dtype):
     text = _lower_for_cuda(lambda q, k, v, n: da_mod.pallas_decode_attention(q, k, v, n, interpret=False),
                            S((b, hq, d), dtype), S((b, s_max, hkv, d), dtype), S((b, s_max, hkv, d), dtype),
                            S((b,), jnp.int32))
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+@pytest.mark.parametrize("b,hq,hkv,d,bs,pages,dtype", [(64, 32, 8, 128, 16, 256, BF16), (1, 32, 8, 64, 16, 2048, BF16),
+                                                      (3, 6, 2, 64, 16, 16, F32), (2, 8, 1, 64, 32, 5, F16)])
+def test_paged_decode_attention_lowers_for_cuda(b, hq, hkv, d, bs, pages, dtype):
+    pool = S((b * pages + 1, bs, hkv, d), dtype)
+    text = _lower_for_cuda(lambda q, k, v, t, n: pda_mod.pallas_paged_decode_attention(q, k, v, t, n, interpret=False),
+                           S((b, hq, d), dtype), pool, pool, S((b, pages), jnp.int32), S((b,), jnp.int32))
     assert text.count("__gpu$xla.gpu.triton") == 1
 
 

@@ -35,6 +35,10 @@ def _decode(q, k, v, n):
     return pk.decode_attention(q, k, v, n, mode="triton")
 
 
+def _paged(q, k, v, t, n):
+    return pk.paged_decode_attention(q, k, v, t, n, mode="triton")
+
+
 def _matmul(a, b):
     return pk.matmul(a, b, mode="triton")
 
@@ -49,6 +53,9 @@ CASES = {
        for d in (64, 128) for c in (True, False)},
     **{f"decode attention D{d}": (_decode, (S((4, 32, d), BF16), S((4, 2048, 8, d), BF16),
                                             S((4, 2048, 8, d), BF16), S((4,), jnp.int32)))
+       for d in (64, 128)},
+    **{f"paged decode attention D{d}": (_paged, (S((4, 32, d), BF16), S((513, 16, 8, d), BF16),
+                                                  S((513, 16, 8, d), BF16), S((4, 128), jnp.int32), S((4,), jnp.int32)))
        for d in (64, 128)},
 }
 

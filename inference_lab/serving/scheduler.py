@@ -376,7 +376,7 @@ class Scheduler:
         return self._budget_step()
 
     def _decoding(self) -> list[Sequence]:
-        return sorted((s for s in self.running.values() if s.prefilled == s.prompt_len
+        return sorted((s for s in self.running.values() if s.prefilled == s.prefill_len
                        and s.produced <= s.last_token(self.max_len)), key=lambda s: s.slot)
 
     def _decode_step(self) -> Step | None:

@@ -134,6 +134,15 @@ def paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
                   config=config)
 
 
+def pallas_paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_scale=None,
+                                  config: PagedDecodeAttentionConfig | None = None, interpret: bool = False):
+    """The Pallas kernel itself, without the mode decision (compiled, or under the interpreter):
+    what :func:`paged_decode_attention` runs in modes "pallas" and "interpret"."""
+    q, k_pages, v_pages, block_tables, lengths, sm_scale = check(q, k_pages, v_pages, block_tables, lengths, sm_scale)
+    return launch(q, k_pages, v_pages, block_tables, lengths, sm_scale=sm_scale, interpret=interpret,
+                  config=checks.check_config(config, PagedDecodeAttentionConfig))
+
+
 def check(q, k_pages, v_pages, block_tables, lengths, sm_scale):
     """The operands as arrays after every check (one-line errors; table and length values when concrete)."""
     q, k_pages, v_pages, sm_scale = checks.attention_operands(
