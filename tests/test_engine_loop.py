@@ -309,3 +309,74 @@ def test_the_engine_on_the_pallas_kernels_writes_what_generate_writes():
     finally:
         engine.stop()
     assert [listen.text(str(i)) for i in range(3)] == want and listen.text("s") == sampled
+
+
+# ----------------------------------------------------------------------------- the paged cache
+PAGED = dict(num_kv_blocks=17, enable_prefix_caching=True)   # 16 usable blocks: one full-context request
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["async", "sync"])
+def test_paged_text_equals_generate_under_preemption_and_prefix_hits(model, overlap):
+    """Each prompt twice, greedy and seeded-sampled, with long answers, on two slots over a pool of
+    one full context: the answers outgrow the pool, requests are preempted and start again (their
+    prompts partly from the prefix cache), and each text is what generate() writes alone. The pool
+    is full again at the end, and the engine says what happened."""
+    from inference_lab.runtime import generation
+
+    n = [150, 120, 100]
+    sampled = dict(temperature=0.9, top_k=40, seed=5)
+    greedy = [generation.generate(model, p, max_new_tokens=k) for p, k in zip(PROMPTS, n)]
+    drawn = [generation.generate(model, p, max_new_tokens=k, **sampled) for p, k in zip(PROMPTS, n)]
+    engine = engine_for(model, async_scheduling=overlap, **PAGED)
+    listen = Listener()
+    try:
+        for i in range(3):
+            engine.submit(Request(f"g{i}", tokenizer.encode(PROMPTS[i]), n[i], stop_at_eos=False), listen)
+            engine.submit(Request(f"s{i}", tokenizer.encode(PROMPTS[i]), n[i], stop_at_eos=False, **sampled), listen)
+        listen.wait(6, timeout=180)
+        stats = engine.stats()
+    finally:
+        engine.stop()
+    assert [listen.text(f"g{i}") for i in range(3)] == greedy
+    assert [listen.text(f"s{i}") for i in range(3)] == drawn
+    kv = stats["kv_cache"]
+    assert stats["preemptions"] > 0 and 0 < kv["prefix_cache_hits"] < kv["prefix_cache_queries"]
+    assert kv["blocks_free"] == kv["blocks_usable"] == 16 and kv["layout"] == "paged"
+
+
+def test_paged_cancel_mid_prefill_gives_the_blocks_back(model, expected):
+    engine = engine_for(model, **PAGED)
+    listen = Listener()
+
+    def act(step):
+        if any(p.seq.rid == "long" for p in step.pieces):
+            engine.cancel("long")
+
+    StepWatch(engine, act)
+    try:
+        engine.submit(Request("long", tokenizer.encode(LONG), 50, stop_at_eos=False), listen)
+        listen.wait(1)
+        assert listen.finishes() == {"long": "abort"}
+        kv = engine.stats()["kv_cache"]
+        assert kv["blocks_free"] == kv["blocks_usable"]
+        engine.submit(Request("next", tokenizer.encode(PROMPTS[2]), LENGTHS[2], stop_at_eos=False), listen)
+        listen.wait(1)
+        assert listen.text("next") == expected[2]
+    finally:
+        engine.stop()
+
+
+def test_paged_engine_settings_are_checked_before_anything_is_built(model):
+    for kw, words in ((dict(block_size=24), "power of two"), (dict(block_size=512), "does not divide"),
+                      (dict(num_kv_blocks=16), "cannot hold one request"), (dict(kv_cache_memory="lots"), "memory size"),
+                      (dict(kv_cache_memory="256KiB"), "cannot hold one request"),
+                      (dict(num_kv_blocks=40, kv_cache_memory="4MiB"), "not both"),
+                      (dict(enable_prefix_caching="yes"), "True or False")):
+        with pytest.raises(ValueError, match=words):
+            Engine(model, n_slots=2, max_num_batched_tokens=32, **kw)
+    cfg = model.cfg
+    per_block = 16 * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
+    engine = Engine(model, n_slots=2, max_num_batched_tokens=32, kv_cache_memory=f"{40 * per_block}")
+    assert engine.stats()["kv_cache"]["num_kv_blocks"] == 40
+    default = Engine(model, n_slots=2, max_num_batched_tokens=32, block_size=32)   # the contiguous slots' memory
+    assert default.stats()["kv_cache"]["num_kv_blocks"] == 2 * cfg.max_seq_len // 32 + 1
