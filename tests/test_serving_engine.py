@@ -32,6 +32,9 @@ from inference_lab.serving import server as serving_server
 from serving_helpers import LENGTHS, PRESET, PROMPTS, generated, load
 
 KEY = "test-key-123"
+# the chunked server's KV cache: paged, one full context of blocks (the in-process paged engines'
+# programs), prefix caching on; the other servers keep contiguous slots
+PAGED = ("--block-size", "16", "--num-kv-blocks", "17", "--enable-prefix-caching")
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +65,14 @@ class KernelServer:
 def servers():
     """One server per policy, each with two slots (so they compile the programs of the engines of
     tests/test_engine_loop.py and tests/test_serving_faults.py: the compile cache serves them all):
-    chunked with a key, prefill-first with n-gram speculative decoding, disaggregated (two worker processes, started by a stand-in kernel). One after
+    chunked with a key and a paged KV cache, prefill-first with n-gram speculative decoding, disaggregated (two worker processes, started by a stand-in kernel). One after
     another, from this thread: a server dies with the thread that started it (PR_SET_PDEATHSIG
     follows the thread), so they cannot be started side by side from worker threads."""
     started = {}
     try:
         started["disaggregated"] = KernelServer("disaggregated")
         started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--slots", "2", "--max-num-batched-tokens",
-                                                          "32", policy="chunked", preset=PRESET)
+                                                          "32", *PAGED, policy="chunked", preset=PRESET)
         started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--speculative", "ngram",
                                                                 "--num-speculative-tokens", "3", policy="prefill-first",
                                                                 preset=PRESET)
@@ -209,6 +212,55 @@ def test_a_client_that_goes_away_frees_its_slot(servers, policy):
         time.sleep(0.05)
 
 
+def _metrics(text: str) -> dict:
+    """``{name: value}`` of a Prometheus text page's series (one label set each), buckets left out."""
+    return {line.rsplit(" ", 1)[0].split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#") and "le=" not in line}
+
+
+def test_paged_server_preempts_shares_prefixes_and_says_so_in_metrics(servers):
+    """Through the official client: two long answers on the paged server (2 slots, a pool of one
+    full context) outgrow the pool, so one is preempted and recomputed, and the same prompt twice hits
+    the prefix cache. Each text is what generate() writes alone; /metrics (Prometheus text, vLLM's
+    names) counts the preemption, the prefix-cache lookups and hits, the latencies, and the pool is
+    free again."""
+    from inference_lab.runtime import generation
+
+    client = _client(servers, "chunked")
+    prompt = PROMPTS[2]
+    want = generation.generate(load(), prompt, max_new_tokens=140)
+    before = _metrics(httpx.get(servers["chunked"].url + "/metrics", headers=_headers("chunked")).text)
+    out = [None, None]
+
+    def one(i):
+        out[i] = client.completions.create(model=PRESET, prompt=prompt, max_tokens=140, temperature=0,
+                                           extra_body={"ignore_eos": True}).choices[0].text
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out == [want, want]
+    page = httpx.get(servers["chunked"].url + "/metrics", headers=_headers("chunked"))
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+    assert 'model_name="shakespeare"' in page.text
+    m = _metrics(page.text)
+    assert m["vllm:num_preemptions_total"] > before["vllm:num_preemptions_total"]
+    assert m["vllm:prefix_cache_hits_total"] >= before["vllm:prefix_cache_hits_total"] + 32
+    assert m["vllm:prefix_cache_queries_total"] > m["vllm:prefix_cache_hits_total"]
+    assert m["vllm:time_to_first_token_seconds_count"] >= before["vllm:time_to_first_token_seconds_count"] + 2
+    assert m["vllm:inter_token_latency_seconds_count"] >= before["vllm:inter_token_latency_seconds_count"] + 2 * 139
+    assert m["vllm:e2e_request_latency_seconds_count"] >= before["vllm:e2e_request_latency_seconds_count"] + 2
+    assert m["vllm:kv_cache_usage_perc"] == 0.0 and m["vllm:num_requests_running"] == 0
+    health = httpx.get(servers["chunked"].url + "/health", headers=_headers("chunked")).json()
+    kv = health["kv_cache"]
+    assert kv["layout"] == "paged" and kv["blocks_free"] == kv["blocks_usable"] == 16 and kv["blocks_used"] == 0
+    assert httpx.get(servers["chunked"].url + "/metrics").status_code == 401   # the key guards it too
+    contiguous = _metrics(httpx.get(servers["prefill-first"].url + "/metrics").text)
+    assert contiguous["vllm:num_preemptions_total"] == 0 == contiguous["vllm:prefix_cache_queries_total"]
+
+
 # ----------------------------------------------------------------------------- the load generator
 def test_bench_file_reads_back_with_the_numbers_measured(servers, tmp_path):
     from inference_lab.measure.vllm_bench import load_vllm_bench
@@ -249,6 +301,15 @@ def test_parse_args_rules():
                 ["--request-timeout", "0"], ["--speculative", "eagle"]):
         with pytest.raises(SystemExit):
             serving_server.parse_args(bad)
+    for bad, words in ((["--block-size", "24"], "--block-size=24"), (["--num-kv-blocks", "16"], "full context"),
+                       (["--kv-cache-memory", "lots"], "--kv-cache-memory"), (["--num-kv-blocks", "1"], ">= 2"),
+                       (["--policy", "disaggregated", "--enable-prefix-caching"], "contiguous caches"),
+                       (["--num-kv-blocks", "40", "--kv-cache-memory", "9MiB"], "not both")):
+        err = subprocess.run([sys.executable, "-m", "inference_lab", "serve", *bad], capture_output=True, text=True,
+                             timeout=60)
+        assert err.returncode == 2 and words in err.stderr and "Traceback" not in err.stderr, (bad, err.stderr)
+    paged = serving_server.parse_args(["--kv-cache-memory", "8MiB", "--enable-prefix-caching"])
+    assert paged.kv_cache_memory == "8MiB" and paged.enable_prefix_caching and paged.block_size is None
     args = serving_server.parse_args(["--no-async-scheduling", "--speculative", "ngram"])
     assert args.async_scheduling is False and args.speculative == "ngram" and args.max_num_batched_tokens is None
 

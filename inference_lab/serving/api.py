@@ -4,7 +4,9 @@ FastAPI, which vLLM's server uses).
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed with server-sent
 events when ``"stream": true``, as OpenAI's and vLLM's servers stream: one ``data: {json}``
 per token, a last chunk with ``usage`` when ``stream_options.include_usage`` is set, then
-``data: [DONE]``), ``GET /v1/models`` and ``GET /health``.
+``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (the engine's state as JSON: slots, queue,
+KV blocks free and used, preemptions, prefix-cache counts) and ``GET /metrics`` (the same and the
+requests' latencies in the Prometheus text format, vLLM's metric names: :mod:`inference_lab.serving.metrics`).
 
 Every request is checked before the engine sees it, and every refusal is an OpenAI-style JSON
 error (``{"error": {"message", "type", "param", "code"}}``) with a 4xx status, never a
@@ -31,11 +33,12 @@ import time
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from inference_lab.base import tokenizer
-from inference_lab.serving.scheduler import QueueFull, Request
+from inference_lab.serving.metrics import CONTENT_TYPE, ServingMetrics
+from inference_lab.serving.scheduler import QueueFull, Request, now
 
 MAX_BODY_BYTES = 1 << 20
 MAX_SEED = 2**63 - 1
@@ -124,6 +127,7 @@ class Served:
         self.api_key, self.max_body, self.request_timeout = api_key, max_body, request_timeout
         self.relay: _Relay | None = None   # made in the event loop, by the first request
         self.created = int(time.time())
+        self.metrics = ServingMetrics(backend, model_name)
 
     def engine_request(self, body: dict, chat: bool) -> tuple[Request, dict]:
         """The engine's :class:`Request` and the stream options, or an :class:`APIError`."""
@@ -242,6 +246,7 @@ class _Stream:
         self.served, self.request, self.finished = served, request, False
         self.text = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.completion_tokens = 0
+        self.arrival, self.last = now(), None
         try:
             served.backend.submit(request, self._from_engine)
         except QueueFull as e:
@@ -253,6 +258,9 @@ class _Stream:
             raise _bad(str(e)) from None
 
     def _from_engine(self, event) -> None:
+        if event.token >= 0:   # (on the engine's thread: the latencies, on its clock)
+            self.served.metrics.token(self.arrival, self.last, event)
+            self.last = event.time
         self.relay.put(self.queue, event)
 
     async def events(self):
@@ -392,6 +400,10 @@ def _health(served: Served) -> JSONResponse:
     return JSONResponse({"status": "ok" if ok else "failed", **stats}, status_code=200 if ok else 503)
 
 
+def _metrics(served: Served) -> Response:
+    return Response(served.metrics.text(), media_type=CONTENT_TYPE)
+
+
 async def _http_error(http, exc: HTTPException):
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     return APIError(exc.status_code, f"{http.method} {http.url.path}: {exc.detail}", kind=kind).response()
@@ -409,6 +421,7 @@ def create_app(served: Served, *, lifespan=None) -> Starlette:
         Route("/v1/chat/completions", _completion_route(chat=True), methods=["POST"]),
         Route("/v1/models", _keyed(_models), methods=["GET"]),
         Route("/health", _keyed(_health), methods=["GET"]),
+        Route("/metrics", _keyed(_metrics), methods=["GET"]),
     ], exception_handlers={HTTPException: _http_error, Exception: _internal_error}, lifespan=lifespan)
     app.state.served = served
     return app

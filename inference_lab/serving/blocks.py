@@ -35,6 +35,8 @@ import re
 
 import numpy as np
 
+from inference_lab.analytic import costs
+
 NULL_BLOCK = 0
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -277,3 +279,27 @@ class PagedKV:
                 "blocks_free": p.num_free, "blocks_used": p.usable - p.num_free, "kv_cache_usage": p.usage,
                 "prefix_caching": p.prefix_caching, "prefix_cache_queries": p.queries,
                 "prefix_cache_hits": p.hits, "cached_blocks": len(p.cached)}
+
+
+def paged_kv(cfg, *, policy: str, n_slots: int, block_size=None, num_kv_blocks=None, kv_cache_memory=None,
+             prefix_caching: bool = False, piece: int = 16) -> PagedKV | None:
+    """The paged cache an engine of model ``cfg`` asks for, checked (one-line errors), or None for
+    contiguous slots (none of the paged settings given). ``block_size`` defaults to 16;
+    ``num_kv_blocks`` (the null block included) or as many blocks as ``kv_cache_memory`` holds, by
+    default the memory ``n_slots`` contiguous slots of the full context would take."""
+    if not isinstance(prefix_caching, bool):
+        raise ValueError(f"enable_prefix_caching={prefix_caching!r} must be True or False")
+    if block_size is None and num_kv_blocks is None and kv_cache_memory is None and not prefix_caching:
+        return None
+    if policy not in ("prefill-first", "chunked"):
+        raise ValueError("the two pools hand on contiguous caches: a paged cache (block size, KV blocks or memory, "
+                         "prefix caching) serves the policies 'prefill-first' and 'chunked'")
+    max_len = cfg.max_seq_len
+    bs = check_block_size(16 if block_size is None else block_size, max_len, smallest=piece)
+    if num_kv_blocks is not None and kv_cache_memory is not None:
+        raise ValueError("give num_kv_blocks or kv_cache_memory, not both (the one sets the other)")
+    if kv_cache_memory is not None:
+        num_kv_blocks = parse_bytes(kv_cache_memory) // int(bs * costs.kv_bytes_per_token(cfg))
+    elif num_kv_blocks is None:
+        num_kv_blocks = n_slots * max_len // bs + 1
+    return PagedKV(num_kv_blocks, bs, max_len, prefix_caching=prefix_caching, smallest_block=piece)

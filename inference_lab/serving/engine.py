@@ -43,9 +43,8 @@ import traceback
 
 import numpy as np
 
-from inference_lab.analytic import costs
 from inference_lab.runtime.generation import MIN_TEMPERATURE
-from inference_lab.serving.blocks import PagedKV, check_block_size, parse_bytes
+from inference_lab.serving.blocks import paged_kv
 from inference_lab.serving.scheduler import (DEFAULT_BUDGET, PIECE, POLICIES, ROLES, QueueFull, Request, Scheduler,
                                              Sequence, TokenEvent, check_request, now)
 from inference_lab.serving.slots import DecodeSlots
@@ -85,7 +84,9 @@ class Engine:
         self.model, self.policy, self.handoff, self.forward_cancel = model, policy, handoff, forward_cancel
         self.n_slots, self.max_queue = int(n_slots), int(max_queue)
         self.max_len = model.cfg.max_seq_len
-        self.kv = self._paged(block_size, num_kv_blocks, kv_cache_memory, enable_prefix_caching)
+        self.kv = paged_kv(model.cfg, policy=policy, n_slots=self.n_slots, block_size=block_size,
+                           num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
+                           prefix_caching=enable_prefix_caching, piece=PIECE)
         self.budget = self._budget(max_num_batched_tokens)
         self.speculative = self._speculative(speculative)
         self.slots = DecodeSlots(model, self.n_slots, self.max_len,
@@ -114,24 +115,6 @@ class Engine:
             raise ValueError(f"max_num_batched_tokens={budget} cannot hold a whole prompt of up to {self.max_len - 1} "
                              f"tokens, which prefill-first never cuts: make it at least {whole}, or use 'chunked'")
         return int(budget)
-
-    def _paged(self, block_size, num_kv_blocks, kv_cache_memory, prefix_caching) -> PagedKV | None:
-        if not isinstance(prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching={prefix_caching!r} must be True or False")
-        if block_size is None and num_kv_blocks is None and kv_cache_memory is None and not prefix_caching:
-            return None
-        if self.policy in ROLES:
-            raise ValueError("the two pools hand on contiguous caches: a paged cache (block_size, num_kv_blocks, "
-                             "kv_cache_memory, prefix caching) serves 'prefill-first' or 'chunked'")
-        bs = check_block_size(16 if block_size is None else block_size, self.max_len, smallest=PIECE)
-        if num_kv_blocks is not None and kv_cache_memory is not None:
-            raise ValueError("give num_kv_blocks or kv_cache_memory, not both (the one sets the other)")
-        block_bytes = bs * costs.kv_bytes_per_token(self.model.cfg)
-        if kv_cache_memory is not None:
-            num_kv_blocks = parse_bytes(kv_cache_memory) // int(block_bytes)
-        elif num_kv_blocks is None:   # the memory n_slots contiguous slots would take, and the null block
-            num_kv_blocks = self.n_slots * self.max_len // bs + 1
-        return PagedKV(num_kv_blocks, bs, self.max_len, prefix_caching=prefix_caching)
 
     def _speculative(self, spec):
         if spec is None:

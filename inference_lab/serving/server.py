@@ -3,6 +3,7 @@
     python -m inference_lab serve                        # shakespeare_large, chunked, 127.0.0.1:8000
     python -m inference_lab serve --policy disaggregated --slots 8
     python -m inference_lab serve --speculative ngram --num-speculative-tokens 3
+    python -m inference_lab serve --block-size 16 --kv-cache-memory 8MiB --enable-prefix-caching --slots 32
     python -m inference_lab serve --host 0.0.0.0 --api-key "$KEY"    # a classroom server
 
 Loopback by default. Any other address needs ``--api-key`` (or ``INFERENCE_LAB_API_KEY``),
@@ -67,6 +68,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="speculative decoding: prompt-lookup guesses checked in one step (vLLM's method name)")
     p.add_argument("--num-speculative-tokens", type=int, default=3,
                    help=f"guesses per step with --speculative, 1..{PIECE - 1} (default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="a paged KV cache of blocks of this many tokens (vLLM's flag: a power of two >= 16 that "
+                        "divides the context); default: contiguous slots, or 16 with any other paged flag")
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="the paged cache's blocks, the null block included (default: the memory --slots contiguous "
+                        "slots would take)")
+    p.add_argument("--kv-cache-memory", default=None,
+                   help="the paged cache's size as memory instead: bytes, or 64MiB, 2GiB, 1.5GB")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="share the cached blocks of common prompt prefixes between requests (vLLM's flag; "
+                        "paged cache; default: off)")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a non-streamed request may take before it is cancelled and answered 504 "
                         "(default: %(default)s)")
@@ -88,6 +100,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f"(the budget holds a token per decode row and a prompt piece of {PIECE})")
     if budget is not None and budget < PIECE:
         p.error(f"--max-num-batched-tokens={budget} must be at least {PIECE} (one prompt piece)")
+    _check_paged(p, args)
     if not 1 <= args.num_speculative_tokens < PIECE:
         p.error(f"--num-speculative-tokens={args.num_speculative_tokens} must be in 1..{PIECE - 1}")
     if not args.request_timeout > 0:
@@ -98,6 +111,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--host={args.host} is reachable from other machines: give --api-key KEY (or set "
                 "INFERENCE_LAB_API_KEY) so only the class can use it, or serve on 127.0.0.1")
     return args
+
+
+def _check_paged(p: argparse.ArgumentParser, args) -> None:
+    """The paged-cache flags, checked before anything loads against the preset's context (a
+    ``--weights`` file's own context is known once it is read: the engine checks them then, and
+    ``serve`` exits with the same one line)."""
+    from inference_lab.base.config import ModelConfig
+    from inference_lab.serving.blocks import paged_kv
+
+    if args.weights is not None:
+        return
+    try:
+        paged_kv(ModelConfig.preset(args.preset), policy=args.policy, n_slots=args.slots, **_paged_flags(args),
+                 piece=PIECE)
+    except ValueError as e:
+        p.error(str(e).replace("num_kv_blocks", "--num-kv-blocks").replace("kv_cache_memory", "--kv-cache-memory")
+                .replace("block_size", "--block-size").replace("enable_prefix_caching", "--enable-prefix-caching"))
+
+
+def _paged_flags(args) -> dict:
+    return dict(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+                prefix_caching=args.enable_prefix_caching)
 
 
 def build_backend(args):
@@ -115,8 +150,10 @@ def build_backend(args):
     from inference_lab.serving.engine import Engine
 
     model = load_model(args.preset, args.weights)
+    flags = _paged_flags(args)
     engine = Engine(model, policy=args.policy, n_slots=args.slots, max_num_batched_tokens=args.max_num_batched_tokens,
-                    max_queue=args.max_queue, async_scheduling=args.async_scheduling, speculative=speculative)
+                    max_queue=args.max_queue, async_scheduling=args.async_scheduling, speculative=speculative,
+                    enable_prefix_caching=flags.pop("prefix_caching"), **flags)
     engine.warmup()
     return engine.start(), model.cfg
 
@@ -165,7 +202,7 @@ def main(argv=None) -> int:
 
     server.handle_exit = stop_first
     print(f"{READY_LINE}http://{'[' + host + ']' if family == socket.AF_INET6 else host}:{port} "
-          f"(model {served.model_name}, policy {args.policy}, {args.slots} slots)", flush=True)
+          f"(model {served.model_name}, policy {args.policy}, {args.slots} slots, {_kv_line(backend)})", flush=True)
     try:
         server.run(sockets=[sock])   # uvicorn stops on SIGINT/SIGTERM, then raises the signal again
     except KeyboardInterrupt:
@@ -174,6 +211,14 @@ def main(argv=None) -> int:
         backend.stop(reason="the server is stopping")
     print("inference-lab server stopped", flush=True)
     return 0
+
+
+def _kv_line(backend) -> str:
+    kv = backend.stats().get("kv_cache") or {}
+    if kv.get("layout") != "paged":
+        return "contiguous KV slots"
+    return (f"paged KV cache: {kv['blocks_usable']} blocks of {kv['block_size']} tokens"
+            f"{', prefix caching' if kv['prefix_caching'] else ''}")
 
 
 class ServerProcess:
