@@ -38,6 +38,7 @@ import numpy as np
 from inference_lab.analytic import costs
 
 NULL_BLOCK = 0
+WATERMARK = 0.01   # the share of the pool a request may not start into (vLLM v0's default)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -204,6 +205,7 @@ class PagedKV:
         self.max_len = int(max_len)
         self.blocks_per_seq = self.max_len // self.block_size
         self.pool = BlockPool(num_blocks, self.block_size, prefix_caching=prefix_caching, hash_fn=hash_fn)
+        self.watermark = max(1, round(WATERMARK * self.pool.usable))   # blocks a newcomer leaves free
         if self.pool.usable < self.blocks_per_seq:
             raise ValueError(
                 f"a pool of {num_blocks} blocks ({self.pool.usable} usable after the null block) of {self.block_size} "

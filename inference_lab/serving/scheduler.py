@@ -309,13 +309,18 @@ class Scheduler:
     def _start(self, seq: Sequence, n_pieces: int) -> list[Piece] | None:
         """The first ``n_pieces`` pieces (or fewer) of the waiting request ``seq``, placed in a free
         slot. With a paged cache, after the prefix cache gave it the blocks it holds, and only if the
-        pool has blocks for those pieces (else None, nothing taken: it waits)."""
+        pool could hold its whole prompt and keep :attr:`PagedKV.watermark` blocks free (vLLM v0's
+        rule: the running requests' answers grow into those, so a newcomer is not preempted as soon
+        as it starts); it takes the blocks of its first pieces now, the rest as its pieces come.
+        Else None, nothing taken: it waits."""
         if self.kv is not None:
             if seq.delivered < seq.produced:   # preempted with tokens still on their way: its prefill needs them
                 return None
             tokens = seq.prefill_tokens()
             seq.prefilled = self.kv.match(seq.table, tokens)
-            if not self.kv.grow(seq.table, min(seq.prefilled + n_pieces * PIECE, len(tokens))):
+            room = self.kv.pool.num_free - (self.kv.blocks_for(len(tokens)) - len(seq.table.blocks))
+            if room < max(self.kv.watermark, len(self.running)) or not self.kv.grow(seq.table, min(seq.prefilled + n_pieces * PIECE,
+                                                                           len(tokens))):
                 self.kv.free(seq.table)
                 seq.prefilled = 0
                 return None
@@ -335,12 +340,19 @@ class Scheduler:
     def _make_room(self, rows: list[Sequence]) -> list[Sequence]:
         """A block for each decode row's next position, the oldest request first; where none is free
         the newest running request is preempted (the row's own request last of all). Returns the rows
-        still running."""
+        still running.
+
+        With prefix caching, a block that decoding filled is cached too, once its tokens are known
+        (delivered) and written (by an earlier step): a preempted request then finds most of its
+        text in the cache when it starts again, and a conversation's next turn finds its history."""
         if self.kv is None:
             return rows
         for seq in sorted(rows, key=lambda s: s.order):
             while seq.slot >= 0 and not self.kv.grow(seq.table, seq.cache_length() + 1):
                 self._preempt(max(self.running.values(), key=lambda s: s.order))
+            if seq.slot >= 0 and self.kv.pool.prefix_caching:
+                known = seq.tokens()
+                self.kv.filled(seq.table, known, min(seq.cache_length(), len(known)))
         return [s for s in rows if s.slot >= 0]
 
     def _grow_newest_first(self, seq: Sequence, n_positions: int) -> bool:
