@@ -10,9 +10,13 @@ in one run on this machine:
 3. ``http``: 8 concurrent streams through the server with the official ``openai`` client against
    the same 8 streams given to the same engine in-process;
 4. ``pools``: the KV cache between the two pools, bytes and seconds per request, ours against
-   the baseline's pipe, on the heavy trace.
+   the baseline's pipe, on the heavy trace;
+5. ``memory``: the paged KV cache (issue 34): its decode and mixed steps against the contiguous
+   ones at the same batch and context; at one KV budget (two full contexts) on notebook 10's length
+   mix, requests at once, throughput and TTFT of each layout; with an 80%-shared prompt, TTFT with
+   and without prefix caching.
 
-    .venv/bin/python scripts/serving_bench.py [--parts sampling,budget,http,pools] [--repeats 3]
+    .venv/bin/python scripts/serving_bench.py [--parts sampling,budget,http,pools,memory] [--repeats 3]
 
 Prints medians over the repeats, the processor and the versions. No GPU needed; nothing is asserted.
 """
@@ -302,10 +306,59 @@ def part_pools(repeats, rev, preset):
               f"{med(r, 'ttft_p50_ms'):.0f} | {med(r, 'tpot_p50_ms'):.1f} |")
 
 
+def part_memory(model, repeats):
+    from inference_lab.lessons import paged_kv_cache as lesson
+
+    print("\n## 5. The paged KV cache")
+    # (a) the step at equal batch and context: contiguous slots against a pool holding every slot's
+    # whole context in blocks of its own (the default pool), each step read through its table
+    contiguous = Engine(model, n_slots=8, max_num_batched_tokens=64)
+    paged = Engine(model, n_slots=8, max_num_batched_tokens=64, block_size=16)
+    shapes = [(1, 0), (8, 0), (8, 3)]
+    for e in (contiguous, paged):
+        e.warmup()
+    steps = {name: [] for name in ("contiguous", "paged")}
+    for _ in range(repeats):
+        for name, e in (("contiguous", contiguous), ("paged", paged)):
+            steps[name].append(e.slots.time_shapes(shapes, context=200, repeats=7))
+    print("| step (decode rows, pieces), context 200 | contiguous ms | paged ms | paged / contiguous |\n|---|---|---|---|")
+    for shape in shapes:
+        c = statistics.median(t[shape] for t in steps["contiguous"])
+        p = statistics.median(t[shape] for t in steps["paged"])
+        print(f"| {shape} | {1e3 * c:.2f} | {1e3 * p:.2f} | x{p / c:.3f} |")
+    # (b) one budget, two layouts; (c) the shared prompt
+    budget = lesson.budget_bytes(model.cfg)
+    requests = lesson.length_mix()
+    engines, timed = lesson.start_engines(model, budget)
+    runs = lesson.run_layouts(engines, requests, repeats=repeats)
+    print(f"\n{lesson.block_arithmetic(model.cfg, requests, budget)}")
+    print("| budget of 2 contexts | at once | output tok/s | TTFT p50 ms | preemptions |\n|---|---|---|---|---|")
+    for name, rs in runs.items():
+        print(f"| {name} | {statistics.median(r.at_once for r in rs):.2f} | "
+              f"{statistics.median(r.throughput for r in rs):.0f} | {statistics.median(r.ttft_ms() for r in rs):.0f} | "
+              f"{statistics.median(r.preemptions for r in rs):.0f} |")
+    c, p = lesson.median_run(runs["contiguous"]), lesson.median_run(runs["paged"])
+    print(f"paged / contiguous: x{p.at_once / c.at_once:.2f} at once (target >= 2), x{p.throughput / c.throughput:.2f} "
+          f"throughput (target >= 1.5); run by run: " + ", ".join(
+              f"x{b.throughput / a.throughput:.2f}" for a, b in zip(runs["contiguous"], runs["paged"])))
+    shared, prompts = lesson.shared_prompt_workload()
+    cold, warm = [], []
+    for _ in range(repeats):
+        cold.append(lesson.run(engines["paged, no prefix cache"], "no prefix cache", shared, prompts))
+        warm.append(lesson.run(engines["paged"], "prefix cache", shared, prompts))
+    a = statistics.median(r.ttft_ms() for r in cold)
+    b = statistics.median(r.ttft_ms() for r in warm)
+    print(f"80%-shared prompts ({lesson.SHARED} of {lesson.SHARED + lesson.OWN} tokens), TTFT p50: without prefix caching "
+          f"{a:.1f} ms, with it {b:.1f} ms: x{a / b:.2f} (target >= 3); hits "
+          + ", ".join(f"{r.prefix_hits} of {r.prefix_queries}" for r in warm))
+    for e in engines.values():
+        e.stop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="shakespeare_large")
-    p.add_argument("--parts", default="sampling,budget,http,pools")
+    p.add_argument("--parts", default="sampling,budget,http,pools,memory")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per stream in parts 1 and 3")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", default=BASELINE, help="the git revision to compare against (parts 2 and 4)")
@@ -316,7 +369,7 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d')}, {hardware.processor_summary()}; Python {sys.version.split()[0]}, "
           f"jax {jax.__version__}, flax {flax.__version__}; {args.preset}, medians of {args.repeats}")
     parts = args.parts.split(",")
-    model = load_model(args.preset) if {"sampling", "budget", "http"} & set(parts) else None
+    model = load_model(args.preset) if {"sampling", "budget", "http", "memory"} & set(parts) else None
     if "sampling" in parts:
         part_sampling(model, args.repeats, args.tokens)
     if "budget" in parts:
@@ -325,6 +378,8 @@ def main() -> None:
         part_http(model, args.repeats, args.tokens, args.preset)
     if "pools" in parts:
         part_pools(args.repeats, args.baseline, args.preset)
+    if "memory" in parts:
+        part_memory(model, args.repeats)
 
 
 if __name__ == "__main__":

@@ -194,6 +194,11 @@ FIGURES = {
     "serving_plot": lambda: plots.serving_plot(_simulated()[0]),
     "latency_distributions": lambda: plots.latency_distributions(_simulated()[1]),
     "goodput_plot": lambda: plots.goodput_plot(_goodput_rows()),
+    "kv_memory_plot": lambda: plots.kv_memory_plot(
+        [{"budget": b, "layout": lay, "at_once": b * (3 if lay == "paged" else 1), "tokens_per_s": 300 * b * (
+            1.5 if lay == "paged" else 1), "ttft_p50_ms": 2000 / b} for b in (2, 3, 4, 6) for lay in ("contiguous", "paged")],
+        [{"budget": 2, "layout": "contiguous", "at_once": 1.9, "tokens_per_s": 640, "ttft_p50_ms": 1800},
+         {"budget": 2, "layout": "paged", "at_once": 5.8, "tokens_per_s": 990, "ttft_p50_ms": 900}]),
     "pool_balance_plot": lambda: plots.pool_balance_plot(["1P3D", "2P2D", "3P1D"], [10, 20, 30], [60, 40, 20]),
     "token_timeline": lambda: plots.token_timeline([0.05 + 0.004 * i for i in range(20)]),
     "flops_or_bytes": lambda: plots.flops_or_bytes(

@@ -28,6 +28,7 @@ from inference_lab.analytic.serving_metrics import trace_from_token_times
 from inference_lab.analytic.workload import Requests
 from inference_lab.base import tokenizer
 from inference_lab.lessons import serving_engine as lesson
+from inference_lab.serving import metrics
 from inference_lab.serving import server as serving_server
 from serving_helpers import LENGTHS, PRESET, PROMPTS, generated, load
 
@@ -212,13 +213,7 @@ def test_a_client_that_goes_away_frees_its_slot(servers, policy):
         time.sleep(0.05)
 
 
-def _metrics(text: str) -> dict:
-    """``{name: value}`` of a Prometheus text page's series (one label set each), buckets left out."""
-    return {line.rsplit(" ", 1)[0].split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line and not line.startswith("#") and "le=" not in line}
-
-
-def test_paged_server_preempts_shares_prefixes_and_says_so_in_metrics(servers):
+def test_paged_server_preempts_shares_prefixes_and_says_so_inmetrics.parse(servers):
     """Through the official client: two long answers on the paged server (2 slots, a pool of one
     full context) outgrow the pool, so one is preempted and recomputed, and the same prompt twice hits
     the prefix cache. Each text is what generate() writes alone; /metrics (Prometheus text, vLLM's
@@ -229,7 +224,7 @@ def test_paged_server_preempts_shares_prefixes_and_says_so_in_metrics(servers):
     client = _client(servers, "chunked")
     prompt = PROMPTS[2]
     want = generation.generate(load(), prompt, max_new_tokens=140)
-    before = _metrics(httpx.get(servers["chunked"].url + "/metrics", headers=_headers("chunked")).text)
+    before = metrics.parse(httpx.get(servers["chunked"].url + "/metrics", headers=_headers("chunked")).text)
     out = [None, None]
 
     def one(i):
@@ -245,7 +240,7 @@ def test_paged_server_preempts_shares_prefixes_and_says_so_in_metrics(servers):
     page = httpx.get(servers["chunked"].url + "/metrics", headers=_headers("chunked"))
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
     assert 'model_name="shakespeare"' in page.text
-    m = _metrics(page.text)
+    m = metrics.parse(page.text)
     assert m["vllm:num_preemptions_total"] > before["vllm:num_preemptions_total"]
     assert m["vllm:prefix_cache_hits_total"] >= before["vllm:prefix_cache_hits_total"] + 32
     assert m["vllm:prefix_cache_queries_total"] > m["vllm:prefix_cache_hits_total"]
@@ -257,7 +252,7 @@ def test_paged_server_preempts_shares_prefixes_and_says_so_in_metrics(servers):
     kv = health["kv_cache"]
     assert kv["layout"] == "paged" and kv["blocks_free"] == kv["blocks_usable"] == 16 and kv["blocks_used"] == 0
     assert httpx.get(servers["chunked"].url + "/metrics").status_code == 401   # the key guards it too
-    contiguous = _metrics(httpx.get(servers["prefill-first"].url + "/metrics").text)
+    contiguous = metrics.parse(httpx.get(servers["prefill-first"].url + "/metrics").text)
     assert contiguous["vllm:num_preemptions_total"] == 0 == contiguous["vllm:prefix_cache_queries_total"]
 
 

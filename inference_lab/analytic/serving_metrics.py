@@ -157,6 +157,14 @@ class ServingTrace:
     def completed(self) -> int:
         return int(self.ok.sum())
 
+    def decoding_at_once(self) -> float:
+        """How many requests were decoding at once, on average over the run: each request counts
+        from its first token to its last, so the mean is their summed decode time over the span
+        from the first first token to the last token (the batch the memory let the server keep)."""
+        first, last = self.first_token[self.ok], self.finish[self.ok]
+        span = float(last.max() - first.min()) if len(first) else 0.0
+        return float(np.sum(last - first) / span) if span > 0 else float(len(first))
+
     @property
     def output_tokens_per_s(self) -> float:
         return float(self.requests.output_len[self.ok].sum() / self.makespan) if self.makespan > 0 else 0.0

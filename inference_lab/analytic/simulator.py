@@ -19,6 +19,15 @@ prompt:output token ratios of 19:1 to 47:1), served in one of three modes:
   workers that only generate (a new sequence goes to the least loaded one). Prompt load raises
   TTFT; TPOT barely moves.
 
+**Memory** (``kv=KVMemory(...)``, colocated and chunked): a worker's KV cache holds so many
+token positions. Contiguous, each request reserves the whole context from its start, so
+``tokens // context`` requests run at once; paged, a request holds blocks as its tokens come,
+and starts when the pool could hold its whole prompt and still keep a block free for every
+running request (the lab's engine's rule), so the batch follows the real lengths. The simulator
+never preempts: a running request always gets its next block (where the engine would preempt,
+the simulation is optimistic by the recompute it leaves out). ``cached_prompt``: the tokens of
+each prompt a prefix cache already holds, which its prefill skips.
+
 Phase times come from a :class:`PhaseModel`: the roofline of a ``ModelConfig`` on a
 ``HardwareSpec`` (:func:`roofline_phases`) or fits to measured records
 (:func:`measured_phases`). The simulation is exact event order, no jax, a few thousand
@@ -45,7 +54,7 @@ from inference_lab.analytic.serving_metrics import SLO, ServingTrace
 from inference_lab.analytic.workload import Requests, sample_requests
 from inference_lab.base import checks
 
-__all__ = ["simulate", "simulate_requests", "SimResult", "load_sweep", "MODES", "DEFAULT_CHUNK_TOKENS"]
+__all__ = ["simulate", "simulate_requests", "SimResult", "KVMemory", "load_sweep", "MODES", "DEFAULT_CHUNK_TOKENS"]
 
 MODES = ("colocated", "chunked", "disaggregated")
 
@@ -54,6 +63,31 @@ DEFAULT_CHUNK_TOKENS = 512
 (2024, tuned for inter-token latency on an A100; later versions default higher, for
 throughput). On an H100 a dense bf16 model turns compute-bound near 300 tokens per pass (the
 ridge point), so 512 keeps each iteration within about twice a pure decode step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KVMemory:
+    """One worker's KV cache: ``tokens`` positions in all. ``layout``: ``"contiguous"`` (a
+    request reserves ``reserve`` positions, the model's context, from its start) or ``"paged"``
+    (blocks of ``block_size`` positions as its tokens come)."""
+
+    tokens: int
+    layout: str = "paged"
+    block_size: int = 16
+    reserve: int | None = None
+
+    def __post_init__(self):
+        checks.count("KVMemory.tokens", self.tokens)
+        checks.count("KVMemory.block_size", self.block_size)
+        if self.layout not in ("contiguous", "paged"):
+            raise ValueError(f"KVMemory.layout={self.layout!r}: use 'contiguous' or 'paged'")
+        if self.layout == "contiguous" and (self.reserve is None or checks.count("KVMemory.reserve", self.reserve)
+                                            > self.tokens):
+            raise ValueError("KVMemory.reserve: a contiguous cache needs the positions each request reserves "
+                             "(the context), at most KVMemory.tokens")
+
+    def blocks(self, n_tokens) -> int:
+        return -(-int(n_tokens) // self.block_size)
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -108,6 +142,10 @@ class _DecodeSet:
         self.join[rid] = (self.step, cached)
         self.total_context += cached
 
+    def blocks(self, kv: KVMemory) -> int:
+        """Blocks the running sequences hold once each has its next position."""
+        return sum(kv.blocks(cached + self.step - s0 + 1) for s0, cached in self.join.values())
+
     def advance(self) -> list[tuple[int, int, int]]:
         """After one step: every context grows by one; return (rid, join step, tokens) of the finished."""
         self.step += 1
@@ -151,7 +189,8 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
                       max_batch: int = 64, max_prefill_tokens: int = 8192,
                       chunk_tokens: int = DEFAULT_CHUNK_TOKENS, chunk_unit: int = 1,
                       interconnect_bandwidth: float | None = None,
-                      transfer_latency_s: float = 0.0, slo: SLO | None = None) -> SimResult:
+                      transfer_latency_s: float = 0.0, slo: SLO | None = None, kv: KVMemory | None = None,
+                      cached_prompt=None) -> SimResult:
     """Serve ``requests`` and time every token (the three modes: see the module docstring).
 
     ``gpus``: colocated or chunked workers (each a replica pulling from one queue).
@@ -165,7 +204,9 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
     piece takes a whole one); 1 is token by token.
     A disaggregated request moves ``prompt_len x kv_bytes_per_token`` bytes over
     ``interconnect_bandwidth`` (bytes/s one way) plus ``transfer_latency_s``. ``slo``: the
-    targets goodput counts against (also settable later with ``result.with_slo``).
+    targets goodput counts against (also settable later with ``result.with_slo``). ``kv``: each
+    worker's KV memory (:class:`KVMemory`; colocated and chunked). ``cached_prompt``: an int or one
+    per request, prompt tokens a prefix cache holds (each prefill skips them, at most all but one).
     """
     _check_mode(mode, phases, requests)
     max_batch = checks.count("max_batch", max_batch)
@@ -192,6 +233,12 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
 
     arrival, plen, olen = requests.arrival, requests.prompt_len, requests.output_len
     n = len(requests)
+    if kv is not None and (mode == "disaggregated" or not isinstance(kv, KVMemory)):
+        raise ValueError("kv must be a KVMemory, for the colocated and chunked modes")
+    hit = np.zeros(n, np.int64) if cached_prompt is None else np.broadcast_to(np.asarray(cached_prompt), (n,))
+    if (hit < 0).any():
+        raise ValueError("cached_prompt must be tokens >= 0")
+    hit = np.minimum(hit.astype(np.int64), plen - 1)       # at least one prompt token is computed
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     tokens = np.zeros(n, dtype=np.int64)
@@ -209,11 +256,22 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
     for rid in range(n):
         push(float(arrival[rid]), "arrive", rid)
 
-    def whole_prompts(room):
-        """FIFO whole prompts for one prefill pass, within the token budget and ``room`` slots."""
+    def fits(worker, rid, starting=()):
+        """Whether ``rid`` may start on ``worker`` beside what runs there (and ``starting``)."""
+        if kv is None:
+            return True
+        held = [*(r for r, _ in worker.prefilling), *starting]
+        others = len(worker.running) + len(held)
+        if kv.layout == "contiguous":
+            return (others + 1) * kv.reserve <= kv.tokens
+        used = worker.running.blocks(kv) + sum(kv.blocks(plen[r]) for r in held)
+        return kv.tokens // kv.block_size - used - kv.blocks(plen[rid]) >= max(1, others)
+
+    def whole_prompts(room, worker):
+        """FIFO whole prompts for one prefill pass, within the token budget, ``room`` slots and the memory."""
         batch, total = [], 0
-        while waiting and len(batch) < room:
-            nxt = -(-int(plen[waiting[0]]) // unit) * unit
+        while waiting and len(batch) < room and fits(worker, waiting[0], batch):
+            nxt = -(-int(plen[waiting[0]] - hit[waiting[0]]) // unit) * unit
             if batch and total + nxt > max_prefill_tokens:
                 break
             batch.append(waiting.popleft())
@@ -225,7 +283,9 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
         run = len(worker.running)
         if mode == "colocated":
             if waiting and run < max_batch:
-                return 0, [(r, int(plen[r]), 0) for r in whole_prompts(max_batch - run)]
+                work = [(r, int(plen[r] - hit[r]), int(hit[r])) for r in whole_prompts(max_batch - run, worker)]
+                if work:
+                    return 0, work
             return run, []
         if mode == "chunked":
             budget, work = (chunk_tokens - run) // unit * unit, []
@@ -235,15 +295,15 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
                 c = min(int(plen[item[0]]) - item[1], budget)
                 work.append((item[0], c, item[1]))
                 budget -= -(-c // unit) * unit
-            while budget > 0 and waiting and run + len(worker.prefilling) < max_batch:
+            while budget > 0 and waiting and run + len(worker.prefilling) < max_batch and fits(worker, waiting[0]):
                 rid = waiting.popleft()
-                worker.prefilling.append([rid, 0])
-                c = min(int(plen[rid]), budget)
-                work.append((rid, c, 0))
+                worker.prefilling.append([rid, int(hit[rid])])
+                c = min(int(plen[rid] - hit[rid]), budget)
+                work.append((rid, c, int(hit[rid])))
                 budget -= -(-c // unit) * unit
             return run, work
         if worker.pool == "prefill":
-            return 0, [(r, int(plen[r]), 0) for r in whole_prompts(max_batch)]
+            return 0, [(r, int(plen[r]), 0) for r in whole_prompts(max_batch, worker)]
         while worker.pending and run < max_batch:  # decode pool: admit at the step boundary
             rid = worker.pending.popleft()
             worker.running.add(rid, int(olen[rid]) - 1, int(plen[rid]))

@@ -283,9 +283,16 @@ def paged_step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_s
     valid = jnp.concatenate([decode_active, jnp.ones((n_pieces * c,), bool)]) & (positions < block_table.shape[1] * bs)
     block = block_table.at[rows, positions // bs].get(mode="fill", fill_value=n_blocks)
     at = jnp.where(valid, block * bs + positions % bs, n_blocks * bs)             # flat position in the pool
+    k_new, v_new = k.astype(kc.dtype), v.astype(vc.dtype)
+    if at.shape[0] == 1:
+        # XLA turns a one-row scatter into a dynamic-update-slice, and then (XLA:CPU) copies every
+        # donated pool whole, each layer, each step (5x the step, measured): a second write, past
+        # the pool and dropped, keeps it a scatter
+        at = jnp.concatenate([at, jnp.full((1,), n_blocks * bs, at.dtype)])
+        k_new, v_new = jnp.concatenate([k_new, k_new]), jnp.concatenate([v_new, v_new])
     flat = (n_blocks * bs, *kc.shape[2:])
-    kc = kc.reshape(flat).at[at].set(k.astype(kc.dtype), mode="drop").reshape(kc.shape)
-    vc = vc.reshape(flat).at[at].set(v.astype(vc.dtype), mode="drop").reshape(vc.shape)
+    kc = kc.reshape(flat).at[at].set(k_new, mode="drop").reshape(kc.shape)
+    vc = vc.reshape(flat).at[at].set(v_new, mode="drop").reshape(vc.shape)
     outs = []
     if wd:
         outs.append(pk.paged_decode_attention(q[:wd], kc, vc, block_table[:wd], decode_lengths + 1, mode=mode))

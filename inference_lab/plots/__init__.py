@@ -29,15 +29,15 @@ from inference_lab.plots.ceilings import (intensity_vs_context, kitchen, ridge_c
                                           time_split_bars)
 from inference_lab.plots.streaming import cache_vs_recompute, token_timeline
 from inference_lab.plots.speculation import speedup_over_k, verify_cost_over_batch
-from inference_lab.plots.serving import (goodput_plot, latency_distributions, pool_balance_plot, price_ratio_plot,
-                                         serving_plot)
+from inference_lab.plots.serving import (goodput_plot, kv_memory_plot, latency_distributions, pool_balance_plot,
+                                         price_ratio_plot, serving_plot)
 from inference_lab.plots.experiments import (flops_or_bytes, kernel_vs_model, ratio_vs_ridge, three_regimes,
                                              users_vs_total)
 
 __all__ = ["roofline_plot", "ridge_comparison", "intensity_vs_context", "time_split_bars", "kitchen",
            "request_timeline", "two_speeds_bars", "ttft_plot", "prefill_flops_vs_length", "decode_bytes_bars",
            "decode_time_vs_bytes", "decode_throughput_plot", "classroom_plot", "price_ratio_plot",
-           "serving_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "flops_or_bytes",
+           "serving_plot", "kv_memory_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "flops_or_bytes",
            "kernel_vs_model", "three_regimes", "users_vs_total", "ratio_vs_ridge", "PREFILL_COLOR",
            "DECODE_COLOR", "ROOF_COLOR", "OKABE_ITO", "MODE_STYLES", "LabFigure", "alt_text", "token_timeline",
            "cache_vs_recompute", "speedup_over_k", "verify_cost_over_batch"]

@@ -223,3 +223,46 @@ def pool_balance_plot(splits: Sequence[str], prefill_rps: Sequence[float], decod
     return describe(fig, f"Paired bars per xPyD split ({', '.join(splits)}): requests/s the prefill pool (solid) "
                           f"and the decode pool (hatched) can sustain; the system takes the smaller, best at "
                           f"{splits[best]}.")
+
+
+KV_LAYOUTS = {"contiguous": {"color": OKABE_ITO["vermillion"], "marker": "o", "linestyle": "-"},
+              "paged": {"color": OKABE_ITO["blue"], "marker": "s", "linestyle": "--"}}
+
+
+def kv_memory_plot(rows: Sequence[dict], measured: Sequence[dict] = (), *, title: str | None = None) -> Figure:
+    """Requests decoding at once, output tokens/s and TTFT p50 against the KV memory budget, one
+    series per cache layout (``KV_LAYOUTS``: contiguous slots, paged blocks). ``rows``: simulated
+    points, hollow markers on lines; ``measured``: the engine's runs, filled markers, larger. Each
+    row: ``budget`` (full contexts of memory), ``layout``, ``at_once``, ``tokens_per_s``, ``ttft_p50_ms``."""
+    if not rows:
+        raise ValueError("kv_memory_plot needs simulated rows: {'budget', 'layout', 'at_once', ...}")
+    fig, axes = new_figure(3, width=13.5, height=4.2)
+    panels = (("at_once", "requests decoding at once", "The batch the memory allows"),
+              ("tokens_per_s", "output tokens/s", "Throughput"),
+              ("ttft_p50_ms", "time to first token, p50 (ms)", "Waiting to start"))
+    notes = []
+    for layout, st in KV_LAYOUTS.items():
+        mine = sorted((r for r in rows if r["layout"] == layout), key=lambda r: r["budget"])
+        seen = [r for r in measured if r["layout"] == layout]
+        for ax, (key, _, _) in zip(axes, panels):
+            if mine:
+                ax.plot([r["budget"] for r in mine], [r[key] for r in mine], color=st["color"], marker=st["marker"],
+                        ls=st["linestyle"], lw=1.4, ms=6, mfc="white", label=f"{layout}, simulated")
+            if seen:
+                ax.plot([r["budget"] for r in seen], [r[key] for r in seen], color=st["color"], marker=st["marker"],
+                        ls="none", ms=10, label=f"{layout}, measured")
+        if mine:
+            notes.append(f"{layout} {mine[0]['at_once']:.1f} to {mine[-1]['at_once']:.1f} at once from "
+                         f"{mine[0]['budget']:g} to {mine[-1]['budget']:g} contexts")
+    for ax, (_, ylabel, t) in zip(axes, panels):
+        ax.grid(**GRID)
+        ax.set_xlabel("KV memory budget (full contexts)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(t)
+        ax.set_ylim(bottom=0)
+    legend_clear_of_data(axes[0], fontsize=7, frameon=False)
+    fig.suptitle(title or "One KV memory budget: contiguous slots against paged blocks")
+    return describe(fig, "Three panels against the KV memory budget in full contexts: requests decoding at once, "
+                          "output tokens per second and median time to first token, contiguous (vermillion "
+                          "circles, solid) and paged (blue squares, dashed); simulated hollow on lines, measured "
+                          f"filled: {'; '.join(notes)}.")

@@ -185,7 +185,7 @@ class Engine:
         out = {"policy": self.policy, "slots": self.n_slots, "active": running, "waiting": max(held - running, 0),
                "held": held, "iterations": self.iterations, "max_num_batched_tokens": self.budget,
                "async_scheduling": self.async_scheduling, "error": self.error,
-               "preemptions": self.scheduler.preemptions,
+               "preemptions": self.scheduler.preemptions, "preempted_tokens": self.scheduler.preempted_tokens,
                "kv_cache": {"layout": "contiguous", "slots": self.n_slots, "max_len": self.max_len}
                if self.kv is None else {"layout": "paged", **self.kv.stats()}}
         if self.speculative is not None:

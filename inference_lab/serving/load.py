@@ -232,15 +232,17 @@ def bench_serve(base_url: str, requests: Requests, *, model: str, api_key: str |
 
 
 def drive_engine(backend, requests: Requests, *, label: str | None = None, seed: int = 0,
-                 timeout: float = 300.0, sampling=None) -> ServingTrace:
+                 timeout: float = 300.0, sampling=None, prompts=None) -> ServingTrace:
     """The same trace sent to an engine directly, without HTTP: each request is submitted at its
     arrival time (from this thread) and its tokens are timed as the engine stamps them. What
     the server adds is the difference between this and :func:`bench_serve` on the same trace.
     ``sampling``: one dict per request of :class:`~inference_lab.serving.scheduler.Request`'s
-    ``temperature``, ``top_k`` and ``seed`` (default: greedy)."""
+    ``temperature``, ``top_k`` and ``seed`` (default: greedy). ``prompts``: the texts to send
+    (default: :func:`prompt_texts` of the trace's lengths)."""
     import threading
 
-    prompts = [tokenizer.encode(t) for t in prompt_texts(requests.prompt_len, seed)]
+    texts = prompt_texts(requests.prompt_len, seed) if prompts is None else list(prompts)
+    prompts = [tokenizer.encode(t) for t in texts]
     n = len(requests)
     times: list[list[float]] = [[] for _ in range(n)]
     failed = np.zeros(n, bool)

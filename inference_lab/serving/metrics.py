@@ -97,3 +97,14 @@ class ServingMetrics:
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def parse(text: str) -> dict:
+    """``{name: value}`` of a ``/metrics`` page with one label set per series (this server's),
+    histogram buckets left out: ``parse(page)["vllm:num_preemptions_total"]``."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and 'le="' not in line:
+            series, value = line.rsplit(" ", 1)
+            out[series.split("{")[0]] = float(value)
+    return out

@@ -255,6 +255,7 @@ class Scheduler:
         self._free = list(range(n_slots))               # lowest first: running requests stay packed
         self._started = itertools.count()
         self.preemptions = 0
+        self.preempted_tokens = 0    # cache positions preemption threw away (computed again later, unless cached)
 
     # -- requests in and out
     def add(self, seq: Sequence, *, arrived: bool = False) -> None:
@@ -332,6 +333,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: ``seq`` gives back its slot and blocks and waits at the front of the
         queue; it starts again by prefilling its prompt and the tokens it had (``resumed_at``)."""
+        self.preempted_tokens += seq.cache_length()
         self.release(seq)
         seq.slot, seq.prefilled, seq.resumed_at = -1, 0, seq.produced
         self.preemptions += 1

@@ -52,6 +52,7 @@ OPEN_ONLY = [
     "07_serving_economics",
     "08_speculative_decoding",
     "09_serving_engine",
+    "10_paged_kv_cache",
 ]
 RUN_ALL_TIMEOUT_S = 150  # a lesson takes ~30 s on the 2-core CPU; margin for a noisy machine
 
