@@ -27,7 +27,7 @@ def test_bench_quick_on_cpu(tmp_path, capsys):
     assert result["meta"]["representative"] is False and result["failures"] == []
     assert result["ceilings"]["matmul_flops"] > 0 and result["ceilings"]["bandwidth"] > 0
     kernels = {row["kernel"] for row in result["rows"]}
-    assert kernels == {"matmul", "matmul_decode", "flash_attention", "decode_attention"}
+    assert kernels == {"matmul", "matmul_decode", "flash_attention", "decode_attention", "paged_decode_attention"}
     timed = [row for row in result["rows"] if "seconds" in row]
     assert len(timed) == len(result["rows"]) and all(row["seconds"] > 0 for row in timed)
     # Every kernel was timed both as Pallas (interpreted) and as XLA.
