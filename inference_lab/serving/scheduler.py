@@ -29,9 +29,10 @@ counts move at once), so the engine can dispatch the next forward before it read
 tokens: only an end-of-sequence token is news afterwards, and the engine drops that request then.
 
 **The paged cache** (``kv=``, a :class:`~inference_lab.serving.blocks.PagedKV`): a slot is then only
-a decode row, and memory is blocks. A request starts only when the pool has blocks for its first
-pieces (after the prefix cache gave it what it holds); each step grows the tables of the requests
-it writes. When a decode row needs a block and none is free, the **newest** running request is
+a decode row, and memory is blocks. A request starts only when the pool could hold its whole
+prompt (less what the prefix cache gave it) and still keep a block free per running request, for
+their answers to grow into; it takes blocks as its pieces come, and each step grows the tables of
+the requests it writes. When a decode row needs a block and none is free, the **newest** running request is
 **preempted** (vLLM v1's recompute preemption): its blocks go back, and it returns to the front of
 the queue to prefill its prompt and the tokens it had so far again, then goes on where it stopped;
 a piece of a prompt may preempt only requests newer than its own. The oldest request can always
