@@ -24,6 +24,7 @@ from serving_helpers import LENGTHS, PRESET, PROMPTS, Listener, generated, load
 
 BUDGET = {"chunked": 32, "prefill-first": None}
 LONG = "First Citizen:\n" + "Before we proceed any further, hear me speak. " * 4   # 199 tokens: many pieces
+PAGED = dict(num_kv_blocks=17, enable_prefix_caching=True)   # 16 usable blocks: one full-context request
 
 
 @pytest.fixture(scope="module")
@@ -221,12 +222,14 @@ def test_back_pressure_counts_every_request_held(model):
     assert engine.stats()["held"] == 0
 
 
-def test_speculative_decoding_keeps_the_text(model, expected):
+@pytest.mark.parametrize("cache", [{}, PAGED], ids=["contiguous", "paged"])
+def test_speculative_decoding_keeps_the_text(model, expected, cache):
     """n-gram speculation (k = 3): every greedy text as generate() writes it, a repetitive prompt
-    accepts guesses, a sampled request still draws what generate(seed=) draws."""
+    accepts guesses, a sampled request still draws what generate(seed=) draws; over a paged pool
+    too, whose guesses get blocks only where the pool has them."""
     from inference_lab.runtime import generation
 
-    engine = engine_for(model, speculative=("ngram", 3))
+    engine = engine_for(model, speculative=("ngram", 3), **cache)
     assert not engine.async_scheduling and engine.stats()["speculative"]["num_speculative_tokens"] == 3
     song = "ROMEO:\nO Romeo, Romeo, wherefore art thou Romeo? O Romeo, Romeo, wherefore art thou"
     want_song = generation.generate(model, song, max_new_tokens=40)
@@ -312,8 +315,6 @@ def test_the_engine_on_the_pallas_kernels_writes_what_generate_writes():
 
 
 # ----------------------------------------------------------------------------- the paged cache
-PAGED = dict(num_kv_blocks=17, enable_prefix_caching=True)   # 16 usable blocks: one full-context request
-
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["async", "sync"])
 def test_paged_text_equals_generate_under_preemption_and_prefix_hits(model, overlap):
