@@ -213,7 +213,7 @@ def test_a_client_that_goes_away_frees_its_slot(servers, policy):
         time.sleep(0.05)
 
 
-def test_paged_server_preempts_shares_prefixes_and_says_so_inmetrics.parse(servers):
+def test_paged_server_preempts_shares_prefixes_and_says_so_in_metrics(servers):
     """Through the official client: two long answers on the paged server (2 slots, a pool of one
     full context) outgrow the pool, so one is preempted and recomputed, and the same prompt twice hits
     the prefix cache. Each text is what generate() writes alone; /metrics (Prometheus text, vLLM's
