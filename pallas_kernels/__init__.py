@@ -1,7 +1,7 @@
 """Pallas kernels for LLM inference: a matmul, flash attention (prefill), decode attention and
 paged decode attention (the same, through a paged KV cache's block tables).
 
-Two tiers of the same three kernels: the readable Triton-style kernels in
+Two tiers of the same four kernels: the readable Triton-style kernels in
 ``pallas_kernels.triton`` (Ampere and newer, and the ones the lessons show) and the Hopper tier in
 ``pallas_kernels.mosaic`` (Mosaic GPU: TMA, wgmma, warp specialisation). The public functions
 below take ``mode=`` and let :mod:`pallas_kernels.mode` choose the tier; each kernel file also

@@ -291,22 +291,22 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
                        (q, kc, vc, lengths), nbytes=nbytes, bound="memory")
         del q, kc, vc
 
-    # --- paged decode attention: the same reads through a block table (blocks of 16, shuffled in
-    # the pool), against the contiguous kernel on the same bytes and XLA's gather (Triton tier only)
-    say("paged decode attention (bandwidth-bound; bytes = K + V read; blocks of 16, shuffled):")
-    paged_tier = "triton" if gpu else "interpret"
+    # --- paged decode attention: the same reads through a block table (blocks of 64, which both tiers
+    # take, shuffled in the pool), against XLA's gather (and, beside the lines above, the contiguous kernels)
+    say("paged decode attention (bandwidth-bound; bytes = K + V read; blocks of 64, shuffled):")
     for b_, hq, hkv, d_, s_ in decode_cases:
-        pages = s_ // 16
+        pages = s_ // 64
         q = _rand(next(keys), (b_, hq, d_), dtype)
-        kp, vp = (_rand(next(keys), (b_ * pages + 1, 16, hkv, d_), dtype) for _ in range(2))
+        kp, vp = (_rand(next(keys), (b_ * pages + 1, 64, hkv, d_), dtype) for _ in range(2))
         order = jax.random.permutation(next(keys), b_ * pages) + 1          # block 0: the null block
         tables = order.reshape(b_, pages).astype(jnp.int32)
         lengths = jnp.full((b_,), s_, jnp.int32)
         nbytes = 2 * b_ * s_ * hkv * d_ * itemsize
         shape = f"B{b_} Hq{hq}/Hkv{hkv} D{d_} L{s_}"
-        rep.record("paged_decode_attention", shape, f"pallas[{paged_tier}]",
-                   lambda q, k, v, t, n: pk.paged_decode_attention(q, k, v, t, n, mode=paged_tier),
-                   (q, kp, vp, tables, lengths), nbytes=nbytes, bound="memory", ours=True)
+        for t in tiers:
+            rep.record("paged_decode_attention", shape, f"pallas[{t}]",
+                       lambda q, k, v, tb, n, t=t: pk.paged_decode_attention(q, k, v, tb, n, mode=t),
+                       (q, kp, vp, tables, lengths), nbytes=nbytes, bound="memory", ours=True)
         rep.record("paged_decode_attention", shape, "xla reference (gather)",
                    lambda q, k, v, t, n: pk.reference.paged_decode_attention(q, k, v, t, n),
                    (q, kp, vp, tables, lengths), nbytes=nbytes, bound="memory")

@@ -480,7 +480,7 @@ def test_paged_decode_attention_plan_and_errors():
     _err(lambda: pda(q, kp, kp, t, jnp.asarray([1, 33])), "lengths", "1..pages")
     _err(lambda: pda(q, kp, kp, t + 2, n), "block_tables", "blocks 0..4")
     _err(lambda: pda(q, kp, jnp.ones((5, 16, 2, 16)), t, n), "v_pages")
-    _err(lambda: pda(q, kp, kp, t, n, mode="mosaic_interpret"), "no paged decode attention")
+    _err(lambda: pda(q, kp, kp, t, n, mode="mosaic_interpret"), "bfloat16 or float16")
     _err(lambda: pk.PagedDecodeAttentionConfig(0), "num_splits")
 
 

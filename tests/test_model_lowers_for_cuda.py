@@ -107,26 +107,31 @@ def test_the_serving_step_lowers_for_cuda(abstract_h200, tier, decode_rows):
         assert text.count("mosaic_gpu") >= (per_layer - 1) * cfg.n_layers + 1
 
 
-@pytest.mark.parametrize("tier", ["triton", "pallas"])
-def test_the_paged_serving_step_lowers_for_cuda(abstract_h200, tier):
-    """The same step over a paged cache (a pool of 16-position blocks, block tables): per layer
-    the four matmuls, paged decode attention for the rows (Triton tier on every GPU: the Mosaic tier
-    has no paged kernel) and flash attention for the pieces over their gathered blocks; then the head."""
+@pytest.mark.parametrize("tier,block", [("triton", 16), ("pallas", 16), ("pallas", 64)])
+def test_the_paged_serving_step_lowers_for_cuda(abstract_h200, tier, block):
+    """The same step over a paged cache (a pool of blocks, block tables): per layer the four
+    matmuls, paged decode attention for the rows and flash attention for the pieces over their
+    gathered blocks; then the head. On Hopper ("pallas") the matmuls run on the Mosaic tier, and
+    the paged attention too where blocks hold 64 positions or more (blocks of 16 run it on the
+    Triton tier); the pieces' attention stays on the Triton tier (the Mosaic flash attention takes
+    no q_offsets)."""
     cfg = ModelConfig.preset("base", n_layers=2)
     params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
-    pool = [S((8 * 2048 // 16 + 1, 16, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
+    pool = [S((8 * 2048 // block + 1, block, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
     i32 = jnp.int32
     args = (params, S((8,), i32), S((8,), i32), S((8,), jnp.bool_), S((4, 16), i32), S((4,), i32), S((4,), i32),
-            S((12,), i32), pool, pool, S((8, 2048 // 16), i32))
+            S((12,), i32), pool, pool, S((8, 2048 // block), i32))
 
     def step(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, table):
         return M.step_forward(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, cfg=cfg, mode=tier,
                               block_table=table)
 
     text = _lowered(abstract_h200, step, *args)
-    assert "paged_decode_attention" in text
     if tier == "triton":
-        assert hlo.count_pallas_calls(text) == 6 * cfg.n_layers + 1
-    else:   # the rows' and the pieces' attention on the Triton tier, the matmuls on the Mosaic tier
-        assert hlo.count_pallas_calls(text) == 2 * cfg.n_layers
+        assert "paged_decode_attention" in text and hlo.count_pallas_calls(text) == 6 * cfg.n_layers + 1
+    elif block == 16:
+        assert hlo.count_pallas_calls(text) == 2 * cfg.n_layers            # both attentions, per layer
         assert text.count("mosaic_gpu") >= 4 * cfg.n_layers + 1
+    else:
+        assert hlo.count_pallas_calls(text) == cfg.n_layers                # the pieces' attention alone
+        assert text.count("mosaic_gpu") >= 5 * cfg.n_layers + 1

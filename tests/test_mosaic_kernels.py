@@ -35,11 +35,12 @@ from jax._src import mesh as mesh_lib
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels import reference
+from pallas_kernels import reference, testing
 from pallas_kernels.mosaic import common
 from pallas_kernels.mosaic import decode_attention as da
 from pallas_kernels.mosaic import flash_attention as fa
 from pallas_kernels.mosaic import matmul as mm
+from pallas_kernels.mosaic import paged_decode_attention as pda
 
 BF16, F16 = jnp.bfloat16, jnp.float16
 HOPPER = pytest.mark.skipif(not common.hopper_available(), reason="needs an sm_90 (Hopper) GPU")
@@ -294,6 +295,55 @@ def test_decode_attention_plan_and_rejections():
     assert "copy the caches" in da.unsupported(q, kc, allow_copies=False)  # ...but not preferred in "pallas"
 
 
+# ------------------------------------------------------------------ paged decode attention
+PAGED_CASES = [
+    # (B, Hq, Hkv, D, pool blocks, pages per row, lengths, dtype, splits): blocks of 64, tables drawn
+    # from the pool at random (shared, out of order), lengths that are not block multiples
+    (2, 4, 1, 64, 7, 5, [137, 300], BF16, 2),
+    (2, 8, 2, 128, 5, 3, [1, 165], F16, None),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("b,hq,hkv,d,n_blocks,pages,lengths,dtype,splits", PAGED_CASES)
+def test_paged_decode_attention_matches_float64(mode, b, hq, hkv, d, n_blocks, pages, lengths, dtype, splits):
+    rng = np.random.default_rng(n_blocks + d)
+    q = rand(rng, (b, hq, d), dtype)
+    kp, vp = rand(rng, (n_blocks, 64, hkv, d), dtype), rand(rng, (n_blocks, 64, hkv, d), dtype)
+    tables = jnp.asarray(rng.integers(0, n_blocks, (b, pages)), jnp.int32)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    config = pda.MosaicPagedDecodeConfig(splits=splits, num_sms=4)
+    out = pda.paged_decode_attention(q, kp, vp, tables, lengths, config=config, interpret=interpret_flag(mode))
+    assert out.shape == q.shape and out.dtype == q.dtype
+    what = f"paged decode B{b} H{hq}/{hkv} D{d} lengths {list(np.asarray(lengths))}"
+    assert_no_races(mode, what)
+    assert_close(out, testing.paged_decode_attention_f64(q, kp, vp, tables, lengths), what)
+    moved = pda.paged_decode_attention(q, kp, vp, (tables + 1) % n_blocks, lengths, config=config,
+                                       interpret=interpret_flag(mode))
+    assert float(np.max(np.abs(f64(moved) - f64(out)))) > 0.05, "another table must give another answer"
+
+
+@pytest.mark.parametrize("d,block", [(64, 64), (128, 64), (128, 128)])
+def test_paged_decode_attention_lowers_for_sm90(d, block):
+    pool = S((4 * 16 + 1, block, 8, d), BF16)
+    text = _lower_for_h200(lambda q, k, v, t, n: pda.paged_decode_attention(q, k, v, t, n),
+                           S((4, 32, d), BF16), pool, pool, S((4, 16), jnp.int32), S((4,), jnp.int32))
+    assert "mosaic_gpu" in text
+
+
+def test_paged_decode_attention_declines_small_blocks():
+    """Blocks of 16 (the engine's default) do not lower on this tier (Mosaic GPU infers no layout for
+    their P tile, jax 0.11.2); the public function runs them on the Triton tier in "pallas" mode and
+    names the reason in "mosaic" mode."""
+    q, pool = jnp.ones((1, 4, 64), BF16), jnp.ones((3, 16, 1, 64), BF16)
+    assert "blocks of 16" in pda.unsupported(q, pool) and pda.unsupported(q, jnp.ones((3, 64, 1, 64), BF16)) is None
+    with pytest.raises(ValueError, match="blocks of 64 or more"):
+        import pallas_kernels as pk
+        pk.paged_decode_attention(q, pool, pool, jnp.ones((1, 2), jnp.int32), jnp.asarray([20], jnp.int32),
+                                  mode="mosaic_interpret")
+
+
+
 # ------------------------------------------------------------------ lowering for sm_90 on a CPU
 def _lower_for_h200(fn, *args):
     """Lower ``fn`` for CUDA with an abstract H200 standing in for the missing device: the whole
@@ -337,7 +387,6 @@ def test_public_kernels_run_the_mosaic_tier_in_mosaic_interpret_mode():
     """pk.matmul / flash_attention / decode_attention with mode="mosaic_interpret" run the
     Hopper kernels (one small case each), including the decode step's in-place K/V write."""
     import pallas_kernels as pk
-    from pallas_kernels import testing
 
     rng = np.random.default_rng(7)
     r = lambda *shape: jnp.asarray(rng.standard_normal(shape), BF16)  # noqa: E731

@@ -122,14 +122,18 @@ def paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
     ``k_pages``, ``v_pages`` ``[N, block_size, Hkv, D]``, row ``b``'s position ``j`` in block
     ``block_tables[b, j // block_size]`` (``[B, P]`` int32), its first ``lengths[b]`` keys visible
     -> ``[B, Hq, D]``. ``sm_scale`` defaults to ``D ** -0.5``. ``mode``: see :mod:`pallas_kernels.mode`
-    (the Mosaic tier has no paged kernel: ``"pallas"`` runs the Triton tier). ``config``: a
-    :class:`PagedDecodeAttentionConfig` instead of the one :func:`plan` picks."""
+    (the Hopper tier: ``mosaic.paged_decode_attention``, bf16/f16, head dims 64 and 128). ``config``: a
+    :class:`PagedDecodeAttentionConfig` (Triton tier) or ``MosaicPagedDecodeConfig`` (Hopper tier)
+    instead of the one the tier's plan picks."""
     q, k_pages, v_pages, block_tables, lengths, sm_scale = check(q, k_pages, v_pages, block_tables, lengths, sm_scale)
     tier = choose_tier(mode, config, triton_config=PagedDecodeAttentionConfig,
-                       mosaic=("decode_attention", "MosaicDecodeConfig"),
-                       mosaic_problem=lambda mosaic, copies: "the Mosaic GPU tier has no paged decode attention")
+                       mosaic=("paged_decode_attention", "MosaicPagedDecodeConfig"),
+                       mosaic_problem=lambda mosaic, copies: mosaic.unsupported(q, k_pages, allow_copies=copies))
     if tier.name == "reference":
         return reference.paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, sm_scale=sm_scale)
+    if tier.name == "mosaic":
+        return tier.module.paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, sm_scale=sm_scale,
+                                                  config=config, interpret=tier.interpret)
     return launch(q, k_pages, v_pages, block_tables, lengths, sm_scale=sm_scale, interpret=tier.interpret,
                   config=config)
 
