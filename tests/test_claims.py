@@ -243,6 +243,11 @@ def test_model_follows_kernel():
     like_roof = [prefill(t, 1.3 * r) for t, r in zip((1, 16, 256), roof)]
     assert not claims.model_follows_kernel(like_roof, k, CFG, CPU)
     assert claims.model_follows_kernel([decode(1, 0.0021 * scale), decode(16, 0.0101 * scale)], k, CFG, CPU)
+    # past the margin by less than the noise (CI's run on a busy machine: x1.69 against the roofline's
+    # x1.69) from records whose repeats spread 1.5x: too noisy to decide; from quiet records it fails
+    edge = [prefill(1, 0.0021 * scale * 2.2), prefill(16, 0.0101 * scale), prefill(256, 0.09 * scale)]
+    assert claims.model_follows_kernel([noisy(r, 1.5) for r in edge], k, CFG, CPU).holds is None
+    assert claims.model_follows_kernel(edge, k, CFG, CPU).holds is False
     with pytest.raises(ValueError, match="share"):
         claims.model_follows_kernel(good[:1], k, CFG, CPU)
 

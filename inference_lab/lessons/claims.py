@@ -257,7 +257,9 @@ def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, spread: flo
     what matters is whether that multiple stays put as the size changes. The claim: the
     ratio measured / kernel-scaled varies by at most ``spread`` x across the sizes, or by no
     more than measured / roofline does. Where the roofline's curve has the wrong shape (short
-    prompts on a CPU), the kernel's must not.
+    prompts on a CPU), the kernel's must not. The two sizes that set the spread bring their
+    repeats' noise (:func:`noise`, their records' and their kernel points'): within it, the
+    verdict cannot decide.
     """
     by_m = _by(kernels, "m")
     dtype = cfg.dtype if dtype is None else dtype
@@ -272,15 +274,18 @@ def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, spread: flo
         k = by_m.get(m)
         if k is not None:
             rows.append((m, t / (k.seconds * cfg.matmul_params / (k.k * k.n)),
-                         t / roofline.predict_time(cost, spec, dtype, overhead=True)))
+                         t / roofline.predict_time(cost, spec, dtype, overhead=True), (r, k)))
     _need(len(rows) >= 2, "pass records and a kernel sweep that share at least two sizes m")
     k_ratios, r_ratios = [x[1] for x in rows], [x[2] for x in rows]
     k_spread, r_spread = max(k_ratios) / min(k_ratios), max(r_ratios) / min(r_ratios)
+    extremes = (max(rows, key=lambda x: x[1])[3], min(rows, key=lambda x: x[1])[3])
+    u = noise(*extremes[0], *extremes[1])
+    holds = decide(k_spread, max(spread, r_spread), u, at_least=False)
     return Verdict(f"the model's time follows the lone matmul's curve (measured / kernel-scaled varies by "
-                   f"<= {spread:g}x, or less than measured / roofline)", k_spread <= spread or k_spread <= r_spread,
-                   "measured / kernel-scaled: " + ", ".join(f"m={m}: {k:.2f}" for m, k, _ in rows)
+                   f"<= {spread:g}x, or less than measured / roofline)", holds,
+                   "measured / kernel-scaled: " + ", ".join(f"m={m}: {k:.2f}" for m, k, _, _ in rows)
                    + f" (spread {k_spread:.2f}x); measured / roofline: " + ", ".join(f"{x:.2f}" for x in r_ratios)
-                   + f" (spread {r_spread:.2f}x)")
+                   + f" (spread {r_spread:.2f}x){_noise_note(u)}")
 
 
 # ----------------------------------------------------------------------------- 03
