@@ -129,11 +129,13 @@ class StepWatch:
         return out
 
 
-@pytest.mark.parametrize("policy", ["chunked", "prefill-first"])
-def test_cancel_mid_prefill_frees_the_slot(model, expected, policy):
+@pytest.mark.parametrize("policy,cache", [("chunked", {}), ("prefill-first", {}), ("chunked", PAGED)],
+                         ids=["chunked", "prefill-first", "chunked-paged"])
+def test_cancel_mid_prefill_frees_the_slot(model, expected, policy, cache):
     """A long prompt cancelled while its pieces are on the device: it ends with "abort" and no
-    token, its slot is free at once, and the next request in that slot writes the right text."""
-    engine = engine_for(model, policy)
+    token, its slot (and, paged, every block) is free at once, and the next request in that slot
+    writes the right text."""
+    engine = engine_for(model, policy, **cache)
     listen = Listener()
 
     def act(step):
@@ -146,6 +148,8 @@ def test_cancel_mid_prefill_frees_the_slot(model, expected, policy):
         listen.wait(1)
         assert listen.finishes() == {"long": "abort"} and [e.token for e in listen.events["long"]] == [-1]
         assert not engine.scheduler.running and engine.stats()["held"] == 0
+        kv = engine.stats()["kv_cache"]
+        assert kv["layout"] == ("paged" if cache else "contiguous") and kv.get("blocks_free") == kv.get("blocks_usable")
         engine.submit(Request("next", tokenizer.encode(PROMPTS[2]), LENGTHS[2], stop_at_eos=False), listen)
         listen.wait(1)
         assert listen.text("next") == expected[2]
@@ -343,28 +347,6 @@ def test_paged_text_equals_generate_under_preemption_and_prefix_hits(model, over
     kv = stats["kv_cache"]
     assert stats["preemptions"] > 0 and 0 < kv["prefix_cache_hits"] < kv["prefix_cache_queries"]
     assert kv["blocks_free"] == kv["blocks_usable"] == 16 and kv["layout"] == "paged"
-
-
-def test_paged_cancel_mid_prefill_gives_the_blocks_back(model, expected):
-    engine = engine_for(model, **PAGED)
-    listen = Listener()
-
-    def act(step):
-        if any(p.seq.rid == "long" for p in step.pieces):
-            engine.cancel("long")
-
-    StepWatch(engine, act)
-    try:
-        engine.submit(Request("long", tokenizer.encode(LONG), 50, stop_at_eos=False), listen)
-        listen.wait(1)
-        assert listen.finishes() == {"long": "abort"}
-        kv = engine.stats()["kv_cache"]
-        assert kv["blocks_free"] == kv["blocks_usable"]
-        engine.submit(Request("next", tokenizer.encode(PROMPTS[2]), LENGTHS[2], stop_at_eos=False), listen)
-        listen.wait(1)
-        assert listen.text("next") == expected[2]
-    finally:
-        engine.stop()
 
 
 def test_paged_engine_settings_are_checked_before_anything_is_built(model):

@@ -256,21 +256,17 @@ def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, spread: flo
     at a fixed multiple of either (its matrices are smaller, its other work adds a share):
     what matters is whether that multiple stays put as the size changes. The claim: the
     ratio measured / kernel-scaled varies by at most ``spread`` x across the sizes, or by no
-    more than measured / roofline does. Where the roofline's curve has the wrong shape (short
-    prompts on a CPU), the kernel's must not. The two sizes that set the spread bring their
-    repeats' noise (:func:`noise`, their records' and their kernel points'): within it, the
-    verdict cannot decide.
-    """
+    more than measured / roofline does (where the roofline's curve has the wrong shape, short
+    prompts on a CPU, the kernel's must not); within the noise of the two sizes that set the
+    spread (their records' and kernel points'), it cannot decide."""
     by_m = _by(kernels, "m")
     dtype = cfg.dtype if dtype is None else dtype
     rows = []
     for r in records:
         if getattr(r, "step_seconds", None) is not None:
-            m, t = r.batch, r.step_seconds
-            cost = costs.decode_cost(cfg, r.batch, r.context)
+            m, t, cost = r.batch, r.step_seconds, costs.decode_cost(cfg, r.batch, r.context)
         else:
-            m, t = r.batch * r.prompt_len, r.seconds
-            cost = costs.prefill_cost(cfg, r.batch, r.prompt_len)
+            m, t, cost = r.batch * r.prompt_len, r.seconds, costs.prefill_cost(cfg, r.batch, r.prompt_len)
         k = by_m.get(m)
         if k is not None:
             rows.append((m, t / (k.seconds * cfg.matmul_params / (k.k * k.n)),
@@ -278,11 +274,10 @@ def model_follows_kernel(records, kernels, cfg, spec, dtype=None, *, spread: flo
     _need(len(rows) >= 2, "pass records and a kernel sweep that share at least two sizes m")
     k_ratios, r_ratios = [x[1] for x in rows], [x[2] for x in rows]
     k_spread, r_spread = max(k_ratios) / min(k_ratios), max(r_ratios) / min(r_ratios)
-    extremes = (max(rows, key=lambda x: x[1])[3], min(rows, key=lambda x: x[1])[3])
-    u = noise(*extremes[0], *extremes[1])
-    holds = decide(k_spread, max(spread, r_spread), u, at_least=False)
+    u = noise(*max(rows, key=lambda x: x[1])[3], *min(rows, key=lambda x: x[1])[3])
     return Verdict(f"the model's time follows the lone matmul's curve (measured / kernel-scaled varies by "
-                   f"<= {spread:g}x, or less than measured / roofline)", holds,
+                   f"<= {spread:g}x, or less than measured / roofline)",
+                   decide(k_spread, max(spread, r_spread), u, at_least=False),
                    "measured / kernel-scaled: " + ", ".join(f"m={m}: {k:.2f}" for m, k, _, _ in rows)
                    + f" (spread {k_spread:.2f}x); measured / roofline: " + ", ".join(f"{x:.2f}" for x in r_ratios)
                    + f" (spread {r_spread:.2f}x){_noise_note(u)}")
