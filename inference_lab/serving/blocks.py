@@ -182,9 +182,6 @@ class BlockPool:
         self.by_key[key] = block
         self.cached[block] = _Cached(key, tuple(tokens), None if parent is None else self.ident(parent))
 
-    def reset_counts(self) -> None:
-        self.queries = self.hits = self.evictions = 0
-
 
 @dataclasses.dataclass(eq=False)
 class BlockTable:
@@ -280,7 +277,7 @@ class PagedKV:
         return {"block_size": self.block_size, "num_kv_blocks": p.num_blocks, "blocks_usable": p.usable,
                 "blocks_free": p.num_free, "blocks_used": p.usable - p.num_free, "kv_cache_usage": p.usage,
                 "prefix_caching": p.prefix_caching, "prefix_cache_queries": p.queries,
-                "prefix_cache_hits": p.hits, "cached_blocks": len(p.cached)}
+                "prefix_cache_hits": p.hits, "cached_blocks": len(p.cached), "evictions": p.evictions}
 
 
 def paged_kv(cfg, *, policy: str, n_slots: int, block_size=None, num_kv_blocks=None, kv_cache_memory=None,
