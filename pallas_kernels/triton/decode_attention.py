@@ -65,7 +65,7 @@ MIN_SPLIT_KEYS = 128     # never split the cache into chunks shorter than this
 
 
 # ----------------------------------------------------------------------------- the kernel
-def decode_attention_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused, single):
+def decode_attention_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused):
     # The refs, in order (inputs, then outputs):
     #   lengths_ref [B] int32, q_ref [B, Hq, D], k_ref, v_ref [B, S_max, Hkv, D],
     #   fused only: knew_ref, vnew_ref [B, Hkv, D] (this step's K/V),
@@ -127,17 +127,9 @@ def decode_attention_kernel(*refs, groups, group_rows, chunk, block_k, scale_log
         plgpu.store(k_out_ref.at[b, pl.ds(length - 1, 1), h, :], k_new, mask=only_first)
         plgpu.store(v_out_ref.at[b, pl.ds(length - 1, 1), h, :], v_new, mask=only_first)
     carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
-    acc, m_i, l_i = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), carry)
-    heads = pl.ds(h * groups, group_rows)
-    rows_mask = common.block_mask(row_ok, None, (group_rows, d))
-    if single:  # one split: normalise here, no combine afterwards
-        (o_ref,) = outs
-        plgpu.store(o_ref.at[b, heads, :], (acc / l_i[:, None]).astype(o_ref.dtype), mask=rows_mask)
-    else:
-        acc_ref, m_ref, l_ref = outs
-        plgpu.store(acc_ref.at[b, split, heads, :], acc, mask=rows_mask)
-        plgpu.store(m_ref.at[b, split, heads], m_i, mask=row_ok)
-        plgpu.store(l_ref.at[b, split, heads], l_i, mask=row_ok)
+    carry = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), carry)
+    # one split: normalise here, no combine afterwards; several: this split's partial
+    online_softmax.finish(outs, carry, b=b, split=split, heads=pl.ds(h * groups, group_rows), row_ok=row_ok)
 
 
 # ----------------------------------------------------------------------------- launcher and entry points
@@ -150,17 +142,12 @@ def launch(q, k_cache, v_cache, lengths, k_new=None, v_new=None, *, sm_scale, in
     p = plan(b, s_max, hkv, d, config=config)
     c = p.config
     splits = p.num_splits
-    fused, single = k_new is not None, splits == 1
+    fused = k_new is not None
     groups = hq // hkv
     kernel = functools.partial(decode_attention_kernel, groups=groups, group_rows=pow2_block(groups, 1 << 30),
                                chunk=p.chunk, block_k=c.block_k, scale_log2=sm_scale * LOG2E,
-                               fused=fused, single=single)
-    if single:
-        out_shape = [jax.ShapeDtypeStruct((b, hq, d), q.dtype)]
-    else:
-        out_shape = [jax.ShapeDtypeStruct((b, splits, hq, d), jnp.float32),
-                     jax.ShapeDtypeStruct((b, splits, hq), jnp.float32),
-                     jax.ShapeDtypeStruct((b, splits, hq), jnp.float32)]
+                               fused=fused)
+    out_shape = online_softmax.split_outputs(b, splits, hq, d, q.dtype)
     args = [lengths, q, k_cache, v_cache]
     aliases = {}
     if fused:  # the caches come back as outputs, updated in place (their buffers are reused)
@@ -171,10 +158,8 @@ def launch(q, k_cache, v_cache, lengths, k_new=None, v_new=None, *, sm_scale, in
     outs = common.call(kernel, out_shape=tuple(out_shape), grid=p.grid, args=tuple(args), interpret=interpret,
                         num_warps=c.num_warps, num_stages=c.num_stages, name="decode_attention",
                         input_output_aliases=aliases)
-    if single:
-        out = outs[0]
-    else:
-        out = online_softmax.combine(*outs[:3], q.dtype)       # the splits merged (log-sum-exp)
+    # one split: normalised already; several: merged (log-sum-exp)
+    out = outs[0] if splits == 1 else online_softmax.combine(*outs[:3], q.dtype)
     return (out, outs[-2], outs[-1]) if fused else out
 
 

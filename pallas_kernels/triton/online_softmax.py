@@ -1,4 +1,5 @@
-"""The online softmax both attention kernels share (flash attention and decode attention).
+"""The online softmax the attention kernels share (flash attention, decode attention, paged decode
+attention), and how a decode kernel whose keys are split ends: its outputs and their combine.
 
 Attention over keys visited one block at a time, never holding the whole score row:
 for each query row keep a running maximum ``m``, a running sum ``l`` of ``2^(s - m)`` and a
@@ -11,8 +12,12 @@ The first block a program visits must hold a key every row sees, so ``m`` is fin
 on and ``exp2(-inf - m_new) = 0`` is safe.
 """
 
+import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental.pallas.triton import store
+
+from pallas_kernels.triton.common import block_mask
 
 
 def start(rows: int, d: int):
@@ -46,3 +51,29 @@ def combine(acc, m, l, dtype):
     num = jnp.sum(w[..., None] * acc, axis=1)               # [B, Hq, D]
     den = jnp.sum(w * l, axis=1)                            # [B, Hq]
     return (num / den[..., None]).astype(dtype)
+
+
+def split_outputs(b: int, splits: int, hq: int, d: int, dtype) -> list:
+    """What a decode kernel whose keys are split ``splits`` ways writes: with one split the
+    normalised output ``[B, Hq, D]`` in ``dtype``; with several each split's partial for
+    :func:`combine`: acc ``[B, splits, Hq, D]``, m and l ``[B, splits, Hq]`` (f32)."""
+    if splits == 1:
+        return [jax.ShapeDtypeStruct((b, hq, d), dtype)]
+    return [jax.ShapeDtypeStruct((b, splits, hq, d), jnp.float32), jax.ShapeDtypeStruct((b, splits, hq), jnp.float32),
+            jax.ShapeDtypeStruct((b, splits, hq), jnp.float32)]
+
+
+def finish(outs, carry, *, b, split, heads, row_ok) -> None:
+    """A decode program's end, into the refs of :func:`split_outputs`: with one output, ``acc / l``
+    normalised; with three, its partial (acc, m, l) at ``split``. ``heads``: its query heads (a
+    ``pl.ds`` of the group's rows); ``row_ok``: which rows of its tile are real heads."""
+    acc, m_i, l_i = carry
+    rows_mask = block_mask(row_ok, None, acc.shape)
+    if len(outs) == 1:   # one split: no combine afterwards
+        (o_ref,) = outs
+        store(o_ref.at[b, heads, :], (acc / l_i[:, None]).astype(o_ref.dtype), mask=rows_mask)
+        return
+    acc_ref, m_ref, l_ref = outs
+    store(acc_ref.at[b, split, heads, :], acc, mask=rows_mask)
+    store(m_ref.at[b, split, heads], m_i, mask=row_ok)
+    store(l_ref.at[b, split, heads], l_i, mask=row_ok)

@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import checks, device, reference
 from pallas_kernels.mode import choose_tier
@@ -46,7 +45,7 @@ MIN_BLOCK_SIZE = 16      # Triton's dot needs 16 keys a block
 
 # ----------------------------------------------------------------------------- the kernel
 def paged_decode_attention_kernel(lengths_ref, tables_ref, q_ref, k_ref, v_ref, *outs, groups, group_rows,
-                                  pages_per_split, block_size, scale_log2, single):
+                                  pages_per_split, block_size, scale_log2):
     # lengths_ref [B], tables_ref [B, P] int32, q_ref [B, Hq, D], k_ref, v_ref [N, block_size, Hkv, D];
     # one split: o_ref [B, Hq, D];  several: acc_ref [B, splits, Hq, D], m_ref, l_ref [B, splits, Hq] f32.
     d = q_ref.shape[-1]
@@ -77,17 +76,8 @@ def paged_decode_attention_kernel(lengths_ref, tables_ref, q_ref, k_ref, v_ref, 
 
     carry = online_softmax.start(group_rows, d)
     carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
-    acc, m_i, l_i = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), carry)
-    heads = pl.ds(h * groups, group_rows)
-    rows_mask = common.block_mask(row_ok, None, (group_rows, d))
-    if single:  # one split: normalise here, no combine afterwards
-        (o_ref,) = outs
-        plgpu.store(o_ref.at[b, heads, :], (acc / l_i[:, None]).astype(o_ref.dtype), mask=rows_mask)
-    else:
-        acc_ref, m_ref, l_ref = outs
-        plgpu.store(acc_ref.at[b, split, heads, :], acc, mask=rows_mask)
-        plgpu.store(m_ref.at[b, split, heads], m_i, mask=row_ok)
-        plgpu.store(l_ref.at[b, split, heads], l_i, mask=row_ok)
+    carry = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), carry)
+    online_softmax.finish(outs, carry, b=b, split=split, heads=pl.ds(h * groups, group_rows), row_ok=row_ok)
 
 
 # ----------------------------------------------------------------------------- launcher and entry points
@@ -100,20 +90,14 @@ def launch(q, k_pages, v_pages, block_tables, lengths, *, sm_scale, interpret: b
     p = plan(b, block_tables.shape[1], block_size, hkv, config=config)
     c = p.config
     groups = hq // hkv
-    single = p.num_splits == 1
     kernel = functools.partial(paged_decode_attention_kernel, groups=groups, group_rows=pow2_block(groups, 1 << 30),
                                pages_per_split=p.pages_per_split, block_size=block_size,
-                               scale_log2=sm_scale * LOG2E, single=single)
-    if single:
-        out_shape = (jax.ShapeDtypeStruct((b, hq, d), q.dtype),)
-    else:
-        s = p.num_splits
-        out_shape = (jax.ShapeDtypeStruct((b, s, hq, d), jnp.float32), jax.ShapeDtypeStruct((b, s, hq), jnp.float32),
-                     jax.ShapeDtypeStruct((b, s, hq), jnp.float32))
+                               scale_log2=sm_scale * LOG2E)
+    out_shape = tuple(online_softmax.split_outputs(b, p.num_splits, hq, d, q.dtype))
     outs = common.call(kernel, out_shape=out_shape, grid=p.grid, args=(lengths, block_tables, q, k_pages, v_pages),
                         interpret=interpret, num_warps=c.num_warps, num_stages=c.num_stages,
                         name="paged_decode_attention")
-    return outs[0] if single else online_softmax.combine(*outs, q.dtype)
+    return outs[0] if p.num_splits == 1 else online_softmax.combine(*outs, q.dtype)
 
 
 def paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_scale=None, mode: str = "auto",
