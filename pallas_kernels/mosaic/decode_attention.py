@@ -64,6 +64,66 @@ ROWS = 64            # wgmma M: the query tile holds the G heads of a group, zer
 MIN_CHUNK = 256      # never split the cache into chunks shorter than this many keys
 
 
+# ----------------------------------------------------------------------------- what a CTA does
+def attend_block(carry, q_smem, k_smem, v_smem, k_bar, v_bar, p_smem, *, first_key, end, block_k, scale_log2):
+    """One pipeline step of the consumer warpgroup: the scores of a K block ``[block_k, D]`` against
+    the group's query tile (wgmma), keys from ``end`` on masked (only the block holding the last
+    visible key pays for it), the online softmax in f32 and base 2, then ``acc += P V`` (wgmma).
+    ``carry``: (acc [ROWS, D], m [ROWS], l [ROWS]) f32. The paged kernel calls it too."""
+    acc, m_i, l_i = carry
+    d = acc.shape[1]
+    plgpu.barrier_wait(k_bar)
+
+    def qk(s_ref):
+        plgpu.wgmma(s_ref, q_smem, k_smem.transpose((1, 0)))
+        return s_ref[...]
+    sc = pl.run_scoped(qk, plgpu.ACC((ROWS, block_k), jnp.float32)) * scale_log2
+
+    def masked(sc):
+        keys = first_key + plgpu.broadcasted_iota(jnp.int32, (ROWS, block_k), 1, layout=plgpu.Layout.WGMMA)
+        return jnp.where(keys < end, sc, -jnp.inf)
+    sc = lax.cond(first_key + block_k > end, masked, lambda sc: sc, sc)
+
+    # A CTA's first block holds its first key (< end), visible to every row: m is finite from then on.
+    m_new = jnp.maximum(m_i, sc.max(axis=1))
+    alpha = jnp.exp2(m_i - m_new)
+    p = jnp.exp2(sc - lax.broadcast_in_dim(m_new, sc.shape, [0]))
+    l_new = l_i * alpha + p.sum(axis=1)
+    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    # P goes through shared memory: GPU interpret mode's wgmma takes no register operand.
+    p_smem[...] = p.astype(p_smem.dtype)
+    plgpu.commit_smem()
+    plgpu.barrier_wait(v_bar)
+
+    def pv(o_ref):
+        plgpu.wgmma(o_ref, p_smem, v_smem)
+        return o_ref[...]
+    return acc + pl.run_scoped(pv, plgpu.ACC((ROWS, d), jnp.float32)), m_new, l_new
+
+
+def group_consumer(q_src, q_smem, q_bar, o_smem, ml_smem, acc_dst, ml_dst, *, d):
+    """The consumer warpgroup's frame around the pipeline: the group's query rows into their tile
+    (rows past the group fall outside ``q_src``'s array and TMA fills them with zeros), the empty
+    carry, then the CTA's partial (acc, and m and l) out to ``acc_dst`` and ``ml_dst``."""
+
+    def consumer(run_pipeline):
+        plgpu.copy_gmem_to_smem(q_src, q_smem, q_bar)
+        plgpu.barrier_wait(q_bar)
+        carry = (plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA),
+                 plgpu.layout_cast(jnp.full((ROWS,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+                 plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)))
+        acc, m_i, l_i = run_pipeline(carry)
+        o_smem[...] = acc
+        ml_smem[0] = m_i
+        ml_smem[1] = l_i
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, acc_dst)      # rows past the group dropped
+        plgpu.copy_smem_to_gmem(ml_smem, ml_dst)
+        plgpu.wait_smem_to_gmem(0)
+
+    return consumer
+
+
 # ----------------------------------------------------------------------------- the kernel
 def decode_attention_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, q_smem, p_smem, o_smem,
                    ml_smem, q_bar, *, chunk, block_k, stages, scale_log2):
@@ -81,56 +141,12 @@ def decode_attention_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, q
     n_blocks = pl.cdiv(jnp.maximum(end - start, 0), block_k)
 
     def step(idx, k_smem, v_smem, k_bar, v_bar, carry):
-        # k_smem, v_smem: [block_k, D]; carry: (acc [ROWS, D], m [ROWS], l [ROWS]) f32.
         (j,) = idx
-        acc, m_i, l_i = carry
-        k0 = start + j * block_k
-        plgpu.barrier_wait(k_bar)
+        return attend_block(carry, q_smem, k_smem, v_smem, k_bar, v_bar, p_smem, first_key=start + j * block_k,
+                            end=end, block_k=block_k, scale_log2=scale_log2)
 
-        def qk(s_ref):
-            plgpu.wgmma(s_ref, q_smem, k_smem.transpose((1, 0)))
-            return s_ref[...]
-        sc = pl.run_scoped(qk, plgpu.ACC((ROWS, block_k), jnp.float32)) * scale_log2
-
-        def masked(sc):  # only the block holding the row's last key (or the cache's end)
-            keys = k0 + plgpu.broadcasted_iota(jnp.int32, (ROWS, block_k), 1, layout=plgpu.Layout.WGMMA)
-            return jnp.where(keys < end, sc, -jnp.inf)
-        sc = lax.cond(k0 + block_k > end, masked, lambda sc: sc, sc)
-
-        # Online softmax in base 2; block 0 of the chunk holds key `start` < end, visible to
-        # every row, so m is finite from then on.
-        m_new = jnp.maximum(m_i, sc.max(axis=1))
-        alpha = jnp.exp2(m_i - m_new)
-        p = jnp.exp2(sc - lax.broadcast_in_dim(m_new, sc.shape, [0]))
-        l_new = l_i * alpha + p.sum(axis=1)
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-        # P goes through shared memory: GPU interpret mode's wgmma takes no register operand.
-        p_smem[...] = p.astype(dtype)
-        plgpu.commit_smem()
-        plgpu.barrier_wait(v_bar)
-
-        def pv(o_ref):
-            plgpu.wgmma(o_ref, p_smem, v_smem)
-            return o_ref[...]
-        acc = acc + pl.run_scoped(pv, plgpu.ACC((ROWS, d), jnp.float32))
-        return acc, m_new, l_new
-
-    def consumer(run_pipeline):
-        # Rows G..ROWS-1 of the tile fall outside q's group axis: TMA fills them with zeros.
-        plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(0, ROWS)], q_smem, q_bar)
-        plgpu.barrier_wait(q_bar)
-        carry = (plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA),
-                 plgpu.layout_cast(jnp.full((ROWS,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
-                 plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)))
-        acc, m_i, l_i = run_pipeline(carry)
-        o_smem[...] = acc
-        ml_smem[0] = m_i
-        ml_smem[1] = l_i
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, acc_ref.at[b, h, split, pl.ds(0, ROWS)])  # rows >= Gp dropped
-        plgpu.copy_smem_to_gmem(ml_smem, ml_ref.at[b, h, split])
-        plgpu.wait_smem_to_gmem(0)
-
+    consumer = group_consumer(q_ref.at[b, h, pl.ds(0, ROWS)], q_smem, q_bar, o_smem, ml_smem,
+                              acc_ref.at[b, h, split, pl.ds(0, ROWS)], ml_ref.at[b, h, split], d=d)
     kv_tf = C.swizzled(d, dtype)
     pipeline = plgpu.emit_pipeline_warp_specialized(
         step,

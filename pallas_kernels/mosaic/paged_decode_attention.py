@@ -30,7 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.mosaic import common as C
-from pallas_kernels.mosaic.decode_attention import HEAD_DIMS, LOG2E, ROWS
+from pallas_kernels.mosaic.decode_attention import HEAD_DIMS, LOG2E, ROWS, attend_block, group_consumer
 from pallas_kernels.triton import online_softmax
 
 STAGES = 4            # blocks in flight in the TMA ring, at most
@@ -44,8 +44,7 @@ def paged_decode_attention_kernel(lengths_ref, tables_ref, q_ref, k_ref, v_ref, 
                                   o_smem, ml_smem, q_bar, *, pages_per_split, block_size, stages, scale_log2):
     # lengths_ref [B], tables_ref [B, P] int32 (GMEM); q_ref [B, Hkv, Gp, D]; k_ref, v_ref [N, bs, Hkv, D];
     # acc_ref [B, Hkv, splits, Gp, D] f32; ml_ref [B, Hkv, splits, 2, ROWS] f32 (m, l).
-    d = q_ref.shape[-1]
-    dtype = q_ref.dtype
+    d, dtype = q_ref.shape[-1], q_ref.dtype
     split, h, b = lax.axis_index("split"), lax.axis_index("h"), lax.axis_index("b")
     length = lengths_ref[b]
     first = split * pages_per_split
@@ -54,49 +53,11 @@ def paged_decode_attention_kernel(lengths_ref, tables_ref, q_ref, k_ref, v_ref, 
 
     def step(idx, k_smem, v_smem, k_bar, v_bar, carry):
         (j,) = idx
-        acc, m_i, l_i = carry
-        k0 = (first + j) * block_size
-        plgpu.barrier_wait(k_bar)
+        return attend_block(carry, q_smem, k_smem, v_smem, k_bar, v_bar, p_smem, first_key=(first + j) * block_size,
+                            end=length, block_k=block_size, scale_log2=scale_log2)
 
-        def qk(s_ref):
-            plgpu.wgmma(s_ref, q_smem, k_smem.transpose((1, 0)))
-            return s_ref[...]
-        sc = pl.run_scoped(qk, plgpu.ACC((ROWS, block_size), jnp.float32)) * scale_log2
-
-        def masked(sc):  # only the row's last block
-            keys = k0 + plgpu.broadcasted_iota(jnp.int32, (ROWS, block_size), 1, layout=plgpu.Layout.WGMMA)
-            return jnp.where(keys < length, sc, -jnp.inf)
-        sc = lax.cond(k0 + block_size > length, masked, lambda sc: sc, sc)
-
-        m_new = jnp.maximum(m_i, sc.max(axis=1))   # the run's first block holds a key every row sees
-        alpha = jnp.exp2(m_i - m_new)
-        p = jnp.exp2(sc - lax.broadcast_in_dim(m_new, sc.shape, [0]))
-        l_new = l_i * alpha + p.sum(axis=1)
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-        p_smem[...] = p.astype(dtype)
-        plgpu.commit_smem()
-        plgpu.barrier_wait(v_bar)
-
-        def pv(o_ref):
-            plgpu.wgmma(o_ref, p_smem, v_smem)
-            return o_ref[...]
-        acc = acc + pl.run_scoped(pv, plgpu.ACC((ROWS, d), jnp.float32))
-        return acc, m_new, l_new
-
-    def consumer(run_pipeline):
-        plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(0, ROWS)], q_smem, q_bar)   # rows past Gp: zeros
-        plgpu.barrier_wait(q_bar)
-        carry = (plgpu.layout_cast(jnp.zeros((ROWS, d), jnp.float32), plgpu.Layout.WGMMA),
-                 plgpu.layout_cast(jnp.full((ROWS,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
-                 plgpu.layout_cast(jnp.zeros((ROWS,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)))
-        acc, m_i, l_i = run_pipeline(carry)
-        o_smem[...] = acc
-        ml_smem[0] = m_i
-        ml_smem[1] = l_i
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, acc_ref.at[b, h, split, pl.ds(0, ROWS)])
-        plgpu.copy_smem_to_gmem(ml_smem, ml_ref.at[b, h, split])
-        plgpu.wait_smem_to_gmem(0)
+    consumer = group_consumer(q_ref.at[b, h, pl.ds(0, ROWS)], q_smem, q_bar, o_smem, ml_smem,
+                              acc_ref.at[b, h, split, pl.ds(0, ROWS)], ml_ref.at[b, h, split], d=d)
 
     # Step j's tile is block tables[b, first + j] of the pool: the index map reads the table.
     spec = plgpu.BlockSpec((None, block_size, d), lambda j: (tables_ref[b, first + j], 0, 0),
