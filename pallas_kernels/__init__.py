@@ -1,5 +1,6 @@
-"""Pallas kernels for LLM inference: a matmul, flash attention (prefill), decode attention and
-paged decode attention (the same, through a paged KV cache's block tables).
+"""Pallas kernels for LLM inference: a matmul, flash attention (prefill), decode attention,
+paged decode attention (the same, through a paged KV cache's block tables) and a quantized
+matmul (int8 or int4 weights, widened in registers; Triton tier only).
 
 Two tiers of the same four kernels: the readable Triton-style kernels in
 ``pallas_kernels.triton`` (Ampere and newer, and the ones the lessons show) and the Hopper tier in
@@ -30,8 +31,11 @@ _PUBLIC = {
     "paged_decode_attention": ("pallas_kernels.triton.paged_decode_attention", "paged_decode_attention"),
     "PagedDecodeAttentionConfig": ("pallas_kernels.triton.paged_decode_attention", "PagedDecodeAttentionConfig"),
     "paged_decode_attention_plan": ("pallas_kernels.triton.paged_decode_attention", "plan"),
+    "quantized_matmul": ("pallas_kernels.triton.quantized_matmul", "quantized_matmul"),
+    "QuantizedMatmulConfig": ("pallas_kernels.triton.quantized_matmul", "QuantizedMatmulConfig"),
+    "quantized_matmul_plan": ("pallas_kernels.triton.quantized_matmul", "plan"),
 }
-_SUBMODULES = ("mode", "reference", "testing", "ceilings", "timing", "checks", "device", "files")
+_SUBMODULES = ("mode", "reference", "quantization", "testing", "ceilings", "timing", "checks", "device", "files")
 
 __all__ = list(_PUBLIC) + list(_SUBMODULES)
 

@@ -212,7 +212,7 @@ def choose_tier(mode: str, config, *, triton_config, mosaic: tuple, mosaic_probl
 
     ``mode`` as the caller gave it; ``config``: None, a ``triton_config``, or the Mosaic tier's
     config (which picks that tier); ``mosaic``: ``(module name under pallas_kernels.mosaic, its
-    config class's name)``; ``mosaic_problem(module, allow_copies)``: why the Mosaic tier cannot take
+    config class's name)``, or None for a kernel with no Mosaic tier (the Mosaic modes refuse it); ``mosaic_problem(module, allow_copies)``: why the Mosaic tier cannot take
     this call (a one-line reason) or None; with ``allow_copies=False`` also a call it would run only
     by copying a weight or a cache to pad it to whole TMA tiles. The Mosaic module is imported, and ``mosaic_problem`` asked, only
     where the Mosaic tier is a candidate: modes ``"mosaic"``/``"mosaic_interpret"``, ``"pallas"``
@@ -221,6 +221,13 @@ def choose_tier(mode: str, config, *, triton_config, mosaic: tuple, mosaic_probl
     """
     mode = resolve_mode(mode)
     interpret = mode in ("interpret", "mosaic_interpret")
+    if mosaic is None:   # a kernel with a Triton tier only: "pallas" runs it on every GPU
+        if mode in ("mosaic", "mosaic_interpret"):
+            other = "'interpret'" if mode == "mosaic_interpret" else "'pallas' or 'triton'"
+            raise ValueError(f"mode={mode!r}: this kernel has no Mosaic GPU tier; use mode={other}")
+        if config is not None and not isinstance(config, triton_config):
+            raise ValueError(f"config must be a {triton_config.__name__} or None; got {type(config).__name__}")
+        return _noted(Tier("reference") if mode == "reference" else Tier("triton", interpret))
     candidate = mode in ("mosaic", "mosaic_interpret") or (mode == "pallas" and compiled_tier() == "mosaic")
     module_name, config_name = mosaic
     if config is not None and not isinstance(config, triton_config):

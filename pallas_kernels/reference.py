@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import quantization
+
 _HIGHEST = lax.Precision.HIGHEST
 
 
@@ -24,6 +26,43 @@ def matmul(a, b, *, out_dtype=None):
     """``a [M, K] @ b [K, N]`` with f32 accumulation; result in ``out_dtype`` (default a's)."""
     out_dtype = a.dtype if out_dtype is None else out_dtype
     return jnp.dot(a, b, precision=_HIGHEST, preferred_element_type=jnp.float32).astype(out_dtype)
+
+
+def quantized_matmul(x, q, scales, *, group_size=None, activations="float", out_dtype=None):
+    """``x [M, K]`` times a quantized weight (:mod:`pallas_kernels.quantization`: int8 ``q [K, N]``
+    with ``scales [N]``, or packed int4 ``q [K/2, N]`` with ``scales [K/group_size, N]``).
+
+    ``activations="float"``: weight-only, as the kernel computes it: the integer values in x's
+    dtype, f32 sums (one per int4 group, times the group's scale), times the column scales.
+    ``activations="int8"``: x quantized per row too, int8 x int8 summed in int32 (exact), then both
+    scales; the form XLA:CPU runs fastest (its dot on int8 or bf16 weights with f32 activations
+    converts the weight first, and runs ~15x slower than f32: docs/benchmarks.md).
+    """
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    m, k = x.shape
+    n = q.shape[1]
+    int4 = q.dtype == jnp.uint8
+    groups = k // group_size if int4 else 1
+    if activations == "int8":
+        xq, x_scales = quantization.quantize_rows(x)
+        # XLA:CPU multiplies an int8 matrix by a single int8 row ~20x slower than by two (its
+        # matrix-vector path is not the vectorised one: measured), so one row is padded to two.
+        rows = max(m, 2)
+        xq = jnp.pad(xq, ((0, rows - m), (0, 0)))
+        w, acc_dtype = (quantization.unpack_int4(q, group_size) if int4 else q), jnp.int32
+        lhs = xq
+    else:
+        rows, x_scales = m, None
+        w = (quantization.unpack_int4(q, group_size) if int4 else q).astype(x.dtype)
+        lhs, acc_dtype = x, jnp.float32
+    if int4:   # one sum per group: [groups, rows, N], each times its group's scales
+        acc = lax.dot_general(lhs.reshape(rows, groups, group_size), w.reshape(groups, group_size, n),
+                              (((2,), (1,)), ((1,), (0,))), precision=_HIGHEST, preferred_element_type=acc_dtype)
+        y = jnp.sum(acc[:, :m].astype(jnp.float32) * scales[:, None, :], axis=0)
+    else:
+        acc = lax.dot(lhs, w, precision=_HIGHEST, preferred_element_type=acc_dtype)
+        y = acc[:m].astype(jnp.float32) * scales[None, :]
+    return (y if x_scales is None else y * x_scales).astype(out_dtype)
 
 
 def _attend(q, k, v, visible, sm_scale):

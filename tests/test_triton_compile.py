@@ -43,6 +43,11 @@ def _matmul(a, b):
     return pk.matmul(a, b, mode="triton")
 
 
+def _quantized(group_size=None, activations="float"):
+    return lambda x, q, s: pk.quantized_matmul(x, q, s, group_size=group_size, activations=activations,
+                                               mode="triton")
+
+
 # Every kernel at a shape of each class it has: a prefill and a decode matmul, flash attention
 # causal and not at head dims 64 and 128 (GQA 4:1), decode attention at 64 and 128.
 CASES = {
@@ -57,6 +62,17 @@ CASES = {
     **{f"paged decode attention D{d}": (_paged, (S((4, 32, d), BF16), S((513, 16, 8, d), BF16),
                                                   S((513, 16, 8, d), BF16), S((4, 128), jnp.int32), S((4,), jnp.int32)))
        for d in (64, 128)},
+    "int8 matmul decode M1 K4096 N4096": (_quantized(), (S((1, 4096), BF16), S((4096, 4096), jnp.int8),
+                                                          S((4096,), jnp.float32))),
+    "int8 matmul prefill 2048x2048x2048": (_quantized(), (S((2048, 2048), BF16), S((2048, 2048), jnp.int8),
+                                                           S((2048,), jnp.float32))),
+    "int8 x int8 matmul decode M8 K4096 N4096": (_quantized(activations="int8"),
+                                                 (S((8, 4096), BF16), S((4096, 4096), jnp.int8), S((4096,), jnp.float32))),
+    **{f"int4 g{g} matmul decode M1 K4096 N4096": (_quantized(g), (S((1, 4096), BF16), S((2048, 4096), jnp.uint8),
+                                                                   S((4096 // g, 4096), jnp.float32)))
+       for g in (32, 128)},
+    "int4 g64 matmul prefill 2048x2048x2048": (_quantized(64), (S((2048, 2048), BF16), S((1024, 2048), jnp.uint8),
+                                                                S((32, 2048), jnp.float32))),
 }
 
 

@@ -60,7 +60,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
-from inference_lab.model import parallel, weights
+from inference_lab.model import parallel, quantize, weights
 from inference_lab.base import checks, random_arrays
 from inference_lab.base.config import ModelConfig
 from inference_lab.model.weights import LAYER_PARAMS
@@ -101,11 +101,15 @@ def check_tokens(tokens, name: str, ndim: int, cfg: ModelConfig) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- small pieces
 def _dense(x, w, mode, out_dtype=None):
-    """``x [..., K] @ w`` with ``w`` of shape ``[K, ...]`` through ``pk.matmul`` on 2-D views."""
+    """``x [..., K] @ w`` with ``w`` of shape ``[K, ...]`` through ``pk.matmul`` on 2-D views
+    (``pk.quantized_matmul`` when ``w`` is a :class:`~inference_lab.model.quantize.QuantizedWeight`)."""
     k = x.shape[-1]
-    w2 = w.reshape(k, -1)
-    y = pk.matmul(x.reshape(-1, k), w2, out_dtype=out_dtype, mode=mode)
-    return y.reshape(*x.shape[:-1], w2.shape[1])
+    if isinstance(w, quantize.QuantizedWeight):
+        y = pk.quantized_matmul(x.reshape(-1, k), w.q, w.scales, group_size=w.group_size,
+                                activations=w.activations, out_dtype=out_dtype, mode=mode)
+    else:
+        y = pk.matmul(x.reshape(-1, k), w.reshape(k, -1), out_dtype=out_dtype, mode=mode)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def rms_norm(x, scale, eps):
@@ -136,6 +140,8 @@ def _embed(params, tokens, cfg):
         table, axis = params["embed"], 0          # [V, D]
     else:
         table, axis = params["head"], 1           # tied: columns of [D, V]
+    if isinstance(table, quantize.QuantizedWeight):   # tied and quantized: widen only the gathered columns
+        return jnp.moveaxis(table.dequantize(columns=tokens), 0, -1)
     if table.shape[axis] < cfg.vocab_size:       # vocabulary split over "tp": parallel assembles the rows
         return parallel.embed_split_vocabulary(table, tokens, axis=axis)
     x = jnp.take(table, tokens, axis=axis)
@@ -145,7 +151,7 @@ def _embed(params, tokens, cfg):
 def _logits(params, x, cfg, mode):
     """Final RMSNorm and output head: x [N, D] -> float32 logits [N, V]."""
     x = rms_norm(x, params["final_norm"], cfg.norm_eps)
-    logits = pk.matmul(x, params["head"], out_dtype=jnp.float32, mode=mode)
+    logits = _dense(x, params["head"], mode, out_dtype=jnp.float32)
     if logits.shape[-1] < cfg.vocab_size:         # vocabulary split over "tp": each device has a slice
         logits = parallel.gather_vocabulary(logits)
     return logits
@@ -475,6 +481,9 @@ class Transformer(nnx.Module):
         self.mesh = None if mesh is None else parallel.check_mesh(mesh)
         if mesh is not None:
             checks.tensor_parallel(cfg, mesh.shape[parallel.AXIS])
+            if params is not None and quantize.is_quantized(params):
+                raise ValueError("mesh= with quantized params: tensor parallelism splits float weights only; "
+                                 "pass the float params, or mesh=None")
         if params is not None:
             weights.check_params(cfg, params)  # before any array is placed on a device
             self._adopt(params if mesh is None else parallel.place_params(params, mesh))
@@ -508,6 +517,14 @@ class Transformer(nnx.Module):
         if not self.cfg.tie_embeddings:
             out["embed"] = self.embed.get_raw_value()
         return out
+
+    def quantized(self, scheme: str, group_size: int | None = None, *, activations: str = "auto") -> "Transformer":
+        """This model with its streamed matrices quantized (``scheme`` "int8", "int4" or "none";
+        :func:`inference_lab.model.quantize.quantize`): a new Transformer, same config and kernels."""
+        if self.mesh is not None:
+            raise ValueError("quantized(): this model is split over a mesh; quantize the one-device model")
+        params = quantize.quantize(self.params(), scheme, group_size, activations=activations)
+        return type(self)(self.cfg, kernels=self.kernels, params=params)
 
     @property
     def nbytes(self) -> int:

@@ -8,6 +8,12 @@ and dtype that config implies (:func:`expected`): a missing or extra tensor, a t
 matrix, a wrong dtype, or a config that disagrees with the tensors would otherwise load and
 then generate wrong tokens silently, or fail much later inside a compiled program. The
 error names the first mismatch and what the config expected.
+
+A quantized model (:mod:`inference_lab.model.quantize`) is stored the same way, with each
+quantized matrix as two tensors (``layers.3.w_qkv.q`` and ``layers.3.w_qkv.scales``) and its
+scheme in the metadata (``quantization``: ``{"scheme": "int4", "group_size": 32}``). Reading it
+checks the scheme, every stored shape and dtype against what the config and scheme imply, and
+that every scale is finite and positive.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import json
 from pathlib import Path
 
 from inference_lab.base.config import ModelConfig
+from inference_lab.model import quantize
 
 FORMAT = "inference_lab.Transformer/1"
 LAYER_PARAMS = ("attn_norm", "w_qkv", "w_o", "mlp_norm", "w_gate_up", "w_down")
@@ -46,11 +53,24 @@ def expected(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def flatten(params: dict) -> dict:
-    """A :meth:`Transformer.params` dict -> flat names (``layers.3.w_qkv``) -> arrays."""
+    """A :meth:`Transformer.params` dict -> flat names (``layers.3.w_qkv``) -> arrays (a
+    :class:`~inference_lab.model.quantize.QuantizedWeight` stays one entry)."""
     flat = {k: v for k, v in params.items() if k != "layers"}
     for i, lp in enumerate(params.get("layers", [])):
         flat.update({f"layers.{i}.{k}": v for k, v in lp.items()})
     return flat
+
+
+def _tensors(params: dict) -> dict:
+    """The arrays a file holds: :func:`flatten`, with each quantized weight as ``name.q`` and
+    ``name.scales``."""
+    out = {}
+    for name, x in flatten(params).items():
+        if isinstance(x, quantize.QuantizedWeight):
+            out.update({f"{name}.q": x.q, f"{name}.scales": x.scales})
+        else:
+            out[name] = x
+    return out
 
 
 def nest(flat: dict, cfg: ModelConfig) -> dict:
@@ -104,6 +124,13 @@ def check_params(cfg: ModelConfig, params: dict, source: str = "params") -> None
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise ValueError(f"{source}: {name!r} is a {type(x).__name__}, not an array")
         found[name] = (tuple(x.shape), np.dtype(x.dtype).name)
+        if isinstance(x, quantize.QuantizedWeight):   # its stored parts must fit the shape it claims
+            scheme = f"int{x.bits}"
+            for part, (shape, dtype) in quantize.stored_shapes(x.shape, scheme, x.group_size).items():
+                have = getattr(x, part)
+                if tuple(have.shape) != shape or np.dtype(have.dtype).name != dtype:
+                    raise ValueError(f"{source}: {name}.{part} is {np.dtype(have.dtype).name} {tuple(have.shape)} "
+                                     f"but a {scheme} weight of shape {x.shape} stores {dtype} {shape}")
     check(cfg, found, source)
 
 
@@ -114,8 +141,12 @@ def save(path, cfg: ModelConfig, params: dict) -> None:
 
     from pallas_kernels.files import replacing
 
+    metadata = {"config": json.dumps(dataclasses.asdict(cfg)), "format": FORMAT}
+    scheme, group_size = quantize.scheme_of(params)
+    if scheme != "none":
+        metadata["quantization"] = json.dumps({"scheme": scheme, "group_size": group_size})
     with replacing(path) as tmp:
-        save_file(flatten(params), str(tmp), metadata={"config": json.dumps(dataclasses.asdict(cfg)), "format": FORMAT})
+        save_file(_tensors(params), str(tmp), metadata=metadata)
 
 
 def read(path) -> tuple[ModelConfig, dict]:
@@ -146,13 +177,68 @@ def read(path) -> tuple[ModelConfig, dict]:
         cfg = ModelConfig(**fields)
     except (ValueError, TypeError, RecursionError) as err:
         raise ValueError(f"{source}: the config in its metadata is not a valid ModelConfig ({str(err)[:160]})") from None
+    scheme, group_size = _quantization(meta, source)
+    found = _as_float_view(found, cfg, scheme, group_size, source)
     check(cfg, found, source)
     tensors = load_file(str(path))
     bad = next((name for name, t in tensors.items() if not bool(_all_finite(t))), None)
     if bad is not None:   # a NaN or infinite weight poisons every token after it
         raise ValueError(f"{source}: tensor {bad!r} holds NaN or infinite values; the file is damaged "
                          "(or training diverged): train again or load another file")
+    if scheme != "none":
+        tensors = _assemble(tensors, cfg, scheme, group_size, source)
     return cfg, nest(tensors, cfg)
+
+
+def _quantization(meta: dict, source: str) -> tuple[str, int | None]:
+    """The file's quantization scheme from its metadata ("none" when it has none)."""
+    if "quantization" not in meta:
+        return "none", None
+    try:
+        q = json.loads(meta["quantization"])
+        scheme, group_size = q["scheme"], q.get("group_size")
+        quantize.check_scheme(scheme, group_size)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"{source}: its quantization metadata is not valid ({str(err)[:160]}); "
+                         "quantize the float model again") from None
+    if scheme == "none":
+        raise ValueError(f"{source}: its quantization metadata says 'none'; a float file has no such entry")
+    return scheme, group_size
+
+
+def _as_float_view(found: dict, cfg: ModelConfig, scheme: str, group_size, source: str) -> dict:
+    """A quantized file's ``name.q``/``name.scales`` pairs checked against the shapes the config
+    and scheme imply, and replaced by the float ``name`` they stand for (for :func:`check`)."""
+    if scheme == "none":
+        return found
+    out = dict(found)
+    for name, shape in expected(cfg).items():
+        if name.rpartition(".")[2] not in quantize.MATRICES + ("head",):
+            continue
+        for part, (want, dtype) in quantize.stored_shapes(shape, scheme, group_size).items():
+            key = f"{name}.{part}"
+            if key not in out:
+                raise ValueError(f"{source}: tensor {key!r} is missing; a {scheme} file stores each matrix "
+                                 f"as {name}.q and {name}.scales")
+            have, have_dtype = out.pop(key)
+            if tuple(int(x) for x in have) != want or have_dtype != dtype:
+                raise ValueError(f"{source}: tensor {key!r} is {have_dtype} {tuple(have)} but {scheme} "
+                                 f"(group_size={group_size}) of {name} {shape} ({cfg.name}) stores {dtype} {want}; "
+                                 "the file was quantized for another model or scheme")
+        out[name] = (shape, cfg.dtype)
+    return out
+
+
+def _assemble(tensors: dict, cfg: ModelConfig, scheme: str, group_size, source: str) -> dict:
+    """Checked tensors of a quantized file -> flat names -> arrays and QuantizedWeights."""
+    out = dict(tensors)
+    for name, shape in expected(cfg).items():
+        if name.rpartition(".")[2] in quantize.MATRICES + ("head",):
+            scales = out.pop(f"{name}.scales")
+            quantize.check_scales(f"{name}.scales", scales, source)
+            out[name] = quantize.QuantizedWeight(out.pop(f"{name}.q"), scales, shape, cfg.dtype,
+                                                 group_size if scheme == "int4" else None)
+    return out
 
 
 def _all_finite(t) -> bool:
