@@ -161,13 +161,14 @@ def test_quantized_greedy_tokens_equal_the_dequantized_float_model(trained, sche
     """Weight-only quantization computes exactly the float model of its dequantized weights."""
     qm = trained.quantized(scheme, group_size, activations="float")
     twin = Transformer(trained.cfg, kernels="reference", params=quantize.dequantize(qm.params()))
+    assert qm.cfg.quantization == scheme and twin.cfg.quantization == "none"
     assert generation.generate(qm, PROMPT, 48) == generation.generate(twin, PROMPT, 48)
 
 
 def test_kernel_path_gives_the_reference_path_tokens(trained):
-    params = trained.quantized("int4", 32, activations="float").params()
-    on_kernel = Transformer(trained.cfg, kernels="interpret", params=params)
-    on_xla = Transformer(trained.cfg, kernels="reference", params=params)
+    qm = trained.quantized("int4", 32, activations="float")
+    on_kernel = Transformer(qm.cfg, kernels="interpret", params=qm.params())
+    on_xla = Transformer(qm.cfg, kernels="reference", params=qm.params())
     assert generation.generate(on_kernel, PROMPT, 6) == generation.generate(on_xla, PROMPT, 6)
 
 
@@ -189,12 +190,12 @@ def test_quantized_model_is_smaller_by_the_bytes_per_weight(trained):
 
 
 def test_int4_names_the_layer_it_cannot_pack(trained):
-    with pytest.raises(ValueError, match=r"head: group_size=128 does not divide the weight.s 192 input rows"):
+    with pytest.raises(ValueError, match=r"group_size=128 does not divide d_model \(the rows of w_qkv, w_gate_up and the head\) = 192"):
         trained.quantized("int4", 128)
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(scheme="int3"), "quantize='int3' must be one of none, int8, int4"),
+    (dict(scheme="int3"), "quantization='int3' must be one of none, int8, int4"),
     (dict(scheme="int8", group_size=32), "group_size=32 applies to int4 only"),
     (dict(scheme="int4", group_size=16), "group_size=16 is not an int4 group size"),
 ])
@@ -215,7 +216,7 @@ def test_quantized_file_round_trips(trained, tmp_path, scheme, group_size):
     path = tmp_path / "q.safetensors"
     qm.save(path)
     back = Transformer.load(path, kernels="reference")
-    assert quantize.scheme_of(back.params()) == (scheme, group_size)
+    assert (back.cfg.quantization, back.cfg.group_size) == (scheme, group_size)
     assert generation.generate(back, PROMPT, 16) == generation.generate(qm, PROMPT, 16)
     assert path.stat().st_size < 0.35 * trained.nbytes
 
@@ -242,10 +243,11 @@ def test_damaged_quantized_files_are_refused(trained, tmp_path):
         "holds zero or negative values": dict(edit_tensors=lambda t: t["layers.1.w_o.scales"].__setitem__((0, 0), -1.0)),
         "'head.scales' holds NaN or infinite values": dict(edit_tensors=lambda t: t["head.scales"].__setitem__((0, 3), np.nan)),
         "'layers.0.w_down.q' is missing": dict(edit_tensors=lambda t: t.pop("layers.0.w_down.q")),
-        "quantization metadata is not valid": dict(edit_meta=lambda m: m.__setitem__(
-            "quantization", json.dumps({"scheme": "int4", "group_size": 48}))),
+        "not a valid ModelConfig .*group_size=48": dict(edit_meta=lambda m: m.__setitem__(
+            "config", m["config"].replace('"group_size": 32', '"group_size": 48'))),
         "the file was quantized for another model or scheme": dict(edit_meta=lambda m: m.__setitem__(
-            "quantization", json.dumps({"scheme": "int8", "group_size": None}))),
+            "config", m["config"].replace('"quantization": "int4", "group_size": 32',
+                                          '"quantization": "int8", "group_size": null'))),
     }
     for i, (message, edit) in enumerate(cases.items()):
         with pytest.raises(ValueError, match=message):
@@ -257,7 +259,7 @@ def test_a_quantized_file_for_another_preset_is_refused(trained, tmp_path):
     ``shakespeare`` under ``shakespeare_large``'s config) fails on the first stored shape."""
     src = tmp_path / "q.safetensors"
     trained.quantized("int8").save(src)
-    large = ModelConfig.preset("shakespeare_large")
+    large = ModelConfig.preset("shakespeare_large", quantization="int8")
     import dataclasses
 
     with pytest.raises(ValueError, match=r"'(head|layers\.0\.w_qkv)\.q' is int8 .* the file was quantized for another model"):
@@ -269,5 +271,71 @@ def test_check_params_refuses_a_quantized_weight_whose_parts_do_not_fit(trained)
     params = trained.quantized("int8").params()
     w = params["layers"][0]["w_o"]
     params["layers"][0]["w_o"] = quantize.QuantizedWeight(w.q[:-1], w.scales, w.shape, w.float_dtype)
+    cfg = trained.cfg.replace(quantization="int8")
     with pytest.raises(ValueError, match=r"layers\.0\.w_o\.q is int8 \(191, 192\)"):
-        weights.check_params(trained.cfg, params)
+        weights.check_params(cfg, params)
+    with pytest.raises(ValueError, match=r"'head' is int8 \(group_size=None\) but the config says quantization='none'"):
+        weights.check_params(trained.cfg, trained.quantized("int8").params())
+
+
+def test_config_knows_the_stored_bytes_and_the_kernel_group_sizes():
+    from inference_lab.analytic import costs
+    from inference_lab.base.config import INT4_GROUP_SIZES
+
+    assert INT4_GROUP_SIZES == quantization.INT4_GROUP_SIZES
+    cfg = ModelConfig.preset("small")
+    f32 = costs.weight_bytes(cfg)
+    assert cfg.bytes_per_weight == 4
+    assert 1.0 < cfg.replace(quantization="int8").bytes_per_weight < 1.01
+    assert cfg.replace(quantization="int4", group_size=32).bytes_per_weight == pytest.approx(0.5 + 4 / 32)
+    assert costs.weight_bytes(cfg.replace(quantization="int8")) == pytest.approx(f32 / 4, rel=0.01)
+
+
+# ----------------------------------------------------------------------------- command lines
+@pytest.mark.parametrize("argv,message", [
+    (["--quantize", "int4", "--quantize-group-size", "128", "--preset", "shakespeare"],
+     "--quantization int4: --quantize-group-size=128 does not divide d_model"),
+    (["--quantization", "int8", "--quantize-group-size", "32"], "applies to --quantization int4 only"),
+    (["--quantization", "int4", "--quantize-group-size", "48"], "--quantize-group-size=48 is not an int4 group size"),
+    (["--quantization", "int8", "--policy", "disaggregated"], "not supported with --policy disaggregated"),
+])
+def test_serve_refuses_bad_quantization_flags_before_loading(argv, message, capsys):
+    from inference_lab.serving import server
+
+    with pytest.raises(SystemExit) as exit_:
+        server.parse_args(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_serve_loads_a_quantized_model_and_refuses_to_quantize_twice(tmp_path, trained):
+    from inference_lab.serving.models import load_model
+
+    model = load_model("shakespeare", quantization="int4", group_size=64)
+    assert (model.cfg.quantization, model.cfg.group_size) == ("int4", 64)
+    path = tmp_path / "q.safetensors"
+    trained.quantized("int8").save(path)
+    assert load_model(weights=path).cfg.quantization == "int8"
+    with pytest.raises(ValueError, match="already int8; serve it with --quantization none"):
+        load_model(weights=path, quantization="int4")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--preset", "shakespeare", "--quantize", "int4", "--quantize-group-size", "128"], "does not divide d_model"),
+    (["--quantize", "int8", "--tp", "2"], "--quantization with --tp"),
+    (["--quantize-group-size", "64"], "applies to --quantization int4 only"),
+])
+def test_probe_refuses_bad_quantization_flags(argv, message):
+    from inference_lab.measure import probe_args
+
+    with pytest.raises(ValueError, match=message):
+        probe_args.check_args(probe_args.build_parser().parse_args(["--kernels", "reference"] + argv))
+
+
+def test_probe_file_names_and_records_the_format():
+    from inference_lab.measure import probe_args, schema
+
+    m = {"id": "abc", "name": None, "processor": "cpu"}
+    assert probe_args.filename(m, "small", "reference", "int8").endswith("-small-reference-int8.json")
+    assert probe_args.filename(m, "small", "reference") .endswith("-small-reference.json")
+    props = schema.PROBE_V2["properties"]["model"]["properties"]
+    assert props["quantization"]["enum"] == ["none", "int8", "int4"] and 32 in props["group_size"]["enum"]

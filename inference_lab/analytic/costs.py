@@ -97,7 +97,7 @@ def weight_bytes(cfg, *, tp: int = 1) -> float:
     checks.model_config(cfg)
     tp = checks.tensor_parallel(cfg, tp)
     norms = (2 * cfg.n_layers + 1) * cfg.d_model
-    return (cfg.matmul_params / tp + norms) * cfg.dtype_bytes
+    return cfg.matmul_weight_bytes / tp + norms * cfg.dtype_bytes   # quantized matrices: their stored bytes
 
 
 def kv_bytes_per_token(cfg, *, tp: int = 1) -> float:

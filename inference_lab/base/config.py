@@ -20,6 +20,8 @@ import dataclasses
 from inference_lab.base import checks
 
 DTYPES = ("float32", "bfloat16")
+QUANTIZATIONS = ("none", "int8", "int4")   # how the streamed matrices are stored (inference_lab.model.quantize)
+INT4_GROUP_SIZES = (32, 64, 128)           # = pallas_kernels.quantization.INT4_GROUP_SIZES (tested)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +39,11 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     dtype: str = "float32"
+    # Weights stored in fewer bytes (the dtype above stays what the model computes and caches in):
+    # "int8" (a float32 scale per output column) or "int4" (two values a byte, a scale per group of
+    # group_size input rows). Made by Transformer.quantized(); the roofline reads the bytes from here.
+    quantization: str = "none"
+    group_size: int | None = None
 
     def __post_init__(self):
         for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -57,6 +64,7 @@ class ModelConfig:
         checks.positive("ModelConfig.rope_theta", self.rope_theta)
         checks.finite("ModelConfig.norm_eps", self.norm_eps, 1e-12, 1.0)
         checks.flag("ModelConfig.tie_embeddings", self.tie_embeddings)
+        self._check_quantization()
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"ModelConfig.name={self.name!r} must be a non-empty string")
         if self.vocab_size < 259:
@@ -64,6 +72,48 @@ class ModelConfig:
                 f"ModelConfig.vocab_size={self.vocab_size} is too small for the byte-level "
                 "tokenizer (256 bytes + 3 special tokens): use at least 259"
             )
+
+    def _check_quantization(self) -> None:
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization={self.quantization!r} must be one of {', '.join(QUANTIZATIONS)}")
+        if self.quantization != "int4":
+            if self.group_size is not None:
+                raise ValueError(f"group_size={self.group_size!r} applies to int4 only; {self.quantization} "
+                                 "takes group_size=None")
+            return
+        g = self.group_size
+        if isinstance(g, bool) or g not in INT4_GROUP_SIZES:
+            raise ValueError(f"group_size={g!r} is not an int4 group size; use one of "
+                             f"{', '.join(map(str, INT4_GROUP_SIZES))}")
+        for rows, where in ((self.d_model, "d_model (the rows of w_qkv, w_gate_up and the head)"),
+                            (self.n_heads * self.head_dim, "n_heads * head_dim (the rows of w_o)"),
+                            (self.d_ff, "d_ff (the rows of w_down)")):
+            if rows % g:
+                raise ValueError(f"group_size={g} does not divide {where} = {rows} of {self.name}; int4 cannot "
+                                 f"pack that layer: pick a group size that divides {rows} (or quantize to int8)")
+
+    def matrix_shapes(self) -> list[tuple[int, int]]:
+        """Every streamed matrix as (input rows K, output columns N): the layers' four, then the head."""
+        hkv, g = self.n_kv_heads, self.n_heads // self.n_kv_heads
+        layer = [(self.d_model, hkv * (g + 2) * self.head_dim), (self.n_heads * self.head_dim, self.d_model),
+                 (self.d_model, 2 * self.d_ff), (self.d_ff, self.d_model)]
+        return layer * self.n_layers + [(self.d_model, self.vocab_size)]
+
+    @property
+    def matmul_weight_bytes(self) -> float:
+        """Bytes of the streamed matrices as stored: ``matmul_params * dtype_bytes`` in float;
+        one byte a weight plus a float32 scale per column in int8; half a byte a weight plus a
+        float32 scale per group of ``group_size`` rows per column in int4."""
+        if self.quantization == "none":
+            return float(self.matmul_params * self.dtype_bytes)
+        if self.quantization == "int8":
+            return float(sum(k * n + 4 * n for k, n in self.matrix_shapes()))
+        return float(sum(k * n / 2 + 4 * (k // self.group_size) * n for k, n in self.matrix_shapes()))
+
+    @property
+    def bytes_per_weight(self) -> float:
+        """Mean stored bytes per streamed weight (scales included): 4, 2, ~1.0 or ~0.5 + 4 / group_size."""
+        return self.matmul_weight_bytes / self.matmul_params
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ModelConfig":

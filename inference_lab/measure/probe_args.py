@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode steps timed per batch size (default 32)")
     p.add_argument("--kernels", default="auto", help=f"kernel mode: {', '.join(MODES)} (pallas_kernels.mode)")
     p.add_argument("--tp", type=_int_arg("--tp", 1, 4096, 2), default=1, help="tensor-parallel devices (default 1)")
+    p.add_argument("--quantization", "--quantize", choices=("none", "int8", "int4"), default="none",
+                   help="measure the model with int8 or int4 weights (default: none)")
+    p.add_argument("--quantize-group-size", type=int, default=None, help="int4's group size: 32, 64 or 128 (default 32)")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also write the results as JSON to this file, or into this folder under a name "
                         "made from this machine")
@@ -107,10 +110,11 @@ def mode_error(command: str) -> str | None:
     return None
 
 
-def filename(machine: dict, preset: str, kernels: str) -> str:
-    """``probe-<name or processor>-<id>-<preset>-<kernels>.json``: unique per machine."""
+def filename(machine: dict, preset: str, kernels: str, quantization: str = "none") -> str:
+    """``probe-<name or processor>-<id>-<preset>-<kernels>[-<int8|int4>].json``: unique per machine."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", machine["name"] or machine["processor"]).strip("-").lower()[:32]
-    return f"probe-{slug.strip('-') or 'machine'}-{machine['id']}-{preset}-{kernels}.json"
+    suffix = "" if quantization == "none" else f"-{quantization}"
+    return f"probe-{slug.strip('-') or 'machine'}-{machine['id']}-{preset}-{kernels}{suffix}.json"
 
 
 def machine(name: str | None = None) -> dict:
@@ -174,12 +178,29 @@ def check_args(args) -> None:
                          f"use --new-tokens {cfg.max_seq_len - args.prompt_len} or fewer")
     if args.tp > 1:
         _check_tp(cfg, args.tp)
+    _check_quantization(cfg, args)
     from pallas_kernels import mode
 
     try:
         mode.resolve_mode(args.kernels)
     except ValueError as err:
         raise ValueError(f"--kernels {args.kernels}: {err}") from None
+
+
+def _check_quantization(cfg, args) -> None:
+    """--quantization and --quantize-group-size against the preset, before anything is built."""
+    from inference_lab.model import quantize
+
+    if args.quantization != "int4" and args.quantize_group_size is not None:
+        raise ValueError("--quantize-group-size applies to --quantization int4 only")
+    if args.quantization != "none" and args.tp > 1:
+        raise ValueError("--quantization with --tp: tensor parallelism splits float weights only; use --tp 1")
+    group_size = args.quantize_group_size or (quantize.DEFAULT_GROUP_SIZE if args.quantization == "int4" else None)
+    try:
+        cfg.replace(quantization=args.quantization, group_size=group_size)
+    except ValueError as err:
+        raise ValueError(f"--quantization {args.quantization}: "
+                         + str(err).replace("group_size", "--quantize-group-size")) from None
 
 
 def output_path(args):
@@ -195,7 +216,8 @@ def output_path(args):
     text = str(args.json)
     if text.strip() and Path(text).expanduser().is_dir():
         kernels = mode.resolve_mode(args.kernels)
-        return check_output_path(Path(text).expanduser() / filename(machine(args.name), preset_for(args), kernels),
+        return check_output_path(Path(text).expanduser() / filename(machine(args.name), preset_for(args), kernels,
+                                                                       args.quantization),
                                  force=args.force, flag="--json")
     return check_output_path(text, force=args.force, flag="--json")
 

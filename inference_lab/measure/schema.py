@@ -124,6 +124,10 @@ def _v2() -> dict:
     p["complete"] = {"type": "boolean"}
     # Which kernels ran (pallas_kernels.mode.tier): optional, so older version-2 files still load.
     p["kernel_tier"] = {"enum": ["triton", "mosaic", "mosaic+triton", "reference"]}
+    # The weights' format (optional, newer files): none, int8, or int4 with its group size.
+    p["model"] = copy.deepcopy(p["model"])
+    p["model"]["properties"].update(quantization={"enum": ["none", "int8", "int4"]},
+                                    group_size={"enum": [None, 32, 64, 128]})
     p["skipped"] = {"type": "array", "maxItems": 64,
                     "items": {"type": "object", "required": ["batch", "reason"], "additionalProperties": False,
                               "properties": {"batch": _BATCH, "reason": {"type": "string", "maxLength": 500}}}}

@@ -1,7 +1,9 @@
 """Quantized weights for the lab's model: which matrices, in which format, and the array-like
 that carries one through the model's pure functions.
 
-``quantize(params, "int8")`` (or ``"int4", group_size=32``) returns a :meth:`Transformer.params
+``Transformer.quantized("int8")`` (or ``("int4", 32)``) is the usual way in: it records the
+scheme in the model's config (``ModelConfig.quantization``/``group_size``, where the roofline
+reads the stored bytes) and calls ``quantize``. ``quantize(params, "int8")`` returns a :meth:`Transformer.params
 <inference_lab.model.transformer.Transformer.params>` dict in which every matrix a decode step
 streams (each layer's ``w_qkv``, ``w_o``, ``w_gate_up``, ``w_down``, and the output ``head``) is
 a :class:`QuantizedWeight`; the norms stay float (a few KB), and so does an untied ``embed``
@@ -28,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference_lab.base.config import INT4_GROUP_SIZES, QUANTIZATIONS
 from pallas_kernels import quantization
 
-SCHEMES = ("none", "int8", "int4")
 ACTIVATIONS = ("auto", "float", "int8")
 MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")   # per layer; plus the output head
 DEFAULT_GROUP_SIZE = 32
@@ -97,14 +99,14 @@ def quantize_weight(w, scheme: str, group_size: int | None = None, *, name: str 
 
 def check_scheme(scheme: str, group_size, activations: str = "auto") -> None:
     """One-line errors for a scheme name, group size and activation mode."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"quantize={scheme!r} must be one of {', '.join(SCHEMES)}")
+    if scheme not in QUANTIZATIONS:
+        raise ValueError(f"quantization={scheme!r} must be one of {', '.join(QUANTIZATIONS)}")
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations={activations!r} must be one of {', '.join(ACTIVATIONS)}")
     if scheme == "int4":
-        if group_size not in quantization.INT4_GROUP_SIZES:
+        if isinstance(group_size, bool) or group_size not in INT4_GROUP_SIZES:
             raise ValueError(f"group_size={group_size!r} is not an int4 group size; use one of "
-                             f"{', '.join(map(str, quantization.INT4_GROUP_SIZES))}")
+                             f"{', '.join(map(str, INT4_GROUP_SIZES))}")
     elif group_size is not None:
         raise ValueError(f"group_size={group_size!r} applies to int4 only; {scheme} takes group_size=None")
 
@@ -130,14 +132,6 @@ def quantize(params: dict, scheme: str, group_size: int | None = None, *, activa
 
 def is_quantized(params: dict) -> bool:
     return isinstance(params.get("head"), QuantizedWeight)
-
-
-def scheme_of(params: dict) -> tuple[str, int | None]:
-    """("none" | "int8" | "int4", group size) of a params dict."""
-    head = params.get("head")
-    if not isinstance(head, QuantizedWeight):
-        return "none", None
-    return f"int{head.bits}", head.group_size
 
 
 def dequantize(params: dict) -> dict:

@@ -523,8 +523,13 @@ class Transformer(nnx.Module):
         :func:`inference_lab.model.quantize.quantize`): a new Transformer, same config and kernels."""
         if self.mesh is not None:
             raise ValueError("quantized(): this model is split over a mesh; quantize the one-device model")
+        if scheme == "int4" and group_size is None:
+            group_size = quantize.DEFAULT_GROUP_SIZE
+        if self.cfg.quantization != "none":
+            raise ValueError(f"quantized(): this model is already {self.cfg.quantization}; quantize the float model")
+        cfg = self.cfg.replace(quantization=scheme, group_size=group_size)   # checks that the shapes can be packed
         params = quantize.quantize(self.params(), scheme, group_size, activations=activations)
-        return type(self)(self.cfg, kernels=self.kernels, params=params)
+        return type(self)(cfg, kernels=self.kernels, params=params)
 
     @property
     def nbytes(self) -> int:

@@ -10,10 +10,9 @@ then generate wrong tokens silently, or fail much later inside a compiled progra
 error names the first mismatch and what the config expected.
 
 A quantized model (:mod:`inference_lab.model.quantize`) is stored the same way, with each
-quantized matrix as two tensors (``layers.3.w_qkv.q`` and ``layers.3.w_qkv.scales``) and its
-scheme in the metadata (``quantization``: ``{"scheme": "int4", "group_size": 32}``). Reading it
-checks the scheme, every stored shape and dtype against what the config and scheme imply, and
-that every scale is finite and positive.
+quantized matrix as two tensors (``layers.3.w_qkv.q`` and ``layers.3.w_qkv.scales``); its scheme
+is in its config (``quantization``, ``group_size``). Reading it checks every stored shape and
+dtype against what the config implies, and that every scale is finite and positive.
 """
 
 from __future__ import annotations
@@ -124,7 +123,13 @@ def check_params(cfg: ModelConfig, params: dict, source: str = "params") -> None
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise ValueError(f"{source}: {name!r} is a {type(x).__name__}, not an array")
         found[name] = (tuple(x.shape), np.dtype(x.dtype).name)
-        if isinstance(x, quantize.QuantizedWeight):   # its stored parts must fit the shape it claims
+        is_q = isinstance(x, quantize.QuantizedWeight)
+        if name.rpartition(".")[2] in quantize.MATRICES + ("head",) and (
+                (f"int{x.bits}", x.group_size) if is_q else ("none", None)) != (cfg.quantization, cfg.group_size):
+            have = f"int{x.bits} (group_size={x.group_size})" if is_q else "float"
+            raise ValueError(f"{source}: {name!r} is {have} but the config says quantization={cfg.quantization!r}, "
+                             f"group_size={cfg.group_size}; use Transformer.quantized() to quantize a model")
+        if is_q:   # its stored parts must fit the shape it claims
             scheme = f"int{x.bits}"
             for part, (shape, dtype) in quantize.stored_shapes(x.shape, scheme, x.group_size).items():
                 have = getattr(x, part)
@@ -142,9 +147,6 @@ def save(path, cfg: ModelConfig, params: dict) -> None:
     from pallas_kernels.files import replacing
 
     metadata = {"config": json.dumps(dataclasses.asdict(cfg)), "format": FORMAT}
-    scheme, group_size = quantize.scheme_of(params)
-    if scheme != "none":
-        metadata["quantization"] = json.dumps({"scheme": scheme, "group_size": group_size})
     with replacing(path) as tmp:
         save_file(_tensors(params), str(tmp), metadata=metadata)
 
@@ -177,7 +179,7 @@ def read(path) -> tuple[ModelConfig, dict]:
         cfg = ModelConfig(**fields)
     except (ValueError, TypeError, RecursionError) as err:
         raise ValueError(f"{source}: the config in its metadata is not a valid ModelConfig ({str(err)[:160]})") from None
-    scheme, group_size = _quantization(meta, source)
+    scheme, group_size = cfg.quantization, cfg.group_size
     found = _as_float_view(found, cfg, scheme, group_size, source)
     check(cfg, found, source)
     tensors = load_file(str(path))
@@ -188,22 +190,6 @@ def read(path) -> tuple[ModelConfig, dict]:
     if scheme != "none":
         tensors = _assemble(tensors, cfg, scheme, group_size, source)
     return cfg, nest(tensors, cfg)
-
-
-def _quantization(meta: dict, source: str) -> tuple[str, int | None]:
-    """The file's quantization scheme from its metadata ("none" when it has none)."""
-    if "quantization" not in meta:
-        return "none", None
-    try:
-        q = json.loads(meta["quantization"])
-        scheme, group_size = q["scheme"], q.get("group_size")
-        quantize.check_scheme(scheme, group_size)
-    except (ValueError, TypeError, KeyError) as err:
-        raise ValueError(f"{source}: its quantization metadata is not valid ({str(err)[:160]}); "
-                         "quantize the float model again") from None
-    if scheme == "none":
-        raise ValueError(f"{source}: its quantization metadata says 'none'; a float file has no such entry")
-    return scheme, group_size
 
 
 def _as_float_view(found: dict, cfg: ModelConfig, scheme: str, group_size, source: str) -> dict:

@@ -10,8 +10,20 @@ from inference_lab.model import pretrained
 DEFAULT_PRESET = "shakespeare_large"
 
 
-def load_model(preset: str = DEFAULT_PRESET, weights=None, kernels: str = "auto"):
-    """The model to serve (a :class:`~inference_lab.model.transformer.Transformer`). Never downloads."""
+def load_model(preset: str = DEFAULT_PRESET, weights=None, kernels: str = "auto", quantization: str = "none",
+               group_size: int | None = None):
+    """The model to serve (a :class:`~inference_lab.model.transformer.Transformer`), its weights
+    quantized when ``quantization`` is "int8" or "int4" (:mod:`inference_lab.model.quantize`;
+    a file that is already quantized is served as it is, with ``quantization="none"``). Never downloads."""
+    model = _float_or_stored_model(preset, weights, kernels)
+    if quantization == "none":
+        return model
+    if model.cfg.quantization != "none":
+        raise ValueError(f"the weights file is already {model.cfg.quantization}; serve it with --quantization none")
+    return model.quantized(quantization, group_size)
+
+
+def _float_or_stored_model(preset, weights, kernels):
     if weights is not None:   # the file carries its own config
         from inference_lab.model.transformer import Transformer
 

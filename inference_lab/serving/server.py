@@ -79,6 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                    help="share the cached blocks of common prompt prefixes between requests (vLLM's flag; "
                         "paged cache; default: off)")
+    p.add_argument("--quantization", "--quantize", choices=("none", "int8", "int4"), default="none",
+                   help="store the weights in fewer bytes: int8 (a scale per column) or int4 (a scale per "
+                        "group of --quantize-group-size rows); default: %(default)s")
+    p.add_argument("--quantize-group-size", type=int, default=None,
+                   help="int4's group size: 32, 64 or 128 (default 32)")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a non-streamed request may take before it is cancelled and answered 504 "
                         "(default: %(default)s)")
@@ -101,6 +106,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if budget is not None and budget < PIECE:
         p.error(f"--max-num-batched-tokens={budget} must be at least {PIECE} (one prompt piece)")
     _check_paged(p, args)
+    _check_quantization(p, args)
     if not 1 <= args.num_speculative_tokens < PIECE:
         p.error(f"--num-speculative-tokens={args.num_speculative_tokens} must be in 1..{PIECE - 1}")
     if not args.request_timeout > 0:
@@ -130,6 +136,30 @@ def _check_paged(p: argparse.ArgumentParser, args) -> None:
                 .replace("block_size", "--block-size").replace("enable_prefix_caching", "--enable-prefix-caching"))
 
 
+def _check_quantization(p: argparse.ArgumentParser, args) -> None:
+    """--quantization and --quantize-group-size, checked against the preset before anything loads."""
+    from inference_lab.base.config import ModelConfig
+    from inference_lab.model import quantize
+
+    if args.quantization == "none":
+        if args.quantize_group_size is not None:
+            p.error("--quantize-group-size applies to --quantization int4 only")
+        return
+    if args.policy == "disaggregated":
+        p.error("--quantization is not supported with --policy disaggregated (its pools load float weights); "
+                "use --policy chunked or static")
+    if args.quantization == "int8" and args.quantize_group_size is not None:
+        p.error("--quantize-group-size applies to --quantization int4 only (int8 has a scale per column)")
+    group_size = args.quantize_group_size or (quantize.DEFAULT_GROUP_SIZE if args.quantization == "int4" else None)
+    try:
+        if args.weights is None:   # a file's own shapes are known once it is read: load_model checks them then
+            ModelConfig.preset(args.preset).replace(quantization=args.quantization, group_size=group_size)
+        else:
+            quantize.check_scheme(args.quantization, group_size)
+    except ValueError as e:
+        p.error(f"--quantization {args.quantization}: " + str(e).replace("group_size", "--quantize-group-size"))
+
+
 def _paged_flags(args) -> dict:
     return dict(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
                 prefix_caching=args.enable_prefix_caching)
@@ -149,7 +179,7 @@ def build_backend(args):
                              speculative=speculative).start(), cfg
     from inference_lab.serving.engine import Engine
 
-    model = load_model(args.preset, args.weights)
+    model = load_model(args.preset, args.weights, quantization=args.quantization, group_size=args.quantize_group_size)
     flags = _paged_flags(args)
     engine = Engine(model, policy=args.policy, n_slots=args.slots, max_num_batched_tokens=args.max_num_batched_tokens,
                     max_queue=args.max_queue, async_scheduling=args.async_scheduling, speculative=speculative,
