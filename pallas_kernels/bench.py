@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas_kernels as pk
+from pallas_kernels import quantization
 from pallas_kernels.ceilings import device_ceilings
 from pallas_kernels.files import atomic_write_text, check_output_path
 from pallas_kernels.mode import mosaic_supported, pallas_supported
@@ -240,6 +241,19 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
                            nbytes=nbytes, bound="memory", ours=True)
             rep.record("matmul_decode", shape, "xla jnp.dot", lambda x, w: pk.reference.matmul(x, w), (x, w),
                        nbytes=nbytes, bound="memory")
+            # The same weight quantized (pallas_kernels.quantization), read by the quantized matmul
+            # (Triton tier: widened in registers). bytes = what it stores, so the % of the read
+            # ceiling compares with the line above; its time against that line is the speed-up.
+            # On a GPU: batch 1 of the base model only (each line compiles a kernel; the gpu-check lease is short).
+            formats = (("int8", None), ("int4 g32", 32), ("int4 g128", 128))
+            if gpu and (m != batches[0] or not label.startswith("base")):
+                formats = ()
+            for fmt, group in formats:
+                q, sc = (quantization.quantize_int4(w, group) if group else quantization.quantize_int8(w))
+                rep.record("matmul_decode", shape, f"{fmt} pallas[{tiers[0]}]",
+                           lambda x, q, sc, g=group: pk.quantized_matmul(x, q, sc, group_size=g, mode=tiers[0]),
+                           (x, q, sc), nbytes=q.nbytes + sc.nbytes, bound="memory", ours=True)
+                del q, sc
         del w
 
     # --- flash attention (prefill), causal

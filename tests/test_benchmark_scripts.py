@@ -36,3 +36,15 @@ def test_the_read_ceiling_check_prints_every_stream(capsys):
     out = capsys.readouterr().out
     assert "read ceiling (MBU is against it)" in out and "in-place copy" in out and "tiny decode step" in out
     assert code in (0, 1) and (code == 1) == ("NOT A CEILING" in out)   # a verdict either way, never silent
+
+
+def test_the_quantization_bench_times_every_formulation_and_format():
+    bench = _script("quantization_bench")
+    cfg = ModelConfig.preset("tiny")
+    part1 = bench.formulations(cfg, batches=(1,), repeats=1)
+    assert set(part1[1]) == set(bench.FORMULATIONS) and all(t > 0 for t in part1[1].values())
+    formats = {k: bench.FORMATS[k] for k in ("float32", "int8 (kept: int8 activations)", "int4 g32")}
+    part2 = bench.models("tiny", batches=(1,), context=8, prompt_len=16, repeats=1, formats=formats)
+    assert part2["int8 (kept: int8 activations)"]["weight_bytes"] < part2["float32"]["weight_bytes"] / 3
+    table = bench.markdown(part1, part2, "tiny")
+    assert "rows padded to 2 (kept)" in table and "| int4 g32 |" in table
