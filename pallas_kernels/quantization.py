@@ -26,6 +26,7 @@ run fastest. ``pallas_kernels.quantized_matmul`` takes the formats made here.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 INT4_GROUP_SIZES = (32, 64, 128)   # a group's half must fill a Triton dot (>= 16 rows)
 BITS = (8, 4)
@@ -89,5 +90,8 @@ def quantize_rows(x):
     """Activations ``x [M, K]`` -> ``(int8 [M, K], float32 scales [M, 1])``, one scale per row:
     the dynamic quantization an int8 x int8 matmul needs (computed on every call)."""
     x = jnp.asarray(x, jnp.float32)
-    scales = _scale(jnp.max(jnp.abs(x), axis=1, keepdims=True), 127)
+    # max |x| as one reduction whose reducer takes the absolute values (the running max is never
+    # negative): XLA:CPU would otherwise run abs as a kernel of its own before the max, on every call.
+    amax = lax.reduce(x, jnp.float32(0), lambda a, b: jnp.maximum(jnp.abs(a), jnp.abs(b)), (1,))[:, None]
+    scales = _scale(amax, 127)
     return jnp.clip(jnp.round(x / scales), -127, 127).astype(jnp.int8), scales

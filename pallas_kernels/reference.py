@@ -20,6 +20,7 @@ from jax import lax
 from pallas_kernels import quantization
 
 _HIGHEST = lax.Precision.HIGHEST
+INT8_MIN_ROWS = 2   # XLA:CPU runs an int8 x int8 dot of fewer rows on a slow path
 
 
 def matmul(a, b, *, out_dtype=None):
@@ -47,7 +48,7 @@ def quantized_matmul(x, q, scales, *, group_size=None, activations="float", out_
         xq, x_scales = quantization.quantize_rows(x)
         # XLA:CPU multiplies an int8 matrix by a single int8 row ~20x slower than by two (its
         # matrix-vector path is not the vectorised one: measured), so one row is padded to two.
-        rows = max(m, 2)
+        rows = max(m, INT8_MIN_ROWS)
         xq = jnp.pad(xq, ((0, rows - m), (0, 0)))
         w, acc_dtype = (quantization.unpack_int4(q, group_size) if int4 else q), jnp.int32
         lhs = xq
