@@ -9,7 +9,7 @@ import pytest
 # clone, cold compile caches, longest first); then the other lessons; then the other unit tests.
 LONGEST_FIRST = ("08_speculative_decoding.ipynb", "test_serving_engine.py", "test_speculative.py",
                  "test_lessons.py", "07_serving_economics.ipynb", "09_serving_engine.ipynb",
-                 "10_paged_kv_cache.ipynb",
+                 "10_paged_kv_cache.ipynb", "11_quantization.ipynb",
                  "01_one_model_two_speeds.ipynb", "test_parallel.py", "test_mosaic_kernels.py",
                  "test_pretrained.py", "05_batching.ipynb", "test_kernels.py", "04_arithmetic_intensity.ipynb",
                  "test_probe.py")

@@ -11,7 +11,7 @@ LESSONS = [
     "00_setup_check", "01_one_model_two_speeds", "02_prefill_is_compute_bound",
     "03_decode_is_bandwidth_bound", "04_arithmetic_intensity", "05_batching",
     "06_on_your_machine", "07_serving_economics", "08_speculative_decoding", "09_serving_engine",
-    "10_paged_kv_cache",
+    "10_paged_kv_cache", "11_quantization",
 ]
 
 

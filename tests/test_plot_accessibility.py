@@ -199,6 +199,12 @@ FIGURES = {
             1.5 if lay == "paged" else 1), "ttft_p50_ms": 2000 / b} for b in (2, 3, 4, 6) for lay in ("contiguous", "paged")],
         [{"budget": 2, "layout": "contiguous", "at_once": 1.9, "tokens_per_s": 640, "ttft_p50_ms": 1800},
          {"budget": 2, "layout": "paged", "at_once": 5.8, "tokens_per_s": 990, "ttft_p50_ms": 900}]),
+    "quantization_plot": lambda: plots.quantization_plot(
+        [{"format": f, "batch": b, "decode_tokens_per_s": b * 100 / (1 + b / (4 * (i + 1)))}
+         for i, f in enumerate(("float32", "int8", "int4 g32", "int4 g128")) for b in (1, 2, 4, 8, 16, 32, 64)],
+        [{"format": "float32", "batch": 1, "decode_tokens_per_s": 90}, {"format": "int8 x int8", "batch": 8,
+          "decode_tokens_per_s": 700}, {"format": "int8, weight-only", "batch": 1, "decode_tokens_per_s": 50}],
+        mark_batch=8),
     "pool_balance_plot": lambda: plots.pool_balance_plot(["1P3D", "2P2D", "3P1D"], [10, 20, 30], [60, 40, 20]),
     "token_timeline": lambda: plots.token_timeline([0.05 + 0.004 * i for i in range(20)]),
     "flops_or_bytes": lambda: plots.flops_or_bytes(

@@ -12,6 +12,8 @@ repeats and skips as the model's own measurements.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +21,7 @@ import numpy as np
 
 import pallas_kernels as pk
 from inference_lab.base import checks, random_arrays
+from inference_lab.model import quantize, transformer, weights
 from inference_lab.measure.timing import measure_points
 from pallas_kernels.timing import timed
 
@@ -36,12 +39,15 @@ class KernelPoint:
     label: str = ""
     kernels: str = "reference"   # the pallas_kernels mode it ran in: "reference" is XLA's own kernel
     spread: float | None = None
+    stored_bytes: int | None = None   # the weights' bytes as stored, when not k * n * itemsize (quantized)
 
     def describe(self) -> str:
         return self.label or f"[m, {self.k}] @ [{self.k}, {self.n}] {self.dtype} ({_ran(self.kernels)})"
 
     @property
     def weight_bytes(self) -> int:
+        if self.stored_bytes is not None:
+            return self.stored_bytes
         return self.k * self.n * np.dtype(self.dtype).itemsize
 
     @property
@@ -71,9 +77,11 @@ class _KernelPointBase:
     def release(self) -> None:
         self.args = None
 
+    stored_bytes = None
+
     def record(self, samples, spec) -> KernelPoint:
         return KernelPoint(self.m, self.k, self.n, self.dtype_name, samples.median, self.label_text,
-                           self.kernels, samples.spread)
+                           self.kernels, samples.spread, self.stored_bytes)
 
 
 class MatmulPoint(_KernelPointBase):
@@ -109,20 +117,23 @@ class ModelMatmulsPoint(_KernelPointBase):
     """``m`` rows through every matmul weight of ``model`` (each layer's, and the output head;
     the embedding table is only gathered, so it is left out), in one jitted call, through the
     entry point and mode the model uses: a decode step of batch ``m`` minus everything that is
-    not a matmul (attention and its KV cache, norms, sampling)."""
+    not a matmul (attention and its KV cache, norms, sampling). ``chained=True``: each product
+    waits for the one before, as in the model (on a CPU with free cores XLA otherwise runs
+    independent ones at the same time, which a model's layers never can)."""
 
-    def __init__(self, model, m: int, *, seed: int = 0):
-        self.model, self.m, self.seed = model, checks.count("m", m), seed
-        leaves = jax.tree_util.tree_flatten_with_path(model.params())[0]
-        self.weights = [w.reshape(w.shape[0], -1) for path, w in leaves
-                        if w.ndim >= 2 and "embed" not in jax.tree_util.keystr(path)]
+    def __init__(self, model, m: int, *, seed: int = 0, chained: bool = False):
+        self.model, self.m, self.seed, self.chained = model, checks.count("m", m), seed, checks.flag("chained", chained)
+        flat = weights.flatten(model.params())
+        self.weights = [w for name, w in flat.items() if name.rpartition(".")[2] in quantize.MATRICES + ("head",)]
         if not self.weights:
             raise ValueError("the model has no weight matrices")
         dt = self.weights[0].dtype
         self.dtype_name, self.kernels = dt.name, model.kernels
-        self.k, self.n = sum(int(w.size) for w in self.weights), 1
+        self.k, self.n = sum(math.prod(w.shape) for w in self.weights), 1
+        self.stored_bytes = sum(int(w.nbytes) for w in self.weights)
+        fmt = dt.name if model.cfg.quantization == "none" else model.cfg.quantization
         self.label_text = (f"the model's {len(self.weights)} weight matrices alone "
-                           f"({self.k * dt.itemsize / 1e6:,.0f} MB, {dt.name}, {_ran(self.kernels)})")
+                           f"({self.stored_bytes / 1e6:,.0f} MB, {fmt}, {_ran(self.kernels)})")
         self.batch, self.size, self.args = self.m, self.k, None
 
     @property
@@ -136,11 +147,30 @@ class ModelMatmulsPoint(_KernelPointBase):
         dt, mode = jnp.dtype(self.dtype_name), self.kernels
         widths = sorted({w.shape[0] for w in self.weights})
         xs = {k: random_arrays.normal((self.m, k), dt, (self.seed, k, self.m)) for k in widths}
-        self.fn = jax.jit(lambda xs, ws: [pk.matmul(xs[w.shape[0]], w, mode=mode) for w in ws])
+        # through the model's own matmul: pk.matmul, or pk.quantized_matmul for a quantized weight
+        self.fn = jax.jit(functools.partial(_chain if self.chained else _side_by_side, mode=mode))
         self.args = (xs, self.weights)
 
     def run(self) -> float:
         return timed(self.fn, *self.args)
+
+
+def _side_by_side(xs, ws, *, mode):
+    """Every matrix times its activations, independent of each other (XLA may overlap them)."""
+    return [transformer.dense(xs[w.shape[0]], w, mode) for w in ws]
+
+
+def _chain(xs, ws, *, mode):
+    """The same products, each waiting for the one before (as a model's layers do): its input
+    carries a vanishing share (1e-30) of the previous output, so no two can run at once."""
+    out, prev = [], None
+    for w in ws:
+        x = xs[w.shape[0]]
+        if prev is not None:
+            x = x + 1e-30 * prev[:, :1]
+        prev = transformer.dense(x, w, mode)
+        out.append(prev)
+    return out
 
 
 def matmul_sweep(ms=(1, 2, 4, 8, 16, 32), *, k: int = 4096, n: int = 4096, dtype="float32", kernels: str = "auto",

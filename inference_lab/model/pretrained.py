@@ -48,6 +48,15 @@ def heldout_prompts() -> list[str]:
     return [p["text"] for p in json.loads(HELDOUT_PROMPTS.read_text())["prompts"]]
 
 
+HELDOUT_EXCERPT = WEIGHTS_DIR / "heldout_excerpt.txt"
+
+
+def heldout_text() -> bytes:
+    """16 KB from the start of the corpus's held-out end (never trained on), as bytes: what a
+    model's held-out loss is measured on without the corpus (``weights/README.md`` says where)."""
+    return HELDOUT_EXCERPT.read_bytes()
+
+
 def load(kernels: str = "auto", path=None, *, preset: str = PRESET):
     """A trained model as a :class:`~inference_lab.model.transformer.Transformer` (``kernels`` as there).
 

@@ -100,7 +100,7 @@ def check_tokens(tokens, name: str, ndim: int, cfg: ModelConfig) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- small pieces
-def _dense(x, w, mode, out_dtype=None):
+def dense(x, w, mode, out_dtype=None):
     """``x [..., K] @ w`` with ``w`` of shape ``[K, ...]`` through ``pk.matmul`` on 2-D views
     (``pk.quantized_matmul`` when ``w`` is a :class:`~inference_lab.model.quantize.QuantizedWeight`)."""
     k = x.shape[-1]
@@ -151,7 +151,7 @@ def _embed(params, tokens, cfg):
 def _logits(params, x, cfg, mode):
     """Final RMSNorm and output head: x [N, D] -> float32 logits [N, V]."""
     x = rms_norm(x, params["final_norm"], cfg.norm_eps)
-    logits = _dense(x, params["head"], mode, out_dtype=jnp.float32)
+    logits = dense(x, params["head"], mode, out_dtype=jnp.float32)
     if logits.shape[-1] < cfg.vocab_size:         # vocabulary split over "tp": each device has a slice
         logits = parallel.gather_vocabulary(logits)
     return logits
@@ -160,7 +160,7 @@ def _logits(params, x, cfg, mode):
 def _qkv(p, h, positions, cfg, mode):
     """h [..., D] -> q [..., Hq, Dh], k, v [..., Hkv, Dh] with RoPE applied to q and k."""
     _, hkv, g2, dh = p["w_qkv"].shape           # local head counts come from the weight
-    qkv = _dense(h, p["w_qkv"], mode).reshape(*h.shape[:-1], hkv, g2, dh)
+    qkv = dense(h, p["w_qkv"], mode).reshape(*h.shape[:-1], hkv, g2, dh)
     q = qkv[..., : g2 - 2, :].reshape(*h.shape[:-1], hkv * (g2 - 2), dh)
     k, v = qkv[..., g2 - 2, :], qkv[..., g2 - 1, :]
     return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
@@ -168,15 +168,15 @@ def _qkv(p, h, positions, cfg, mode):
 
 def _attention_out(p, attn, mode):
     """Heads [..., Hq, Dh] -> [..., D]: the output projection (partial sums under tp, added)."""
-    return parallel.psum_tp(_dense(attn.reshape(*attn.shape[:-2], -1), p["w_o"], mode))
+    return parallel.psum_tp(dense(attn.reshape(*attn.shape[:-2], -1), p["w_o"], mode))
 
 
 def mlp(p, h, mode):
     """SwiGLU: ``down(silu(gate(h)) * up(h))`` (partial sums under tp, added)."""
     f = p["w_gate_up"].shape[-1]
-    gu = _dense(h, p["w_gate_up"], mode).reshape(*h.shape[:-1], 2, f)
+    gu = dense(h, p["w_gate_up"], mode).reshape(*h.shape[:-1], 2, f)
     act = jax.nn.silu(gu[..., 0, :].astype(jnp.float32)) * gu[..., 1, :].astype(jnp.float32)
-    return parallel.psum_tp(_dense(act.astype(h.dtype), p["w_down"], mode))
+    return parallel.psum_tp(dense(act.astype(h.dtype), p["w_down"], mode))
 
 
 # ----------------------------------------------------------------------------- attention, two ways

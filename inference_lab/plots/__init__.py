@@ -18,6 +18,7 @@ or hatching difference between any two of its series (tests/test_plot_accessibil
 - :mod:`~inference_lab.plots.streaming`: one answer token by token, and what the KV cache saves
 - :mod:`~inference_lab.plots.experiments`: the discriminating experiments and the three regimes
 - :mod:`~inference_lab.plots.speculation`: speculative decoding's speed-up over k, its verify cost over batch
+- :mod:`~inference_lab.plots.quantization`: decode throughput over the batch for each weight format
 """
 
 from inference_lab.plots.style import (DECODE_COLOR, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, ROOF_COLOR,
@@ -29,6 +30,7 @@ from inference_lab.plots.ceilings import (intensity_vs_context, kitchen, ridge_c
                                           time_split_bars)
 from inference_lab.plots.streaming import cache_vs_recompute, token_timeline
 from inference_lab.plots.speculation import speedup_over_k, verify_cost_over_batch
+from inference_lab.plots.quantization import quantization_plot
 from inference_lab.plots.serving import (goodput_plot, kv_memory_plot, latency_distributions, pool_balance_plot,
                                          price_ratio_plot, serving_plot)
 from inference_lab.plots.experiments import (flops_or_bytes, kernel_vs_model, ratio_vs_ridge, three_regimes,
@@ -40,4 +42,4 @@ __all__ = ["roofline_plot", "ridge_comparison", "intensity_vs_context", "time_sp
            "serving_plot", "kv_memory_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "flops_or_bytes",
            "kernel_vs_model", "three_regimes", "users_vs_total", "ratio_vs_ridge", "PREFILL_COLOR",
            "DECODE_COLOR", "ROOF_COLOR", "OKABE_ITO", "MODE_STYLES", "LabFigure", "alt_text", "token_timeline",
-           "cache_vs_recompute", "speedup_over_k", "verify_cost_over_batch"]
+           "cache_vs_recompute", "speedup_over_k", "verify_cost_over_batch", "quantization_plot"]

@@ -53,6 +53,7 @@ OPEN_ONLY = [
     "08_speculative_decoding",
     "09_serving_engine",
     "10_paged_kv_cache",
+    "11_quantization",
 ]
 RUN_ALL_TIMEOUT_S = 150  # a lesson takes ~30 s on the 2-core CPU; margin for a noisy machine
 

@@ -1,0 +1,343 @@
+"""Notebook 11, "Fewer bytes per weight": what storing the weights as int8 or int4 does to each
+phase, predicted from the bytes, then measured on this machine, and what it costs in quality.
+
+1. **Predict** (:func:`predict`): the roofline of this machine (or a GPU preset) with the weights'
+   stored bytes (``ModelConfig.quantization``): a decode step's time is its bytes over the read
+   bandwidth, so int8 should cut it by ~4x against float32 at batch 1; prefill's time is its FLOPs
+   over the peak, unchanged by the weights' bytes as long as the arithmetic stays in float
+   (weight-only quantization); the batch where decode turns compute-bound (the roofline's flip)
+   moves down with the bytes per weight.
+2. **Measure** (:func:`measure`): the lesson model with float32 weights, int8 weight-only
+   (activations stay float32), int8 with int8 activations (both operands int8: XLA:CPU's fast
+   path) and int4 (group 128), decode steps at batch 1 and 8 and a prefill, timed side by side,
+   with the model's matrices timed alone beside them, one after another as the model runs them
+   (what the step's gain should be if only its matmuls change: :func:`follows_its_matmuls`).
+3. **Quality** (:func:`quality`): the trained ``shakespeare_large`` on 16 KB of held-out text in
+   every format: nats per byte and how often its next-byte choice equals float32's.
+4. **The GPU, predicted** (:func:`gpu_table`): ``base`` and ``llama3_8b`` on the H100 and H200
+   presets per format: decode tokens/s at batch 1, the flip, and the price of a million output tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference_lab.analytic import costs, economics, roofline
+from inference_lab.base import hardware, tokenizer
+from inference_lab.lessons.claims import Verdict, decide, log_midpoint, noise
+from inference_lab.measure import timing
+from inference_lab.measure.matmuls import ModelMatmulsPoint
+from inference_lab.model import pretrained, quantize
+from inference_lab.model.transformer import Transformer
+
+QUALITY_PRESET = "shakespeare_large"
+CONTEXT = 128          # cached tokens per row in the timed decode steps
+PROMPT_LEN = 256       # the timed prefill
+STEPS = 8              # decode steps per timed loop
+BATCHES = (1, 32)         # batch 1, and a batch where the matmuls outweigh the rest of the step
+WINDOWS = 16           # held-out windows of 256 bytes for the quality table (4 KB)
+GPU_PRESETS = ("base", "llama3_8b")
+GPUS = ("H100_SXM", "H200")
+
+# name -> (quantization, group size, activations); the timed formats
+FORMATS = {
+    "float32": ("none", None, "auto"),
+    "int8, weight-only": ("int8", None, "float"),
+    "int8 x int8": ("int8", None, "int8"),
+    "int4 g128": ("int4", 128, "auto"),
+}
+# what each format is timed at: (decode batches, prefill?); int4's prefill and the weight-only
+# format's larger batch are left out to keep the notebook's run short (docs/benchmarks.md has them)
+TIMED = {"float32": (BATCHES, True), "int8, weight-only": ((1,), True), "int8 x int8": (BATCHES, True),
+         "int4 g128": ((1,), False)}
+PREDICTED = {"float32": ("none", None), "int8": ("int8", None), "int4 g32": ("int4", 32), "int4 g128": ("int4", 128)}
+
+
+def formats(model) -> dict:
+    """The timed formats of ``model``: name -> Transformer (the float one, or quantized)."""
+    return {name: model if scheme == "none" else model.quantized(scheme, g, activations=act)
+            for name, (scheme, g, act) in FORMATS.items()}
+
+
+# ----------------------------------------------------------------------------- 1. predict
+def predict(cfg, spec, *, batch: int = 1, context: int = CONTEXT, prompt_len: int = PROMPT_LEN) -> list[dict]:
+    """The roofline's view of each stored format (:data:`PREDICTED`) of ``cfg`` on ``spec``, the
+    arithmetic in ``cfg.dtype`` (weight-only: the weights are widened to it before they multiply)."""
+    rows = []
+    for name, (scheme, g) in PREDICTED.items():
+        q = cfg.replace(quantization=scheme, group_size=g)
+        step = roofline.predicted_decode_step_seconds(q, spec, batch, context)
+        rows.append({"format": format_name(name, cfg), "cfg": q, "weight_bytes": costs.weight_bytes(q),
+                     "bytes_per_weight": q.bytes_per_weight, "decode_step_s": step,
+                     "decode_tokens_per_s": batch / step,
+                     "prefill_s": roofline.predicted_prefill_seconds(q, spec, 1, prompt_len),
+                     "flip": roofline.predicted_flip(q, spec, include_kv=False)})
+    return rows
+
+
+def format_name(name: str, cfg) -> str:
+    """A format's name for ``cfg``: the unquantized one is called by the model's dtype."""
+    return cfg.dtype if name == "float32" else name
+
+
+def prediction_table(rows: list[dict]) -> str:
+    f32 = rows[0]
+    lines = [f"{'weights':<10}{'bytes/weight':>13}{'weights MB':>11}{'decode B1 ms':>14}{'x f32':>7}"
+             f"{'prefill ms':>12}{'flip (weights)':>16}"]
+    for r in rows:
+        flip = "never" if r["flip"] is None else str(r["flip"])
+        lines.append(f"{r['format']:<10}{r['bytes_per_weight']:>13.3f}{r['weight_bytes'] / 1e6:>11.1f}"
+                     f"{r['decode_step_s'] * 1e3:>14.2f}{f32['decode_step_s'] / r['decode_step_s']:>7.2f}"
+                     f"{r['prefill_s'] * 1e3:>12.1f}{flip:>16}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- 2. measure
+@dataclasses.dataclass
+class Measured:
+    """The side-by-side run: ``decode[name][batch]`` and ``prefill[name]`` records of the model,
+    ``matmuls[name][rows]`` the model's matrices alone (float32 and int8 x int8)."""
+
+    decode: dict
+    prefill: dict
+    matmuls: dict
+    weight_bytes: dict
+
+    def step(self, name: str, batch: int) -> float:
+        return self.decode[name][batch].step_seconds
+
+
+def measure(model, *, repeats: int | None = 9) -> Measured:
+    """Time every format of ``model`` (:data:`TIMED`) and the matrices alone, in one round-robin run."""
+    models = formats(model)
+    points, where = [], []
+    for name, (batches, with_prefill) in TIMED.items():
+        m = models[name]
+        for b in batches:
+            points.append(timing.DecodePoint(m, b, CONTEXT, STEPS))
+            where.append(("decode", name, b))
+        if with_prefill:
+            points.append(timing.PrefillPoint(m, 1, PROMPT_LEN))
+            where.append(("prefill", name, None))
+    for name in ("float32", "int8 x int8"):
+        for rows in (*BATCHES, PROMPT_LEN):   # one after another, as the model runs them
+            points.append(ModelMatmulsPoint(models[name], rows, chained=True))
+            where.append(("matmuls", name, rows))
+    records = timing.measure_points(points, repeats=repeats, ceilings=None, desc="formats")
+    out = Measured({}, {}, {}, {name: m.nbytes for name, m in models.items()})
+    for (kind, name, key), rec in zip(where, records):
+        if kind == "prefill":
+            out.prefill[name] = rec
+        else:
+            getattr(out, kind).setdefault(name, {})[key] = rec
+    return out
+
+
+def measured_table(measured: Measured) -> str:
+    f32 = "float32"
+    lines = [f"{'weights':<19}{'MB':>7}" + "".join(f"{f'decode B{b} ms':>15}{'x f32':>7}" for b in BATCHES)
+             + f"{'prefill ms':>12}{'x f32':>7}"]
+    for name in FORMATS:
+        cells = f"{name:<19}{measured.weight_bytes[name] / 1e6:>7.1f}"
+        for b in BATCHES:
+            rec = measured.decode[name].get(b)
+            cells += (f"{rec.step_seconds * 1e3:>15.2f}{measured.step(f32, b) / rec.step_seconds:>7.2f}" if rec
+                      else f"{'-':>15}{'':>7}")
+        rec = measured.prefill.get(name)
+        cells += (f"{rec.seconds * 1e3:>12.1f}{measured.prefill[f32].seconds / rec.seconds:>7.2f}" if rec
+                  else f"{'-':>12}{'':>7}")
+        lines.append(cells)
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- verdicts
+def widening_costs_more(f32_step, widened_step, *, bytes_moved: float = 9.0, bytes_f32: float = 4.0) -> Verdict:
+    """Weight-only int8 through a dot that widens the weight in memory first (XLA:CPU's) reads 1
+    byte, writes 4 and reads them again per weight: ~9 bytes moved against float32's 4, so the
+    step should take about 9/4 as long, where the bytes alone would promise 1/4. Holds when the
+    float32 step is at most the log midpoint of that prediction and no change (x1) times as fast
+    as the widened one's, allowing for noise; records are read by ``step_seconds``."""
+    predicted = bytes_f32 / bytes_moved
+    ratio = f32_step.step_seconds / widened_step.step_seconds
+    need = log_midpoint(predicted)
+    u = noise(f32_step, widened_step)
+    return Verdict("a weight widened in memory before its dot costs more bytes than it saved",
+                   decide(ratio, need, u, at_least=False),
+                   f"decode batch {f32_step.batch}: float32 {f32_step.step_seconds * 1e3:.2f} ms, int8 weight-only "
+                   f"{widened_step.step_seconds * 1e3:.2f} ms: x{ratio:.2f} the speed (predicted x{predicted:.2f} "
+                   f"from ~{bytes_moved:g} bytes moved per weight against {bytes_f32:g}, needed at most x{need:.2f}"
+                   + (f"; noise x{u:.2f}" if u > 1.005 else "") + ")")
+
+
+def follows_its_matmuls(what: str, f32_time, q_time, f32_matmuls, q_matmuls) -> Verdict:
+    """The quantized step (or prefill) is faster than the float32 one by at least the log midpoint
+    of 1 and what its matmuls predict: the float32 time with its matmuls' time replaced by the
+    quantized matmuls' (both timed alone, beside it, at the same rows). Records are read by
+    ``step_seconds`` (decode) or ``seconds``."""
+    def t(r):
+        return getattr(r, "step_seconds", None) or r.seconds
+    rest = t(f32_time) - f32_matmuls.seconds
+    predicted = t(f32_time) / max(rest + q_matmuls.seconds, 1e-12)
+    ratio = t(f32_time) / t(q_time)
+    need = log_midpoint(predicted)
+    u = noise(f32_time, q_time, f32_matmuls, q_matmuls)
+    holds = decide(ratio, need, u) if predicted > 1.05 else None   # no gain predicted: nothing to check
+    return Verdict(f"{what} gets faster by what its int8 matmuls save, and only that",
+                   holds,
+                   f"{what}: float32 {t(f32_time) * 1e3:.2f} ms, int8 x int8 {t(q_time) * 1e3:.2f} ms: x{ratio:.2f} "
+                   f"(predicted x{predicted:.2f}: the matrices alone took {f32_matmuls.seconds * 1e3:.2f} ms in float32 "
+                   f"and {q_matmuls.seconds * 1e3:.2f} ms in int8; needed x{need:.2f}"
+                   + (f"; noise x{u:.2f}" if u > 1.005 else "") + ")")
+
+
+# ----------------------------------------------------------------------------- 3. quality
+def heldout_windows(n: int = WINDOWS, length: int = 256) -> np.ndarray:
+    """``n`` windows of held-out bytes as token rows ``[n, length + 1]``: BOS, then ``length`` bytes."""
+    text = pretrained.heldout_text()
+    step = (len(text) - length) // max(n - 1, 1)
+    rows = [[tokenizer.BOS] + list(text[i * step: i * step + length]) for i in range(n)]
+    return np.asarray(rows, np.int32)
+
+
+def _scores(model, rows: np.ndarray):
+    """(nats per byte, argmax [n, length]) of ``model`` predicting each window's bytes."""
+    logits = model(rows[:, :-1])                                     # [n, length, V] float32
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, jnp.asarray(rows[:, 1:, None]), axis=-1)
+    return float(-jnp.mean(picked)), np.asarray(jnp.argmax(logits, axis=-1))
+
+
+QUALITY_FORMATS = {   # name -> (quantization, group size, activations)
+    "float32": ("none", None, "auto"), "int8, weight-only": ("int8", None, "float"),
+    "int8 x int8": ("int8", None, "int8"), "int4 g32": ("int4", 32, "float"),
+    "int4 g64": ("int4", 64, "float"), "int4 g128": ("int4", 128, "float"),
+}
+
+
+def quality(trained, rows: np.ndarray | None = None) -> list[dict]:
+    """Held-out nats per byte and next-byte agreement with float32 of every format of ``trained``.
+
+    Weight-only formats are evaluated as the float model of their dequantized weights: the same
+    numbers (``tests/test_quantization.py`` checks the tokens are identical) without XLA:CPU's slow
+    widening dot. ``int8 x int8`` runs its own path (its activations are rounded too)."""
+    rows = heldout_windows() if rows is None else rows
+    base_loss, base_top = _scores(trained, rows)
+    out = []
+    for name, (scheme, g, act) in QUALITY_FORMATS.items():
+        if scheme == "none":
+            loss, top = base_loss, base_top
+        else:
+            q = trained.quantized(scheme, g, activations=act)
+            m = q if act == "int8" else Transformer(trained.cfg, kernels=trained.kernels,
+                                                     params=quantize.dequantize(q.params()))
+            loss, top = _scores(m, rows)
+        bpw = trained.cfg.replace(quantization=scheme, group_size=g).bytes_per_weight
+        out.append({"format": name, "bytes_per_weight": bpw, "nats_per_byte": loss,
+                    "loss_increase": loss / base_loss - 1, "agreement": float(np.mean(top == base_top))})
+    return out
+
+
+def quality_table(rows: list[dict]) -> str:
+    lines = [f"{'weights':<19}{'bytes/weight':>13}{'nats/byte':>11}{'vs f32':>9}{'same next byte':>16}"]
+    for r in rows:
+        lines.append(f"{r['format']:<19}{r['bytes_per_weight']:>13.3f}{r['nats_per_byte']:>11.4f}"
+                     f"{r['loss_increase']:>+9.2%}{r['agreement']:>16.1%}")
+    return "\n".join(lines)
+
+
+def quality_bounded(rows: list[dict], *, int8_limit: float = 0.01, int4_limit: float = 0.05) -> Verdict:
+    """int8's held-out loss within ``int8_limit`` of float32's (both int8 paths), int4 with groups
+    of 32 within ``int4_limit``. No timing, no noise: it always decides."""
+    by = {r["format"]: r for r in rows}
+    int8 = max(by["int8, weight-only"]["loss_increase"], by["int8 x int8"]["loss_increase"])
+    int4 = by["int4 g32"]["loss_increase"]
+    return Verdict("rounding the weights to int8 costs under 1% of the held-out loss, int4 in groups of 32 under 5%",
+                   int8 <= int8_limit and int4 <= int4_limit,
+                   f"held-out nats/byte: float32 {by['float32']['nats_per_byte']:.4f}; int8 {int8:+.2%} (limit "
+                   f"{int8_limit:.0%}), int4 g32 {int4:+.2%} (limit {int4_limit:.0%}); int4 g128 "
+                   f"{by['int4 g128']['loss_increase']:+.2%}")
+
+
+# ----------------------------------------------------------------------------- 4. the GPU, predicted
+def gpu_table(context: int = 1024, batches=(1, 64)) -> list[dict]:
+    """Per GPU preset and model: each format's decode tokens/s at ``batches`` (the roofline, KV
+    cache included at ``context`` tokens), the flip of the weights alone (the batch where a step's
+    matmuls turn compute-bound: ``roofline.predicted_flip(include_kv=False)``) and the price of a
+    million output tokens (``economics.predicted_token_prices``, the preset's example price)."""
+    out = []
+    for preset in GPU_PRESETS:
+        cfg = _preset(preset)
+        for gpu in GPUS:
+            spec = hardware.PRESETS[gpu]
+            for name, (scheme, g) in PREDICTED.items():
+                q = cfg.replace(quantization=scheme, group_size=g)
+                row = {"model": preset, "gpu": gpu, "format": format_name(name, cfg),
+                       "weight_gb": costs.weight_bytes(q) / 1e9, "flip": roofline.predicted_flip(q, spec, include_kv=False)}
+                for b in batches:
+                    p = economics.predicted_token_prices(q, spec, batch=b, context=context)
+                    row[f"tokens_per_s_b{b}"] = p["decode_tokens_per_s"]
+                    row[f"output_price_b{b}"] = p["output_per_million"]
+                out.append(row)
+    return out
+
+
+def _preset(name):
+    from inference_lab.base.config import ModelConfig
+
+    return ModelConfig.preset(name)
+
+
+def gpu_text(rows: list[dict], batches=(1, 64)) -> str:
+    lines = [f"{'model':<10}{'gpu':<9}{'weights':<10}{'GB':>6}" + "".join(f"{f'tok/s B{b}':>11}" for b in batches)
+             + f"{'flip':>7}" + "".join(f"{f'$/M out B{b}':>12}" for b in batches)]
+    for r in rows:
+        lines.append(f"{r['model']:<10}{r['gpu']:<9}{r['format']:<10}{r['weight_gb']:>6.2f}"
+                     + "".join(f"{r[f'tokens_per_s_b{b}']:>11,.0f}" for b in batches)
+                     + f"{r['flip'] if r['flip'] else 'never':>7}"
+                     + "".join(f"{r[f'output_price_b{b}']:>12.3f}" for b in batches))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the figure and the dashboard
+def curve_rows(cfg, spec, context: int = CONTEXT, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256)) -> list[dict]:
+    """The roofline's decode tokens/s over the batch for each predicted format (the figure's lines)."""
+    rows = []
+    for name, (scheme, g) in PREDICTED.items():
+        q = cfg.replace(quantization=scheme, group_size=g)
+        rows += [{"format": format_name(name, cfg), "batch": b, "decode_tokens_per_s": roofline.predicted_decode_tokens_per_s(
+                      q, spec, b, context)} for b in batches]
+    return rows
+
+
+def measured_rows(measured: Measured) -> list[dict]:
+    """The run as the figure's filled points: decode tokens/s by format and batch."""
+    return [{"format": name, "batch": b, "decode_tokens_per_s": rec.decode_tokens_per_s}
+            for name, recs in measured.decode.items() for b, rec in recs.items()]
+
+
+def view(cfg, spec, measured: Measured | None = None):
+    """The dashboard: ``view(batch, context)`` -> (figure, readout): the roofline's decode tokens/s
+    of each format over the batch at that context, this run's points where the context is the
+    timed one, and the readout at the chosen batch."""
+    from inference_lab.plots.quantization import quantization_plot
+
+    def show(batch: int, context: int):
+        rows = curve_rows(cfg, spec, context)
+        points = measured_rows(measured) if measured is not None and context == CONTEXT else []
+        fig = quantization_plot(rows, points, mark_batch=batch,
+                                title=f"Decode on this machine's roofline, {context} cached tokens")
+        at = {r["format"]: r["decode_tokens_per_s"] for r in curve_rows(cfg, spec, context, (batch,))}
+        base = at[cfg.dtype]
+        bound = [p["format"] for p in predict(cfg, spec, batch=batch, context=context)
+                 if roofline.bound(costs.decode_cost(p["cfg"], batch, context), spec,
+                                   roofline.flop_dtype(p["cfg"])) == "compute"]
+        text = (f"batch {batch}, context {context}: predicted decode tok/s "
+                + ", ".join(f"{k} {v:,.0f} (x{v / base:.2f})" for k, v in at.items())
+                + (f"; compute-bound here: {', '.join(bound)}" if bound else "; every format still bandwidth-bound"))
+        return fig, text
+
+    return show
