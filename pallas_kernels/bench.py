@@ -244,10 +244,11 @@ def run(quick: bool = False, repeats: int | None = None, verbose: bool = True) -
             # The same weight quantized (pallas_kernels.quantization), read by the quantized matmul
             # (Triton tier: widened in registers). bytes = what it stores, so the % of the read
             # ceiling compares with the line above; its time against that line is the speed-up.
-            # On a GPU: batch 1 of the base model only (each line compiles a kernel; the gpu-check lease is short).
+            # On a GPU: int8 and int4 g128 at batch 1 of the base model only (each line compiles a
+            # kernel, and the gpu-check lease is short).
             formats = (("int8", None), ("int4 g32", 32), ("int4 g128", 128))
-            if gpu and (m != batches[0] or not label.startswith("base")):
-                formats = ()
+            if gpu:
+                formats = formats[::2] if m == batches[0] and label.startswith("base") else ()
             for fmt, group in formats:
                 q, sc = (quantization.quantize_int4(w, group) if group else quantization.quantize_int8(w))
                 rep.record("matmul_decode", shape, f"{fmt} pallas[{tiers[0]}]",

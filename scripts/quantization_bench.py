@@ -2,6 +2,7 @@
 matmul pays, and what each weight format does to a whole model's decode and prefill.
 
     PYTHONPATH=. python scripts/quantization_bench.py [--preset small] [--repeats 7] [--json PATH]
+                                                      [--llama-cpp PATH/TO/llama.cpp]
 
 Part 1 (the formulations): every streamed matrix of one layer set of ``--preset`` at decode
 shapes (batch 1 and 8), each formulation against the float32 dot, timed round-robin. Part 2 (the
@@ -16,6 +17,7 @@ import argparse
 import json
 import platform
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from inference_lab.base.config import ModelConfig
-from inference_lab.base.hardware import processor_name
+from inference_lab.base.hardware import processor_summary
 from inference_lab.measure import timing
 from inference_lab.model.transformer import Transformer
 from pallas_kernels import quantization
@@ -140,15 +142,22 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="small")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", default=None)
+    p.add_argument("--llama-cpp", default=None, type=Path,
+                   help="a llama.cpp tree with llama-bench built: its F32 and Q8_0 on the same shape, in the same run")
     args = p.parse_args(argv)
     cfg = ModelConfig.preset(args.preset)
-    print(f"processor: {processor_name()} ({platform.machine()}), jax {jax.__version__}", flush=True)
+    print(f"processor: {processor_summary()} ({platform.machine()}), jax {jax.__version__}", flush=True)
     part1 = formulations(cfg, repeats=args.repeats)
     part2 = models(args.preset, repeats=args.repeats)
     print(markdown(part1, part2, args.preset))
+    if args.llama_cpp is not None:   # the peer, right after: the same machine in the same state
+        import llama_cpp_peer
+
+        print()
+        llama_cpp_peer.main(["--llama-cpp", str(args.llama_cpp), "--preset", args.preset, "--repeats", str(args.repeats)])
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"processor": processor_name(), "formulations": part1, "models": part2}, fh, indent=1)
+            json.dump({"processor": processor_summary(), "formulations": part1, "models": part2}, fh, indent=1)
     return 0
 
 
