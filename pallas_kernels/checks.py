@@ -74,14 +74,36 @@ def is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def kv_scales(k_cache, v_cache, k_scales, v_scales) -> bool:
+    """Whether the caches are int8 with their per-vector scales (checked: float32 ``[B, S, Hkv]``,
+    both or neither, int8 caches with them and only with them)."""
+    if (k_scales is None) != (v_scales is None):
+        raise ValueError("pass k_scales and v_scales together (an int8 cache's scales), or neither")
+    k_dtype = getattr(k_cache, "dtype", None)
+    if k_scales is None:
+        if k_dtype == jnp.int8:
+            raise ValueError("k_cache is int8 but no k_scales were given; pass the cache's scales "
+                             "(k_scales, v_scales [B, S_max, Hkv] float32)")
+        return False
+    if k_dtype != jnp.int8 or getattr(v_cache, "dtype", None) != jnp.int8:
+        raise ValueError(f"k_scales were given but the caches are {k_dtype} and {getattr(v_cache, 'dtype', None)}; "
+                         "scales go with int8 caches (pallas_kernels.quantization.quantize_kv)")
+    want = tuple(k_cache.shape[:3])
+    for x, name in ((k_scales, "k_scales"), (v_scales, "v_scales")):
+        if tuple(x.shape) != want or x.dtype != jnp.float32:
+            raise ValueError(f"{name} is {x.dtype} {tuple(x.shape)}; it must be float32 [B, S_max, Hkv] = {want}, "
+                             "one scale per cached vector")
+    return True
+
+
 def attention_operands(q, k, v, *, q_rank: int, q_layout: str, k_name: str, v_name: str,
-                       kv_layout: str, sm_scale, same_batch: bool = True):
+                       kv_layout: str, sm_scale, same_batch: bool = True, int8_cache: bool = False):
     """The checks both attention kernels share: q against a K/V pair.
 
     ``q`` is ``[B, T, Hq, D]`` (prefill, ``q_rank`` 4) or ``[B, Hq, D]`` (decode, 3); K and V
     are ``[B, S, Hkv, D]`` under the names ``k_name``/``v_name`` (``same_batch=False``: a pool of
-    blocks ``[N, block_size, Hkv, D]`` that every row shares). Returns the arrays and the softmax
-    scale: (q, k, v, sm_scale).
+    blocks ``[N, block_size, Hkv, D]`` that every row shares; ``int8_cache=True``: int8 K/V whose
+    scales :func:`kv_scales` checked). Returns the arrays and the softmax scale: (q, k, v, sm_scale).
     """
     q, k, v = as_array(q, "q"), as_array(k, k_name), as_array(v, v_name)
     check_rank(q, q_rank, "q", q_layout)
@@ -102,7 +124,10 @@ def attention_operands(q, k, v, *, q_rank: int, q_layout: str, k_name: str, v_na
     if hq % hkv:
         raise ValueError(f"q has {hq} heads, not a multiple of {k_name}'s {hkv} KV heads; "
                          "Hq must be a multiple of Hkv")
-    for x, name in ((q, "q"), (k, k_name), (v, v_name)):
+    check_float_dtype(q, "q")
+    if int8_cache:   # checked with their scales (kv_scales)
+        return q, k, v, check_sm_scale(sm_scale, d)
+    for x, name in ((k, k_name), (v, v_name)):
         check_float_dtype(x, name)
     check_same_dtype(q, k, "q", k_name)
     check_same_dtype(q, v, "q", v_name)

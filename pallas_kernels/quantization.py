@@ -86,6 +86,14 @@ def dequantize(q, scales, group_size: int | None = None):
     return values * jnp.repeat(scales, group_size, axis=0)
 
 
+def quantize_kv(x):
+    """Keys or values ``[..., D]`` -> ``(int8 [..., D], float32 scales [...])``: one scale per vector
+    (per token and KV head in a cache), the int8 KV cache's format."""
+    lead, d = x.shape[:-1], x.shape[-1]
+    q, scales = quantize_rows(jnp.reshape(x, (-1, d)))
+    return q.reshape(*lead, d), scales.reshape(lead)
+
+
 def quantize_rows(x):
     """Activations ``x [M, K]`` -> ``(int8 [M, K], float32 scales [M, 1])``, one scale per row:
     the dynamic quantization an int8 x int8 matmul needs (computed on every call)."""

@@ -100,7 +100,8 @@ def flash_attention(q, k, v, *, causal=True, sm_scale=None, q_offsets=None):
     return out.reshape(b, t, hq, d).astype(q.dtype)
 
 
-def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None):
+def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None, k_scales=None,
+                     v_scales=None):
     """One query token per row: q [B,Hq,D] over caches [B,S_max,Hkv,D] -> [B,Hq,D].
 
     Key ``j`` of row ``b`` is visible iff ``j < lengths[b]`` (lengths in 1..S_max). With
@@ -111,6 +112,10 @@ def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm
     than as an einsum: XLA lowers that einsum to a dot whose operands it first transposes, a
     copy of the whole cache every decode step, which on a CPU cost as much as the attention
     itself. Products are exact in f32 and summed in f32, as in the kernels.
+
+    An int8 cache comes with ``k_scales``/``v_scales`` [B,S_max,Hkv]: each cached vector is its
+    integers times its scale, widened inside the same fused multiply-then-sum (the f32 cache is
+    never written out), the value scales weighing the probabilities as the kernel does.
     """
     if k_new is not None:
         rows, pos = jnp.arange(q.shape[0]), lengths - 1
@@ -123,9 +128,15 @@ def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm
     f32 = jnp.float32
     qg = q.reshape(b, 1, hkv, hq // hkv, d).astype(f32)                          # [B,1,Hkv,G,D]
     s = jnp.sum(qg * k_cache[:, :, :, None, :].astype(f32), axis=-1) * sm_scale  # [B,S,Hkv,G]
+    if k_scales is not None:
+        s = s * k_scales[..., None]
     visible = (jnp.arange(s_max)[None, :] < lengths[:, None])[:, :, None, None]
     s = jnp.where(visible, s, -jnp.inf)
-    p = jax.nn.softmax(s, axis=1).astype(v_cache.dtype).astype(f32)             # every row sees key 0
+    p = jax.nn.softmax(s, axis=1)                                                # every row sees key 0
+    if v_scales is None:
+        p = p.astype(v_cache.dtype).astype(f32)
+    else:   # the integers are V; the scales weigh P, cast to q's dtype as the kernel's dot takes it
+        p = (p * v_scales[..., None]).astype(q.dtype).astype(f32)
     out = jnp.sum(p[..., None] * v_cache[:, :, :, None, :].astype(f32), axis=1)  # [B,Hkv,G,D]
     return out.reshape(b, hq, d).astype(q.dtype)
 

@@ -37,7 +37,8 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
     assert len(r["machine"]["id"]) == 8 and r["machine"]["processor"]
     assert (r["complete"], r["skipped"]) == (True, [])
     assert set(r["versions"]) == {"python", "jax", "jaxlib", "flax"}
-    assert set(r["model"]) == {"preset", "params", "dtype", "quantization", "group_size"} and r["model"]["preset"] == "tiny"
+    assert set(r["model"]) == {"preset", "params", "dtype", "quantization", "group_size", "kv_cache_dtype"} \
+        and r["model"]["preset"] == "tiny"
     assert (r["model"]["quantization"], r["model"]["group_size"]) == ("none", None)
     assert set(r["ceilings"]) == {"matmul_flops_per_s", "bandwidth_bytes_per_s", "copy_bandwidth_bytes_per_s", "method"}
     assert "read-only" in r["ceilings"]["method"]                 # MBU is against what this machine reads

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -321,8 +322,9 @@ def test_serve_loads_a_quantized_model_and_refuses_to_quantize_twice(tmp_path, t
 
 @pytest.mark.parametrize("argv,message", [
     (["--preset", "shakespeare", "--quantize", "int4", "--quantize-group-size", "128"], "does not divide d_model"),
-    (["--quantize", "int8", "--tp", "2"], "--quantization with --tp"),
+    (["--quantize", "int8", "--tp", "2"], "--quantization or --kv-cache-dtype int8 with --tp"),
     (["--quantize-group-size", "64"], "applies to --quantization int4 only"),
+    (["--kv-cache-dtype", "int8", "--tp", "2"], "--quantization or --kv-cache-dtype int8 with --tp"),
 ])
 def test_probe_refuses_bad_quantization_flags(argv, message):
     from inference_lab.measure import probe_args
@@ -336,6 +338,122 @@ def test_probe_file_names_and_records_the_format():
 
     m = {"id": "abc", "name": None, "processor": "cpu"}
     assert probe_args.filename(m, "small", "reference", "int8").endswith("-small-reference-int8.json")
+    assert probe_args.filename(m, "small", "reference", "none", "int8").endswith("-small-reference-kvint8.json")
     assert probe_args.filename(m, "small", "reference") .endswith("-small-reference.json")
     props = schema.PROBE_V2["properties"]["model"]["properties"]
     assert props["quantization"]["enum"] == ["none", "int8", "int4"] and 32 in props["group_size"]["enum"]
+
+
+def test_casting_a_quantized_file_is_refused(trained, tmp_path):
+    src = tmp_path / "q.safetensors"
+    trained.quantized("int8").save(src)
+    with pytest.raises(ValueError, match="holds int8 weights; cast the float model's file"):
+        weights.cast(src, tmp_path / "b.safetensors", "bfloat16")
+
+
+# ----------------------------------------------------------------------------- the int8 KV cache
+def _int8_caches(rng, b, s, hkv, d):
+    k, v = (rng.standard_normal((b, s, hkv, d)).astype(np.float32) * rng.uniform(0.2, 3.0, (b, s, hkv, 1))
+            for _ in range(2))
+    return (*quantization.quantize_kv(k), *quantization.quantize_kv(v))
+
+
+def _decode_truth(q, kq, ks, vq, vs, lengths):
+    """float64 attention over the dequantized caches (the probabilities rounded to q's dtype after
+    the value scales weigh them, as the kernel feeds its dot)."""
+    k = testing.f64(kq) * testing.f64(ks)[..., None]
+    v = testing.f64(vq) * testing.f64(vs)[..., None]
+    return testing.decode_attention_f64(q, k, v, lengths)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("b,s,hq,hkv,d,dtype", [(2, 40, 4, 2, 32, jnp.float32), (3, 130, 8, 2, 64, jnp.float32),
+                                                (1, 300, 4, 4, 64, jnp.bfloat16)])
+def test_decode_attention_reads_an_int8_cache(mode, b, s, hq, hkv, d, dtype):
+    rng = np.random.default_rng(s)
+    q = jnp.asarray(rng.standard_normal((b, hq, d)), dtype)
+    kq, ks, vq, vs = _int8_caches(rng, b, s, hkv, d)
+    lengths = jnp.asarray(rng.integers(1, s + 1, b), jnp.int32)
+    out = pk.decode_attention(q, kq, vq, lengths, k_scales=ks, v_scales=vs, mode=mode)
+    assert out.shape == (b, hq, d) and out.dtype == dtype
+    tol = 2e-3 if dtype == jnp.float32 else 3e-2   # f32: the probabilities' weighting order differs
+    assert testing.rel_err(out, _decode_truth(q, kq, ks, vq, vs, lengths)) < tol
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(k_scales="ks"), "pass k_scales and v_scales together"),
+    (dict(k_cache="kf"), "k_scales were given but the caches are float32"),
+    (dict(k_scales=None, v_scales=None), "k_cache is int8 but no k_scales were given"),
+    (dict(k_scales="bad"), r"k_scales is float32 \(2, 16\)"),
+    (dict(k_new="kn"), "k_new with an int8 cache"),
+    (dict(mode="mosaic_interpret"), "an int8 KV cache runs on the Triton tier only"),
+])
+def test_int8_cache_bad_input_is_a_one_line_error(kwargs, message):
+    rng = np.random.default_rng(0)
+    kq, ks, vq, vs = _int8_caches(rng, 2, 16, 2, 32)
+    args = dict(q=jnp.ones((2, 4, 32)), k_cache=kq, v_cache=vq, lengths=jnp.array([3, 5], jnp.int32),
+                k_scales=ks, v_scales=vs)
+    extra = {"ks": dict(v_scales=None), "kf": dict(k_cache=jnp.ones((2, 16, 2, 32)), v_cache=jnp.ones((2, 16, 2, 32))),
+             "bad": dict(k_scales=ks[:, :, 0]), "kn": dict(k_new=jnp.ones((2, 2, 32)), v_new=jnp.ones((2, 2, 32)))}
+    for key, value in kwargs.items():
+        if isinstance(value, str) and value in extra:
+            args.update(extra[value])
+        else:
+            args[key] = value
+    with pytest.raises(ValueError, match=message) as err:
+        pk.decode_attention(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), args.pop("lengths"), **args)
+    assert "\n" not in str(err.value)
+
+
+def test_int8_kv_cache_decodes_as_the_float_cache_of_its_dequantized_values(trained):
+    """Prefill attends to the fresh K/V (the same logits as the float model); a decode step reads the
+    int8 cache on both tiers alike, and differs from a float cache holding the dequantized contents
+    only by this step's own K/V, which the int8 cache stores rounded."""
+    from inference_lab.model.kv_cache import KVCache, QuantizedKV
+
+    m8 = trained.with_kv_cache_dtype("int8")
+    assert m8.cfg.kv_cache_dtype == "int8"
+    tokens, lengths = generation.padded([list(b"ROMEO:\nBut soft, what light")])
+    cache = KVCache.create(m8.cfg, 1, 64)
+    assert cache.quantized and cache.dtype == jnp.int8
+    logits, cache = generation.prefill(m8, tokens, cache, lengths)
+    full, _ = generation.prefill(trained, tokens, KVCache.create(trained.cfg, 1, 64), lengths)
+    assert testing.rel_err(logits, testing.f64(full)) < 1e-6
+    copy = KVCache([QuantizedKV(jnp.array(x.values), jnp.array(x.scales)) for x in cache.k],
+                   [QuantizedKV(jnp.array(x.values), jnp.array(x.scales)) for x in cache.v], cache.lengths)
+    deq = KVCache([k.dequantize() for k in cache.k], [v.dequantize() for v in cache.v], cache.lengths)
+    step = jnp.argmax(logits, -1).astype(jnp.int32)
+    on_kernel, _ = generation.decode_step(Transformer(m8.cfg, kernels="interpret", params=m8.params()), step, copy)
+    on_xla, cache = generation.decode_step(m8, step, cache)
+    assert testing.rel_err(on_kernel, testing.f64(on_xla)) < 1e-5
+    twin, _ = generation.decode_step(trained, step, deq)
+    assert 0 < testing.rel_err(on_xla, testing.f64(twin)) < 5e-3
+
+
+def test_int8_kv_cache_is_refused_where_caches_stay_float(trained):
+    from inference_lab.model.kv_cache import KVCache
+
+    m8 = trained.with_kv_cache_dtype("int8")
+    cache = KVCache.create(m8.cfg, 1, 32)
+    _, cache = generation.prefill(m8, np.array([[1, 2, 3]]), cache, np.array([3]))
+    with pytest.raises(ValueError, match="speculative decoding's verify step keeps float caches"):
+        generation.verify(m8, np.array([[4, 5]]), cache)
+    with pytest.raises(ValueError, match="kv_cache_dtype='fp8' must be one of auto, int8"):
+        trained.with_kv_cache_dtype("fp8")
+
+
+def test_int8_kv_cache_updates_in_place_and_counts_its_bytes():
+    from inference_lab.analytic import costs
+    from inference_lab.model.kv_cache import KVCache
+    from inference_lab.runtime import hlo
+
+    cfg = ModelConfig.preset("tiny")
+    c8 = cfg.replace(kv_cache_dtype="int8")
+    assert costs.kv_bytes_per_token(c8) == pytest.approx(costs.kv_bytes_per_token(cfg) * (1 + 4 / 32) / 4)
+    model = Transformer(c8, kernels="reference")
+    cache = KVCache.random(c8, 2, 64, 16)
+    assert cache.nbytes == 2 * cfg.n_layers * 2 * 64 * cfg.n_kv_heads * (cfg.head_dim + 4)
+    text = generation._decode_loop_jit.lower(model.params(), jnp.zeros((2,), jnp.int32), cache.lengths, cache.k,
+                                             cache.v, jax.random.key(0), None, steps=4, top_k=None, cfg=c8,
+                                             mode="reference").compile().as_text()
+    assert hlo.count_cache_copies(text, cache.k[0].values.size) == 0

@@ -229,3 +229,15 @@ def test_phase_seconds_add_up_to_the_busy_time(phases, mode):
     assert ph["decode"] > 0 or mode == "chunked"        # chunked iterations decode alongside prompt chunks
     if mode == "disaggregated":   # the pools are the phases
         assert ph["prefill"] == pytest.approx(res.utilisation["prefill"] * res.makespan, rel=1e-9)
+
+
+def test_the_server_listens_before_it_says_it_is_ready():
+    """ServerProcess connects as soon as it reads the ready line; a socket that is bound but not yet
+    listening refuses it (seen in CI when a busy machine delayed uvicorn's start). So `main` must
+    listen first."""
+    import inspect
+
+    from inference_lab.serving import server
+
+    source = inspect.getsource(server.main)
+    assert 0 <= source.index("sock.listen(") < source.index("READY_LINE")

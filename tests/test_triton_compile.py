@@ -35,6 +35,10 @@ def _decode(q, k, v, n):
     return pk.decode_attention(q, k, v, n, mode="triton")
 
 
+def _decode_int8(q, k, v, n, ks, vs):
+    return pk.decode_attention(q, k, v, n, k_scales=ks, v_scales=vs, mode="triton")
+
+
 def _paged(q, k, v, t, n):
     return pk.paged_decode_attention(q, k, v, t, n, mode="triton")
 
@@ -62,6 +66,9 @@ CASES = {
     **{f"paged decode attention D{d}": (_paged, (S((4, 32, d), BF16), S((513, 16, 8, d), BF16),
                                                   S((513, 16, 8, d), BF16), S((4, 128), jnp.int32), S((4,), jnp.int32)))
        for d in (64, 128)},
+    "decode attention over an int8 cache D128": (_decode_int8, (S((4, 32, 128), BF16), S((4, 2048, 8, 128), jnp.int8),
+                                                             S((4, 2048, 8, 128), jnp.int8), S((4,), jnp.int32),
+                                                             S((4, 2048, 8), jnp.float32), S((4, 2048, 8), jnp.float32))),
     "int8 matmul decode M1 K4096 N4096": (_quantized(), (S((1, 4096), BF16), S((4096, 4096), jnp.int8),
                                                           S((4096,), jnp.float32))),
     "int8 matmul prefill 2048x2048x2048": (_quantized(), (S((2048, 2048), BF16), S((2048, 2048), jnp.int8),

@@ -101,10 +101,11 @@ def weight_bytes(cfg, *, tp: int = 1) -> float:
 
 
 def kv_bytes_per_token(cfg, *, tp: int = 1) -> float:
-    """Bytes of K and V for one token across all layers: ``2 * L * Hkv * D * dtype_bytes``."""
+    """Bytes of K and V for one token across all layers: ``2 * L * Hkv * D * b`` with ``b`` the
+    cache's bytes per element (``cfg.kv_bytes_per_element``: the dtype's, or int8 and its scales)."""
     checks.model_config(cfg)
     tp = checks.tensor_parallel(cfg, tp)
-    return 2 * cfg.n_layers * (cfg.n_kv_heads // tp) * cfg.head_dim * cfg.dtype_bytes
+    return 2 * cfg.n_layers * (cfg.n_kv_heads // tp) * cfg.head_dim * cfg.kv_bytes_per_element
 
 
 def attention_intensity(cfg) -> float:
@@ -112,7 +113,7 @@ def attention_intensity(cfg) -> float:
     layer over ``2 Hkv D b`` bytes = ``2 Hq / (Hkv b)``. Long context pulls a decode step's
     intensity toward this, from below at small batch, from above at large."""
     checks.model_config(cfg)
-    return 2 * cfg.n_heads / (cfg.n_kv_heads * cfg.dtype_bytes)
+    return 2 * cfg.n_heads / (cfg.n_kv_heads * cfg.kv_bytes_per_element)
 
 
 def kv_cache_bytes(cfg, batch: int, context: int, *, tp: int = 1) -> float:

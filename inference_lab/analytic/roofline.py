@@ -251,7 +251,7 @@ def memory_needed(cfg, batch: int, context: int, *, tp: int = 1, attention_score
     if prefill_tokens is not None:
         tokens = min(tokens, checks.count("prefill_tokens", prefill_tokens))
     b = cfg.dtype_bytes
-    weights = cfg.num_params * b / tp
+    weights = ((cfg.num_params - cfg.matmul_params) * b + cfg.matmul_weight_bytes) / tp   # quantized: as stored
     kv = kv_cache_bytes(cfg, batch, context, tp=tp)
     per_token = (2 * cfg.d_model + (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim / tp
                  + 2 * cfg.d_ff / tp) * b

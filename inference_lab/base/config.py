@@ -21,6 +21,7 @@ from inference_lab.base import checks
 
 DTYPES = ("float32", "bfloat16")
 QUANTIZATIONS = ("none", "int8", "int4")   # how the streamed matrices are stored (inference_lab.model.quantize)
+KV_CACHE_DTYPES = ("auto", "int8")         # how the KV cache is stored (vLLM's --kv-cache-dtype names)
 INT4_GROUP_SIZES = (32, 64, 128)           # = pallas_kernels.quantization.INT4_GROUP_SIZES (tested)
 
 
@@ -44,6 +45,9 @@ class ModelConfig:
     # group_size input rows). Made by Transformer.quantized(); the roofline reads the bytes from here.
     quantization: str = "none"
     group_size: int | None = None
+    # The KV cache's storage: "auto" (the dtype above) or "int8" (a float32 scale per token and KV
+    # head). Made by Transformer.with_kv_cache_dtype(); the roofline reads the KV bytes from here.
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
         for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -74,6 +78,8 @@ class ModelConfig:
             )
 
     def _check_quantization(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} must be one of {', '.join(KV_CACHE_DTYPES)}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization={self.quantization!r} must be one of {', '.join(QUANTIZATIONS)}")
         if self.quantization != "int4":
@@ -109,6 +115,12 @@ class ModelConfig:
         if self.quantization == "int8":
             return float(sum(k * n + 4 * n for k, n in self.matrix_shapes()))
         return float(sum(k * n / 2 + 4 * (k // self.group_size) * n for k, n in self.matrix_shapes()))
+
+    @property
+    def kv_bytes_per_element(self) -> float:
+        """Bytes one K or V element costs in the cache: the dtype's, or 1 + 4 / head_dim in int8
+        (the value and its share of the token's and head's float32 scale)."""
+        return self.dtype_bytes if self.kv_cache_dtype == "auto" else 1 + 4 / self.head_dim
 
     @property
     def bytes_per_weight(self) -> float:

@@ -28,6 +28,7 @@ import numpy as np
 
 from inference_lab.analytic import costs, economics, roofline
 from inference_lab.base import hardware, tokenizer
+from inference_lab.base.config import ModelConfig
 from inference_lab.lessons.claims import Verdict, decide, log_midpoint, noise
 from inference_lab.measure import timing
 from inference_lab.measure.matmuls import ModelMatmulsPoint
@@ -39,7 +40,7 @@ CONTEXT = 128          # cached tokens per row in the timed decode steps
 PROMPT_LEN = 256       # the timed prefill
 STEPS = 8              # decode steps per timed loop
 BATCHES = (1, 64)         # batch 1, and a batch where the int8 matmuls outweigh the rest of the step
-WINDOWS = 16           # held-out windows of 256 bytes for the quality table (4 KB)
+WINDOWS = 8            # held-out windows of 256 bytes for the quality table (2 KB)
 GPU_PRESETS = ("base", "llama3_8b")
 GPUS = ("H100_SXM", "H200")
 
@@ -111,7 +112,7 @@ class Measured:
         return self.decode[name][batch].step_seconds
 
 
-def measure(model, *, repeats: int | None = 9) -> Measured:
+def measure(model, *, repeats: int | None = 7) -> Measured:
     """Time every format of ``model`` (:data:`TIMED`) and the matrices alone, in one round-robin run."""
     models = formats(model)
     points, where = [], []
@@ -124,7 +125,7 @@ def measure(model, *, repeats: int | None = 9) -> Measured:
             points.append(timing.PrefillPoint(m, 1, PROMPT_LEN))
             where.append(("prefill", name, None))
     for name in ("float32", "int8 x int8"):
-        for rows in (*BATCHES, PROMPT_LEN):   # one after another, as the model runs them
+        for rows in (max(BATCHES), PROMPT_LEN):   # one after another, as the model runs them
             points.append(ModelMatmulsPoint(models[name], rows, chained=True))
             where.append(("matmuls", name, rows))
     records = timing.measure_points(points, repeats=repeats, ceilings=None, desc="formats")
@@ -270,7 +271,7 @@ def gpu_table(context: int = 1024, batches=(1, 64)) -> list[dict]:
     million output tokens (``economics.predicted_token_prices``, the preset's example price)."""
     out = []
     for preset in GPU_PRESETS:
-        cfg = _preset(preset)
+        cfg = ModelConfig.preset(preset)
         for gpu in GPUS:
             spec = hardware.PRESETS[gpu]
             for name, (scheme, g) in PREDICTED.items():
@@ -283,12 +284,6 @@ def gpu_table(context: int = 1024, batches=(1, 64)) -> list[dict]:
                     row[f"output_price_b{b}"] = p["output_per_million"]
                 out.append(row)
     return out
-
-
-def _preset(name):
-    from inference_lab.base.config import ModelConfig
-
-    return ModelConfig.preset(name)
 
 
 def gpu_text(rows: list[dict], batches=(1, 64)) -> str:

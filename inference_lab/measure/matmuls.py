@@ -124,7 +124,7 @@ class ModelMatmulsPoint(_KernelPointBase):
     def __init__(self, model, m: int, *, seed: int = 0, chained: bool = False):
         self.model, self.m, self.seed, self.chained = model, checks.count("m", m), seed, checks.flag("chained", chained)
         flat = weights.flatten(model.params())
-        self.weights = [w for name, w in flat.items() if name.rpartition(".")[2] in quantize.MATRICES + ("head",)]
+        self.weights = [w for name, w in flat.items() if name.rpartition(".")[2] in quantize.STREAMED]
         if not self.weights:
             raise ValueError("the model has no weight matrices")
         dt = self.weights[0].dtype

@@ -113,14 +113,16 @@ def run(args, *, path=None) -> dict:
     cfg = ModelConfig.preset(preset_for(args))
     batches = sorted(set(args.batch) | {1})  # batch 1 is always measured: `ratio` needs it
     check_memory(cfg, args, batches)
-    model = Transformer(cfg, kernels=args.kernels).quantized(args.quantization, args.quantize_group_size)
+    model = (Transformer(cfg, kernels=args.kernels).quantized(args.quantization, args.quantize_group_size)
+             .with_kv_cache_dtype(args.kv_cache_dtype))
     if args.tp > 1:
         model = parallel.shard(model, parallel.make_mesh(args.tp))
     spec = measure_ceilings(cfg.dtype, verbose=True)
     head = {"machine": machine(args.name), "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "kernels": model.kernels, "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(),
             "model": {"preset": cfg.name, "params": cfg.num_params, "dtype": cfg.dtype,
-                      "quantization": model.cfg.quantization, "group_size": model.cfg.group_size},
+                      "quantization": model.cfg.quantization, "group_size": model.cfg.group_size,
+                      "kv_cache_dtype": model.cfg.kv_cache_dtype},
             "ceilings": {"matmul_flops_per_s": spec.peak_flops(cfg.dtype), "bandwidth_bytes_per_s": spec.bandwidth,
                          "method": f"matmul: {spec.sources.get('flops', '?')}; "
                                    f"bandwidth (read): {spec.sources.get('bandwidth', '?')}"[:500]},
@@ -159,7 +161,7 @@ def run(args, *, path=None) -> dict:
             head["kernel_tier"] = "+".join(sorted(ran)) if ran != {"reference"} else "reference"
         if any(r.phase == "decode" for r in measured):
             # Collectives are counted in the compiled decode loop (its body is one step), not assumed.
-            shape_only = KVCache.create(cfg, 1, args.prompt_len + args.new_tokens)
+            shape_only = KVCache.create(model.cfg, 1, args.prompt_len + args.new_tokens)
             state["all_reduces"] = hlo.count_all_reduces(
                 hlo.compiled_decode_text(model, shape_only, steps=args.new_tokens))
         state["complete"] = not measured.skipped
@@ -202,7 +204,8 @@ def format_table(r: dict) -> str:
         + (f" ({r['kernel_tier']} tier)" if r.get("kernel_tier") and r["kernel_tier"] != "reference" else "") + ", "
         f"model {r['model']['preset']} ({r['model']['params'] / 1e6:,.1f}M params, {r['model']['dtype']}"
         + (f", {r['model']['quantization']} weights" if r["model"].get("quantization", "none") != "none" else "")
-        + (f" g{r['model']['group_size']}" if r["model"].get("group_size") else "") + ")",
+        + (f" g{r['model']['group_size']}" if r["model"].get("group_size") else "")
+        + (", int8 KV cache" if r["model"].get("kv_cache_dtype") == "int8" else "") + ")",
         f"machine: {m['name'] or m['processor']} #{m['id']}",
         f"versions: python {v['python']}, jax {v['jax']}, jaxlib {v['jaxlib']}, flax {v['flax']}",
         f"ceilings (measured here): matmul {c['matmul_flops_per_s'] / 1e12:,.3f} TFLOP/s, "

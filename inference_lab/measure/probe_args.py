@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", "--quantize", choices=("none", "int8", "int4"), default="none",
                    help="measure the model with int8 or int4 weights (default: none)")
     p.add_argument("--quantize-group-size", type=int, default=None, help="int4's group size: 32, 64 or 128 (default 32)")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
+                   help="the KV cache's storage: auto (the model's dtype) or int8 (a scale per token and KV head)")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also write the results as JSON to this file, or into this folder under a name "
                         "made from this machine")
@@ -110,10 +112,10 @@ def mode_error(command: str) -> str | None:
     return None
 
 
-def filename(machine: dict, preset: str, kernels: str, quantization: str = "none") -> str:
-    """``probe-<name or processor>-<id>-<preset>-<kernels>[-<int8|int4>].json``: unique per machine."""
+def filename(machine: dict, preset: str, kernels: str, quantization: str = "none", kv_cache_dtype: str = "auto") -> str:
+    """``probe-<name or processor>-<id>-<preset>-<kernels>[-<int8|int4>][-kvint8].json``: unique per machine."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", machine["name"] or machine["processor"]).strip("-").lower()[:32]
-    suffix = "" if quantization == "none" else f"-{quantization}"
+    suffix = ("" if quantization == "none" else f"-{quantization}") + ("" if kv_cache_dtype == "auto" else "-kvint8")
     return f"probe-{slug.strip('-') or 'machine'}-{machine['id']}-{preset}-{kernels}{suffix}.json"
 
 
@@ -193,8 +195,9 @@ def _check_quantization(cfg, args) -> None:
 
     if args.quantization != "int4" and args.quantize_group_size is not None:
         raise ValueError("--quantize-group-size applies to --quantization int4 only")
-    if args.quantization != "none" and args.tp > 1:
-        raise ValueError("--quantization with --tp: tensor parallelism splits float weights only; use --tp 1")
+    if (args.quantization != "none" or args.kv_cache_dtype != "auto") and args.tp > 1:
+        raise ValueError("--quantization or --kv-cache-dtype int8 with --tp: tensor parallelism splits float weights "
+                         "and caches only; use --tp 1")
     group_size = args.quantize_group_size or (quantize.DEFAULT_GROUP_SIZE if args.quantization == "int4" else None)
     try:
         cfg.replace(quantization=args.quantization, group_size=group_size)
@@ -217,7 +220,7 @@ def output_path(args):
     if text.strip() and Path(text).expanduser().is_dir():
         kernels = mode.resolve_mode(args.kernels)
         return check_output_path(Path(text).expanduser() / filename(machine(args.name), preset_for(args), kernels,
-                                                                       args.quantization),
+                                                                       args.quantization, args.kv_cache_dtype),
                                  force=args.force, flag="--json")
     return check_output_path(text, force=args.force, flag="--json")
 

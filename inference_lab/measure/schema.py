@@ -127,7 +127,8 @@ def _v2() -> dict:
     # The weights' format (optional, newer files): none, int8, or int4 with its group size.
     p["model"] = copy.deepcopy(p["model"])
     p["model"]["properties"].update(quantization={"enum": ["none", "int8", "int4"]},
-                                    group_size={"enum": [None, 32, 64, 128]})
+                                    group_size={"enum": [None, 32, 64, 128]},
+                                    kv_cache_dtype={"enum": ["auto", "int8"]})
     p["skipped"] = {"type": "array", "maxItems": 64,
                     "items": {"type": "object", "required": ["batch", "reason"], "additionalProperties": False,
                               "properties": {"batch": _BATCH, "reason": {"type": "string", "maxLength": 500}}}}

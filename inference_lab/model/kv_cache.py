@@ -12,10 +12,16 @@ stacked array routed through a loop over layers tends to be copied whole.
 The engine *donates* a cache to each ``prefill``/``decode_step``: the arrays are handed to
 XLA to be overwritten in place and the call returns a new ``KVCache`` around them. The old
 object is marked consumed and refuses to be used again, with a message saying what to do.
+
+With ``cfg.kv_cache_dtype == "int8"`` each layer's K (and V) is a :class:`QuantizedKV`: int8
+values ``[B, S, Hkv, Dh]`` and a float32 scale per token and KV head ``[B, S, Hkv]`` (a vector's
+``max |x| / 127``), about a quarter of float32's bytes. :func:`write_prefix` and :func:`write_rows`
+write new K/V into either kind, rounding them on the way in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +29,56 @@ import numpy as np
 
 from inference_lab.base import random_arrays
 from inference_lab.base.config import ModelConfig
+from pallas_kernels import quantization
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QuantizedKV:
+    """One layer's int8 K (or V) cache: ``values`` int8 ``[B, S, Hkv, Dh]``, ``scales`` float32
+    ``[B, S, Hkv]``; ``values * scales[..., None]`` is what attention reads."""
+
+    values: jax.Array
+    scales: jax.Array
+
+    @property
+    def shape(self):
+        return self.values.shape
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.values.nbytes + self.scales.nbytes)
+
+    @classmethod
+    def of(cls, x) -> "QuantizedKV":
+        """Float K or V ``[..., Dh]`` rounded to int8, one scale per vector."""
+        return cls(*quantization.quantize_kv(x))
+
+    def dequantize(self, dtype=jnp.float32):
+        return (self.values.astype(jnp.float32) * self.scales[..., None]).astype(dtype)
+
+
+def write_prefix(cache, new):
+    """``new [B, T, Hkv, Dh]`` written at positions 0..T-1 of a layer's cache (float or int8)."""
+    if isinstance(cache, QuantizedKV):
+        q = QuantizedKV.of(new)
+        return QuantizedKV(jax.lax.dynamic_update_slice(cache.values, q.values, (0, 0, 0, 0)),
+                           jax.lax.dynamic_update_slice(cache.scales, q.scales, (0, 0, 0)))
+    return jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), (0, 0, 0, 0))
+
+
+def write_rows(cache, rows, positions, new):
+    """``new [..., Hkv, Dh]`` written at ``(rows, positions)`` (same leading shape) of a layer's
+    cache (float or int8), one scatter per array; positions past the cache are dropped."""
+    if isinstance(cache, QuantizedKV):
+        q = QuantizedKV.of(new)
+        return QuantizedKV(cache.values.at[rows, positions].set(q.values, mode="drop"),
+                           cache.scales.at[rows, positions].set(q.scales, mode="drop"))
+    return cache.at[rows, positions].set(new.astype(cache.dtype), mode="drop")
 
 
 class KVCache:
@@ -54,8 +110,14 @@ class KVCache:
                              f"{cfg.max_seq_len}")
         shape = (int(batch), int(max_len), cfg.n_kv_heads, cfg.head_dim)
         dt = jnp.dtype(cfg.dtype)
-        k = [jnp.zeros(shape, dt) for _ in range(cfg.n_layers)]
-        v = [jnp.zeros(shape, dt) for _ in range(cfg.n_layers)]
+        if cfg.kv_cache_dtype == "int8":
+            def empty():
+                return QuantizedKV(jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:3], jnp.float32))
+        else:
+            def empty():
+                return jnp.zeros(shape, dt)
+        k = [empty() for _ in range(cfg.n_layers)]
+        v = [empty() for _ in range(cfg.n_layers)]
         return cls(k, v, jnp.zeros((batch,), jnp.int32), host_lengths=np.zeros(batch, np.int32))
 
     @classmethod
@@ -71,6 +133,8 @@ class KVCache:
         shape = (cache.batch, cache.max_len, cfg.n_kv_heads, cfg.head_dim)
         k = [random_arrays.normal(shape, dt, (seed, 2 * i)) for i in range(cfg.n_layers)]
         v = [random_arrays.normal(shape, dt, (seed, 2 * i + 1)) for i in range(cfg.n_layers)]
+        if cfg.kv_cache_dtype == "int8":
+            k, v = [QuantizedKV.of(x) for x in k], [QuantizedKV.of(x) for x in v]
         lengths = np.full((cache.batch,), context, np.int32)
         return cls(k, v, jnp.asarray(lengths), host_lengths=lengths)
 
@@ -129,9 +193,15 @@ class KVCache:
         return self._host_lengths.copy()
 
     @property
+    def quantized(self) -> bool:
+        """True for an int8 cache (each layer a :class:`QuantizedKV`)."""
+        return isinstance(self._k[0], QuantizedKV)
+
+    @property
     def nbytes(self) -> int:
-        """Bytes of all K and V arrays (what a full-context decode step would read)."""
-        return 2 * self.n_layers * self.batch * self.max_len * self.n_kv_heads * self.head_dim * self.dtype.itemsize
+        """Bytes of all K and V arrays, scales included (what a full-context decode step would read)."""
+        per_vector = self.head_dim * self.dtype.itemsize + (4 if self.quantized else 0)
+        return 2 * self.n_layers * self.batch * self.max_len * self.n_kv_heads * per_vector
 
     def __repr__(self) -> str:
         state = f"consumed by {self._consumed_by}()" if self.consumed else f"lengths={self._host_lengths.tolist()}"

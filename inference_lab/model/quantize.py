@@ -34,7 +34,8 @@ from inference_lab.base.config import INT4_GROUP_SIZES, QUANTIZATIONS
 from pallas_kernels import quantization
 
 ACTIVATIONS = ("auto", "float", "int8")
-MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")   # per layer; plus the output head
+MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")   # per layer
+STREAMED = (*MATRICES, "head")                          # every matrix a step streams: what gets quantized
 DEFAULT_GROUP_SIZE = 32
 
 

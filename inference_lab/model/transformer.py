@@ -60,7 +60,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
-from inference_lab.model import parallel, quantize, weights
+from inference_lab.model import kv_cache, parallel, quantize, weights
 from inference_lab.base import checks, random_arrays
 from inference_lab.base.config import ModelConfig
 from inference_lab.model.weights import LAYER_PARAMS
@@ -185,8 +185,7 @@ def prefill_attention(p, h, kc, vc, *, positions, cfg, mode):
     at positions 0..T-1 of the layer's caches kc, vc [B, S, Hkv, Dh]."""
     q, k, v = _qkv(p, h, positions, cfg, mode)                     # [B,T,Hq,Dh], [B,T,Hkv,Dh]
     attn = pk.flash_attention(q, k, v, causal=True, mode=mode)      # [B, T, Hq, Dh]
-    kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (0, 0, 0, 0))
-    vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (0, 0, 0, 0))
+    kc, vc = kv_cache.write_prefix(kc, k), kv_cache.write_prefix(vc, v)   # an int8 cache rounds them
     return _attention_out(p, attn, mode), kc, vc
 
 
@@ -195,6 +194,12 @@ def decode_attention(p, h, kc, vc, *, lengths, cfg, mode):
     caches, in place (inside the kernel on the Pallas path: no separate scatter), and it
     attends to ``lengths[b] + 1`` keys."""
     q, k, v = _qkv(p, h, lengths, cfg, mode)                       # [B,Hq,Dh], [B,Hkv,Dh]
+    if isinstance(kc, kv_cache.QuantizedKV):   # an int8 cache: round and write the new K/V, then read
+        rows = jnp.arange(h.shape[0])
+        kc, vc = kv_cache.write_rows(kc, rows, lengths, k), kv_cache.write_rows(vc, rows, lengths, v)
+        attn = pk.decode_attention(q, kc.values, vc.values, lengths + 1, k_scales=kc.scales, v_scales=vc.scales,
+                                   mode=mode)
+        return _attention_out(p, attn, mode), kc, vc
     attn, kc, vc = pk.decode_attention(q, kc, vc, lengths + 1, k_new=k.astype(kc.dtype),
                                        v_new=v.astype(vc.dtype), mode=mode)   # [B, Hq, Dh]
     return _attention_out(p, attn, mode), kc, vc
@@ -373,6 +378,7 @@ def verify_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
     """``T`` tokens per row at positions ``lengths[b]`` onwards: tokens [B, T] int32. Returns
     (float32 logits [B, T, V] at every new position, k_caches, v_caches); ``lengths`` is not
     advanced here. With ``T = 1`` it is :func:`decode_forward`."""
+    _float_cache_only(cfg, "speculative decoding's verify step")
     b, t = tokens.shape
     x = _embed(params, tokens, cfg)                               # [B, T, D]
     attention = functools.partial(verify_attention, lengths=lengths, cfg=cfg, mode=mode)
@@ -392,6 +398,7 @@ def step_forward(params, decode_tokens, decode_lengths, decode_active, piece_tok
     order: the head runs where a token is sampled, not at every prompt position; k_caches,
     v_caches); no length is advanced here. With ``block_table`` [rows, P] the caches are pools of
     blocks (a paged cache: :func:`paged_step_attention`)."""
+    _float_cache_only(cfg, "the serving engine's step")
     tokens = jnp.concatenate([decode_tokens, piece_tokens.reshape(-1)])
     x = _embed(params, tokens, cfg)                               # [Wd + P * C, D]
     attention = functools.partial(step_attention, decode_lengths=decode_lengths, decode_active=decode_active,
@@ -399,6 +406,12 @@ def step_forward(params, decode_tokens, decode_lengths, decode_active, piece_tok
                                   block_table=block_table)
     x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
     return _logits(params, x[head_rows], cfg, mode), new_k, new_v
+
+
+def _float_cache_only(cfg, what: str) -> None:
+    if cfg.kv_cache_dtype != "auto":
+        raise ValueError(f"kv_cache_dtype={cfg.kv_cache_dtype!r}: {what} keeps float caches so far; the int8 KV "
+                         "cache runs prefill and decode (generate, decode_loop, the probe)")
 
 
 def forward(params, tokens, *, cfg, mode):
@@ -481,9 +494,9 @@ class Transformer(nnx.Module):
         self.mesh = None if mesh is None else parallel.check_mesh(mesh)
         if mesh is not None:
             checks.tensor_parallel(cfg, mesh.shape[parallel.AXIS])
-            if params is not None and quantize.is_quantized(params):
-                raise ValueError("mesh= with quantized params: tensor parallelism splits float weights only; "
-                                 "pass the float params, or mesh=None")
+            if (params is not None and quantize.is_quantized(params)) or cfg.kv_cache_dtype != "auto":
+                raise ValueError("mesh= with quantized params or an int8 KV cache: tensor parallelism splits float "
+                                 "weights and caches only; use the float model, or mesh=None")
         if params is not None:
             weights.check_params(cfg, params)  # before any array is placed on a device
             self._adopt(params if mesh is None else parallel.place_params(params, mesh))
@@ -517,6 +530,13 @@ class Transformer(nnx.Module):
         if not self.cfg.tie_embeddings:
             out["embed"] = self.embed.get_raw_value()
         return out
+
+    def with_kv_cache_dtype(self, kv_cache_dtype: str) -> "Transformer":
+        """This model (the same weights) with its KV caches stored as ``kv_cache_dtype``: "auto"
+        (the model's dtype) or "int8" (``kv_cache.QuantizedKV``: a float32 scale per token and KV head)."""
+        if self.mesh is not None and kv_cache_dtype != "auto":
+            raise ValueError("with_kv_cache_dtype(): this model is split over a mesh; the int8 KV cache is for one device")
+        return type(self)(self.cfg.replace(kv_cache_dtype=kv_cache_dtype), kernels=self.kernels, params=self.params())
 
     def quantized(self, scheme: str, group_size: int | None = None, *, activations: str = "auto") -> "Transformer":
         """This model with its streamed matrices quantized (``scheme`` "int8", "int4" or "none";

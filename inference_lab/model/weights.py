@@ -124,7 +124,7 @@ def check_params(cfg: ModelConfig, params: dict, source: str = "params") -> None
             raise ValueError(f"{source}: {name!r} is a {type(x).__name__}, not an array")
         found[name] = (tuple(x.shape), np.dtype(x.dtype).name)
         is_q = isinstance(x, quantize.QuantizedWeight)
-        if name.rpartition(".")[2] in quantize.MATRICES + ("head",) and (
+        if name.rpartition(".")[2] in quantize.STREAMED and (
                 (f"int{x.bits}", x.group_size) if is_q else ("none", None)) != (cfg.quantization, cfg.group_size):
             have = f"int{x.bits} (group_size={x.group_size})" if is_q else "float"
             raise ValueError(f"{source}: {name!r} is {have} but the config says quantization={cfg.quantization!r}, "
@@ -199,7 +199,7 @@ def _as_float_view(found: dict, cfg: ModelConfig, scheme: str, group_size, sourc
         return found
     out = dict(found)
     for name, shape in expected(cfg).items():
-        if name.rpartition(".")[2] not in quantize.MATRICES + ("head",):
+        if name.rpartition(".")[2] not in quantize.STREAMED:
             continue
         for part, (want, dtype) in quantize.stored_shapes(shape, scheme, group_size).items():
             key = f"{name}.{part}"
@@ -219,7 +219,7 @@ def _assemble(tensors: dict, cfg: ModelConfig, scheme: str, group_size, source: 
     """Checked tensors of a quantized file -> flat names -> arrays and QuantizedWeights."""
     out = dict(tensors)
     for name, shape in expected(cfg).items():
-        if name.rpartition(".")[2] in quantize.MATRICES + ("head",):
+        if name.rpartition(".")[2] in quantize.STREAMED:
             scales = out.pop(f"{name}.scales")
             quantize.check_scales(f"{name}.scales", scales, source)
             out[name] = quantize.QuantizedWeight(out.pop(f"{name}.q"), scales, shape, cfg.dtype,
@@ -244,6 +244,9 @@ def cast(src, dst, dtype: str) -> None:
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
     cfg, params = read(src)
+    if cfg.quantization != "none":
+        raise ValueError(f"src={str(src)!r} holds {cfg.quantization} weights; cast the float model's file, "
+                         "then quantize it")
     save(dst, dataclasses.replace(cfg, dtype=dtype), astype(params, dtype))
 
 

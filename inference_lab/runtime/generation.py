@@ -203,7 +203,8 @@ def _check_cache(model, cache, what: str) -> None:
         raise ValueError(f"cache must be a KVCache (KVCache.create(cfg, batch, max_len)), got {type(cache).__name__}")
     cache.check_alive(what)
     cfg = model.cfg
-    want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, np.dtype(cfg.dtype))
+    kv_dtype = np.dtype("int8") if cfg.kv_cache_dtype == "int8" else np.dtype(cfg.dtype)
+    want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
     have = (cache.n_layers, cache.n_kv_heads, cache.head_dim, np.dtype(cache.dtype))
     if want != have:
         raise ValueError(f"cache (layers, kv heads, head_dim, dtype)={have} does not match the model's {want}; "

@@ -220,6 +220,10 @@ def main(argv=None) -> int:
         backend.stop()
         print(f"serve: cannot bind {args.host}:{args.port} ({e.strerror}); choose another --port", file=sys.stderr)
         return 2
+    # Listen before the ready line: a client that connects as soon as it reads the line (ServerProcess)
+    # then waits in the backlog until uvicorn accepts, instead of being refused while a busy machine
+    # is still starting the event loop (a bound socket that does not listen refuses connections).
+    sock.listen(2048)
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     handle_exit = server.handle_exit

@@ -65,15 +65,19 @@ MIN_SPLIT_KEYS = 128     # never split the cache into chunks shorter than this
 
 
 # ----------------------------------------------------------------------------- the kernel
-def decode_attention_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused):
+def decode_attention_kernel(*refs, groups, group_rows, chunk, block_k, scale_log2, fused, int8_cache=False):
     # The refs, in order (inputs, then outputs):
     #   lengths_ref [B] int32, q_ref [B, Hq, D], k_ref, v_ref [B, S_max, Hkv, D],
+    #   int8 cache only: ks_ref, vs_ref [B, S_max, Hkv] f32 (each cached vector's scale),
     #   fused only: knew_ref, vnew_ref [B, Hkv, D] (this step's K/V),
     #   one split: o_ref [B, Hq, D];  several: acc_ref [B, splits, Hq, D], m_ref, l_ref [B, splits, Hq] f32,
     #   fused only: k_out_ref, v_out_ref [B, S_max, Hkv, D] (the same buffers as k_ref, v_ref: aliased).
     lengths_ref, q_ref, k_ref, v_ref = refs[:4]
     rest = list(refs[4:])
-    knew_ref = vnew_ref = k_out_ref = v_out_ref = None
+    knew_ref = vnew_ref = k_out_ref = v_out_ref = ks_ref = vs_ref = None
+    if int8_cache:
+        ks_ref, vs_ref = rest[:2]
+        rest = rest[2:]
     if fused:
         knew_ref, vnew_ref = rest[:2]
         k_out_ref, v_out_ref = rest[-2:]
@@ -101,12 +105,19 @@ def decode_attention_kernel(*refs, groups, group_rows, chunk, block_k, scale_log
         kv_mask = common.block_mask(k_ok, None, (block_k, d))
         k = common.masked_load(k_ref.at[b, pl.ds(k0, block_k), h, :], kv_mask)   # [block_k, D]
         v = common.masked_load(v_ref.at[b, pl.ds(k0, block_k), h, :], kv_mask)   # [block_k, D]
+        v_scales = None
+        if int8_cache:   # widen in registers (exact: int8 fits q's dtype); scales apply after the dots
+            k, v = k.astype(q.dtype), v.astype(q.dtype)
+            k_scales = common.masked_load(ks_ref.at[b, pl.ds(k0, block_k), h], k_ok)        # [block_k]
+            v_scales = common.masked_load(vs_ref.at[b, pl.ds(k0, block_k), h], k_ok)
         sc = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
                              preferred_element_type=jnp.float32) * scale_log2  # [group_rows, block_k]
+        if int8_cache:
+            sc = sc * k_scales[None, :]
         if masked:
             sc = jnp.where(k_ok[None, :], sc, -jnp.inf)
         # The first block holds key `start` (< end), visible to every row: m becomes finite.
-        return online_softmax.update(carry, sc, v)
+        return online_softmax.update(carry, sc, v, v_scales)
 
     carry = online_softmax.start(group_rows, d)
     if fused:
@@ -134,9 +145,10 @@ def decode_attention_kernel(*refs, groups, group_rows, chunk, block_k, scale_log
 
 # ----------------------------------------------------------------------------- launcher and entry points
 def launch(q, k_cache, v_cache, lengths, k_new=None, v_new=None, *, sm_scale, interpret: bool,
-           config: DecodeAttentionConfig | None = None):
+           config: DecodeAttentionConfig | None = None, k_scales=None, v_scales=None):
     """Run :func:`decode_attention_kernel` on checked operands over the plan's grid (splits, Hkv,
-    B), then (with several splits) combine their partial results."""
+    B), then (with several splits) combine their partial results. ``k_scales``/``v_scales``: an
+    int8 cache's scales (never with ``k_new``: :func:`check` refuses it)."""
     b, hq, d = q.shape
     s_max, hkv = k_cache.shape[1], k_cache.shape[2]
     p = plan(b, s_max, hkv, d, config=config)
@@ -146,9 +158,9 @@ def launch(q, k_cache, v_cache, lengths, k_new=None, v_new=None, *, sm_scale, in
     groups = hq // hkv
     kernel = functools.partial(decode_attention_kernel, groups=groups, group_rows=pow2_block(groups, 1 << 30),
                                chunk=p.chunk, block_k=c.block_k, scale_log2=sm_scale * LOG2E,
-                               fused=fused)
+                               fused=fused, int8_cache=k_scales is not None)
     out_shape = online_softmax.split_outputs(b, splits, hq, d, q.dtype)
-    args = [lengths, q, k_cache, v_cache]
+    args = [lengths, q, k_cache, v_cache] + ([k_scales, v_scales] if k_scales is not None else [])
     aliases = {}
     if fused:  # the caches come back as outputs, updated in place (their buffers are reused)
         args += [k_new, v_new]
@@ -164,7 +176,7 @@ def launch(q, k_cache, v_cache, lengths, k_new=None, v_new=None, *, sm_scale, in
 
 
 def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None,
-                     mode: str = "auto", config: DecodeAttentionConfig | None = None):
+                     mode: str = "auto", config: DecodeAttentionConfig | None = None, k_scales=None, v_scales=None):
     """One decode step of attention: q ``[B,Hq,D]`` over caches ``[B,S_max,Hkv,D]`` -> ``[B,Hq,D]``.
 
     Row ``b`` attends to its first ``lengths[b]`` cached keys (1..S_max). With ``k_new``,
@@ -175,36 +187,53 @@ def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm
     :mod:`pallas_kernels.mode`. ``config``: a :class:`DecodeAttentionConfig` (Triton tier) or
     ``mosaic.decode_attention.MosaicDecodeConfig`` (Hopper tier) instead of the one the tier's
     ``plan`` picks.
+
+    An int8 cache (``pallas_kernels.quantization.quantize_kv``): int8 ``k_cache``/``v_cache`` with
+    ``k_scales``/``v_scales`` float32 ``[B, S_max, Hkv]`` (one per cached vector), widened in
+    registers; write this step's K/V into it first (there is no ``k_new`` for an int8 cache). It
+    runs on the Triton tier (``"pallas"`` on a Hopper GPU too; the Mosaic modes refuse it).
     """
     q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = check(q, k_cache, v_cache, lengths, sm_scale,
-                                                                 k_new, v_new)
+                                                                 k_new, v_new, k_scales, v_scales)
+    int8_cache = k_scales is not None
+
+    def mosaic_problem(mosaic, copies):
+        if int8_cache:
+            return "an int8 KV cache runs on the Triton tier only"
+        return mosaic.unsupported(q, k_cache, allow_copies=copies)
+
     tier = choose_tier(mode, config, triton_config=DecodeAttentionConfig,
-                       mosaic=("decode_attention", "MosaicDecodeConfig"),
-                       mosaic_problem=lambda mosaic, copies: mosaic.unsupported(q, k_cache, allow_copies=copies))
+                       mosaic=("decode_attention", "MosaicDecodeConfig"), mosaic_problem=mosaic_problem)
     if tier.name == "reference":
-        return reference.decode_attention(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, sm_scale=sm_scale)
+        return reference.decode_attention(q, k_cache, v_cache, lengths, k_new=k_new, v_new=v_new, sm_scale=sm_scale,
+                                          k_scales=k_scales, v_scales=v_scales)
     if tier.name == "mosaic":
         return tier.module.decode_step(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, config=config,
                                        interpret=tier.interpret)
     return launch(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, interpret=tier.interpret,
-                  config=config)
+                  config=config, k_scales=k_scales, v_scales=v_scales)
 
 
 def pallas_decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm_scale=None,
-                            config: DecodeAttentionConfig | None = None, interpret: bool = False):
+                            config: DecodeAttentionConfig | None = None, interpret: bool = False,
+                            k_scales=None, v_scales=None):
     """The Pallas kernel itself, without the mode decision (compiled, or under the
     interpreter): what :func:`decode_attention` runs in modes "pallas" and "interpret"."""
     q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = check(q, k_cache, v_cache, lengths, sm_scale,
-                                                                 k_new, v_new)
+                                                                 k_new, v_new, k_scales, v_scales)
     return launch(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale=sm_scale, interpret=interpret,
-                config=checks.check_config(config, DecodeAttentionConfig))
+                  config=checks.check_config(config, DecodeAttentionConfig), k_scales=k_scales, v_scales=v_scales)
 
 
-def check(q, k_cache, v_cache, lengths, sm_scale, k_new=None, v_new=None):
+def check(q, k_cache, v_cache, lengths, sm_scale, k_new=None, v_new=None, k_scales=None, v_scales=None):
     """The operands as arrays after every check (one-line errors; ``lengths`` values when concrete)."""
+    int8_cache = checks.kv_scales(k_cache, v_cache, k_scales, v_scales)
+    if int8_cache and k_new is not None:
+        raise ValueError("k_new with an int8 cache: write this step's K/V into the cache first (as "
+                         "inference_lab.model.kv_cache.write_rows does) and pass lengths + 1 without k_new")
     q, k_cache, v_cache, sm_scale = checks.attention_operands(
         q, k_cache, v_cache, q_rank=3, q_layout="[B, Hq, D]", k_name="k_cache", v_name="v_cache",
-        kv_layout="[B, S_max, Hkv, D]", sm_scale=sm_scale)
+        kv_layout="[B, S_max, Hkv, D]", sm_scale=sm_scale, int8_cache=int8_cache)
     b, s_max = q.shape[0], k_cache.shape[1]
     lengths = checks.as_array(lengths, "lengths")
     if lengths.shape != (b,):

@@ -27,15 +27,18 @@ def start(rows: int, d: int):
             jnp.zeros((rows,), jnp.float32))
 
 
-def update(carry, scores, v):
-    """Fold one key block in: ``scores [rows, block_k]`` (base 2, masked keys -inf), ``v [block_k, d]``."""
+def update(carry, scores, v, v_scales=None):
+    """Fold one key block in: ``scores [rows, block_k]`` (base 2, masked keys -inf), ``v [block_k, d]``.
+    ``v_scales [block_k]``: an int8 cache's per-key value scales (``v`` holds the integers, widened):
+    they weigh the probabilities instead of the values, so ``v`` is never scaled element by element."""
     acc, m_i, l_i = carry
     m_new = jnp.maximum(m_i, jnp.max(scores, axis=1))
     alpha = jnp.exp2(m_i - m_new)
     p = jnp.exp2(scores - m_new[:, None])
     l_new = l_i * alpha + jnp.sum(p, axis=1)
+    weights = p if v_scales is None else p * v_scales[None, :]
     # P is cast to V's dtype before the dot, as the tensor cores want it; the sum stays f32.
-    acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, precision=lax.Precision.HIGHEST,
+    acc = acc * alpha[:, None] + jnp.dot(weights.astype(v.dtype), v, precision=lax.Precision.HIGHEST,
                                          preferred_element_type=jnp.float32)
     return acc, m_new, l_new
 
