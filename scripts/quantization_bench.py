@@ -64,9 +64,9 @@ FORMULATIONS = {   # name -> (what it stores, x [B, K], (float w, int8 q, scales
 }
 
 
-def formulations(cfg, batches=(1, 8), repeats=7):
-    """Part 1: {batch: {name: seconds}} over one layer set's four matrices (8 copies of each
-    layer for the `small` preset's sizes: past the last-level cache, as a decode step is)."""
+def formulations(cfg, batches=(1, 8), repeats=7, names=tuple(FORMULATIONS)):
+    """Part 1: {batch: {name: seconds}} of the formulations ``names`` over every layer's matrices
+    (the `small` preset's 8 layers: past the last-level cache, as a decode step is)."""
     rng = np.random.default_rng(0)
     shapes = cfg.matrix_shapes()[:-1]          # every layer's matrices (the head is small here)
     weights = [rng.standard_normal((k, n)).astype(np.float32) for k, n in shapes]
@@ -74,8 +74,9 @@ def formulations(cfg, batches=(1, 8), repeats=7):
     out = {}
     for b in batches:
         xs = {k: jnp.asarray(rng.standard_normal((b, k)), jnp.float32) for k, _ in shapes}
-        fns = {name: jax.jit(lambda ops, xs, f=f: [f(xs[w.shape[0]], w, q, s, bf) for w, q, s, bf in ops])
-               for name, f in FORMULATIONS.items()}
+        fns = {name: jax.jit(lambda ops, xs, f=FORMULATIONS[name]: [f(xs[w.shape[0]], w, q, s, bf)
+                                                                   for w, q, s, bf in ops])
+               for name in names}
         samples = round_robin([lambda fn=fn: timed(fn, ops, xs) for fn in fns.values()], repeats)
         times = {name: s.seconds for name, s in zip(fns, samples)}
         out[b] = {name: float(np.median(t)) for name, t in times.items()}
@@ -117,12 +118,11 @@ def models(preset, batches=(1, 8), context=128, prompt_len=256, repeats=7, forma
 
 
 def markdown(part1, part2, preset) -> str:
-    lines = [f"Formulations (one layer set of `{preset}`, every matrix; time / float32 time, lower is better "
-             "as a time, the ratio column is float32 time / this time):", "",
+    lines = [f"Formulations (every layer's matrices of `{preset}`; ratio = float32 time / this time):", "",
              "| formulation | " + " | ".join(f"batch {b}: ratio" for b in part1) + " |",
              "|---|" + "---:|" * len(part1)]
     base = {b: t["float32 dot (the baseline)"] for b, t in part1.items()}
-    for name in FORMULATIONS:
+    for name in part1[next(iter(part1))]:
         lines.append(f"| {name} | " + " | ".join(f"x{base[b] / part1[b][name]:.2f}" for b in part1) + " |")
     lines += ["", f"Whole model (`{preset}`, reference kernels; ratio = float32 time / this time):", "",
               "| weights | MB | decode B1 ms/step | ratio | decode B8 ms/step | ratio | prefill ms | ratio |",

@@ -41,10 +41,11 @@ def test_the_read_ceiling_check_prints_every_stream(capsys):
 def test_the_quantization_bench_times_every_formulation_and_format():
     bench = _script("quantization_bench")
     cfg = ModelConfig.preset("tiny")
-    part1 = bench.formulations(cfg, batches=(1,), repeats=1)
-    assert set(part1[1]) == set(bench.FORMULATIONS) and all(t > 0 for t in part1[1].values())
+    names = [n for n in bench.FORMULATIONS if "baseline" in n or "kept" in n or "blocked" in n]
+    part1 = bench.formulations(cfg, batches=(1,), repeats=1, names=names)
+    assert list(part1[1]) == names and all(t > 0 for t in part1[1].values())
     formats = {k: bench.FORMATS[k] for k in ("float32", "int8 (kept: int8 activations)", "int4 g32")}
     part2 = bench.models("tiny", batches=(1,), context=8, prompt_len=16, repeats=1, formats=formats)
     assert part2["int8 (kept: int8 activations)"]["weight_bytes"] < part2["float32"]["weight_bytes"] / 3
     table = bench.markdown(part1, part2, "tiny")
-    assert "rows padded to 2 (kept)" in table and "| int4 g32 |" in table
+    assert "rows padded to 2 (kept)" in table and "| int4 g32 |" in table and "fused" not in table

@@ -80,9 +80,8 @@ def test_int8_rounds_to_the_nearest_step_and_keeps_zero_columns():
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("activations", ["float", "int8"])
 @pytest.mark.parametrize("m,k,n,group_size,dtype", [
-    (1, 96, 40, None, jnp.float32), (2, 200, 50, None, jnp.float32), (5, 130, 17, None, jnp.bfloat16),
-    (3, 128, 70, 32, jnp.float32), (17, 256, 33, 64, jnp.float32), (70, 384, 130, 128, jnp.float32),
-    (1, 192, 96, 32, jnp.bfloat16)])
+    (1, 96, 40, None, jnp.float32), (5, 130, 17, None, jnp.bfloat16), (3, 128, 70, 32, jnp.float32),
+    (17, 256, 33, 64, jnp.float32), (70, 384, 130, 128, jnp.float32), (1, 192, 96, 32, jnp.bfloat16)])
 def test_quantized_matmul_matches_float64(mode, activations, m, k, n, group_size, dtype):
     rng = np.random.default_rng(m * 1000 + k + n)
     x = jnp.asarray(rng.standard_normal((m, k)), dtype)
@@ -166,11 +165,12 @@ def test_quantized_greedy_tokens_equal_the_dequantized_float_model(trained, sche
     assert generation.generate(qm, PROMPT, 48) == generation.generate(twin, PROMPT, 48)
 
 
-def test_kernel_path_gives_the_reference_path_tokens(trained):
-    qm = trained.quantized("int4", 32, activations="float")
+def test_kernel_path_gives_the_reference_path_tokens():
+    """The Pallas kernel (interpreted) and the XLA path, on the same int4 weights: the same greedy
+    tokens (a small random model: the interpreter is slow)."""
+    qm = Transformer(ModelConfig.preset("tiny"), kernels="reference").quantized("int4", 32, activations="float")
     on_kernel = Transformer(qm.cfg, kernels="interpret", params=qm.params())
-    on_xla = Transformer(qm.cfg, kernels="reference", params=qm.params())
-    assert generation.generate(on_kernel, PROMPT, 6) == generation.generate(on_xla, PROMPT, 6)
+    assert generation.generate(on_kernel, [[1, 5, 9, 2]], 3) == generation.generate(qm, [[1, 5, 9, 2]], 3)
 
 
 def test_int8_activations_change_the_numbers_a_little(trained):

@@ -9,7 +9,7 @@ phase, predicted from the bytes, then measured on this machine, and what it cost
    moves down with the bytes per weight.
 2. **Measure** (:func:`measure`): the lesson model with float32 weights, int8 weight-only
    (activations stay float32), int8 with int8 activations (both operands int8: XLA:CPU's fast
-   path) and int4 (group 128), decode steps at batch 1 and 8 and a prefill, timed side by side,
+   path) and int4 (group 128), decode steps at batch 1 and 64 and a prefill, timed side by side,
    with the model's matrices timed alone beside them, one after another as the model runs them
    (what the step's gain should be if only its matmuls change: :func:`follows_its_matmuls`).
 3. **Quality** (:func:`quality`): the trained ``shakespeare_large`` on 16 KB of held-out text in
