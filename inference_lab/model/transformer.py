@@ -8,9 +8,11 @@ Two layers of code:
 
 1. **Pure functions over a dict of arrays** (:func:`prefill_forward`, :func:`decode_forward`,
    :func:`verify_forward`, :func:`step_forward` (a serving engine's mixed batch), :func:`forward`).
-   They are what the runtime and the serving engine jit. Every matmul is
-   ``pk.matmul`` on a 2-D view, prefill attention is ``pk.flash_attention``, decode attention is
-   ``pk.decode_attention``, all with the same ``mode``. Head counts and the vocabulary size
+   They are what the runtime and the serving engine jit. Every matmul is :func:`dense`:
+   ``pk.matmul`` on a 2-D view (``pk.quantized_matmul`` for a quantized weight,
+   :mod:`inference_lab.model.quantize`), prefill attention is ``pk.flash_attention``, decode
+   attention is ``pk.decode_attention`` (over an int8 cache too, ``kv_cache.QuantizedKV``), all
+   with the same ``mode``. Head counts and the vocabulary size
    are read from the *local* weight shapes, and the two partial sums of a tensor-parallel
    layer are ``psum``-ed over the mesh axis ``"tp"`` only when that axis exists, so the same
    functions run unchanged inside ``shard_map`` (Megatron layout: ``parallel.PARTITION``).
