@@ -29,7 +29,6 @@ import jax.numpy as jnp
 from jax import lax
 
 INT4_GROUP_SIZES = (32, 64, 128)   # a group's half must fill a Triton dot (>= 16 rows)
-BITS = (8, 4)
 
 
 def check_group_size(group_size, k: int, name: str = "group_size") -> int:
