@@ -32,7 +32,6 @@ _PUBLIC = {
     "PagedDecodeAttentionConfig": ("pallas_kernels.triton.paged_decode_attention", "PagedDecodeAttentionConfig"),
     "paged_decode_attention_plan": ("pallas_kernels.triton.paged_decode_attention", "plan"),
     "quantized_matmul": ("pallas_kernels.triton.quantized_matmul", "quantized_matmul"),
-    "QuantizedMatmulConfig": ("pallas_kernels.triton.quantized_matmul", "QuantizedMatmulConfig"),
     "quantized_matmul_plan": ("pallas_kernels.triton.quantized_matmul", "plan"),
 }
 _SUBMODULES = ("mode", "reference", "quantization", "testing", "ceilings", "timing", "checks", "device", "files")

@@ -28,7 +28,7 @@ from inference_lab.base.config import ModelConfig
 from inference_lab.base.hardware import processor_summary
 from inference_lab.measure import timing
 from inference_lab.model.transformer import Transformer
-from pallas_kernels import quantization
+from pallas_kernels import quantization, reference
 from pallas_kernels.timing import round_robin, timed
 
 HIGHEST = lax.Precision.HIGHEST
@@ -43,11 +43,10 @@ def _blocked(x, q, scales, tile=64):
     return acc * scales
 
 
-def _int8_dot(x, q, scales, pad_to=1):
+def _int8_dot_one_row(x, q, scales):
+    """The kept path without its padding: XLA:CPU's int8 dot on the rows as they are."""
     xq, xs = quantization.quantize_rows(x)
-    rows = max(x.shape[0], pad_to)
-    acc = lax.dot(jnp.pad(xq, ((0, rows - x.shape[0]), (0, 0))), q, preferred_element_type=jnp.int32)
-    return acc[: x.shape[0]].astype(jnp.float32) * scales * xs
+    return lax.dot(xq, q, preferred_element_type=jnp.int32).astype(jnp.float32) * scales * xs
 
 
 FORMULATIONS = {   # name -> (what it stores, x [B, K], (float w, int8 q, scales, bf16 w) -> y [B, N])
@@ -59,8 +58,10 @@ FORMULATIONS = {   # name -> (what it stores, x [B, K], (float w, int8 q, scales
     "int8: fused multiply-and-sum (no dot)": lambda x, w, q, s, b: jnp.sum(x[:, :, None] * q.astype(jnp.float32)[None],
                                                                           axis=1) * s,
     "int8: blocked dequantize (64-row f32 tiles)": lambda x, w, q, s, b: _blocked(x, q, s),
-    "int8 x int8 -> int32 dot, one row": lambda x, w, q, s, b: _int8_dot(x, q, s),
-    "int8 x int8 -> int32 dot, rows padded to 2 (kept)": lambda x, w, q, s, b: _int8_dot(x, q, s, pad_to=2),
+    "int8 x int8 -> int32 dot, one row": lambda x, w, q, s, b: _int8_dot_one_row(x, q, s),
+    # what the model runs: pk.quantized_matmul's XLA path (activations rounded per row, one row padded to two)
+    "int8 x int8 -> int32 dot, rows padded to 2 (kept)": lambda x, w, q, s, b: reference.quantized_matmul(
+        x, q, s, activations="int8"),
 }
 
 

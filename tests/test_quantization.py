@@ -109,7 +109,7 @@ def test_split_k_partials_add_up():
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.standard_normal((1, 512)), jnp.float32)
     q, scales = _weight(rng, 512, 24, 64)
-    config = pk.QuantizedMatmulConfig(block_m=16, block_n=16, block_k=64, split_k=3)
+    config = pk.MatmulConfig(block_m=16, block_n=16, block_k=64, split_k=3)
     plan = pk.quantized_matmul_plan(1, 512, 24, jnp.float32, group_size=64, config=config)
     assert plan.grid == (1, 2, 3)
     y = pk.quantized_matmul(x, q, scales, group_size=64, mode="interpret", config=config)

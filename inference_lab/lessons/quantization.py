@@ -298,7 +298,10 @@ def gpu_text(rows: list[dict], batches=(1, 64)) -> str:
 
 
 # ----------------------------------------------------------------------------- the figure and the dashboard
-def curve_rows(cfg, spec, context: int = CONTEXT, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256)) -> list[dict]:
+CURVE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # the figure's lines and the dashboard's batch slider
+
+
+def curve_rows(cfg, spec, context: int = CONTEXT, batches=CURVE_BATCHES) -> list[dict]:
     """The roofline's decode tokens/s over the batch for each predicted format (the figure's lines)."""
     rows = []
     for name, (scheme, g) in PREDICTED.items():
@@ -325,7 +328,7 @@ def view(cfg, spec, measured: Measured | None = None):
         points = measured_rows(measured) if measured is not None and context == CONTEXT else []
         fig = quantization_plot(rows, points, mark_batch=batch,
                                 title=f"Decode on this machine's roofline, {context} cached tokens")
-        at = {r["format"]: r["decode_tokens_per_s"] for r in curve_rows(cfg, spec, context, (batch,))}
+        at = {r["format"]: r["decode_tokens_per_s"] for r in rows if r["batch"] == batch}
         base = at[cfg.dtype]
         bound = [p["format"] for p in predict(cfg, spec, batch=batch, context=context)
                  if roofline.bound(costs.decode_cost(p["cfg"], batch, context), spec,

@@ -198,7 +198,7 @@ def _check_quantization(cfg, args) -> None:
     if (args.quantization != "none" or args.kv_cache_dtype != "auto") and args.tp > 1:
         raise ValueError("--quantization or --kv-cache-dtype int8 with --tp: tensor parallelism splits float weights "
                          "and caches only; use --tp 1")
-    group_size = args.quantize_group_size or (quantize.DEFAULT_GROUP_SIZE if args.quantization == "int4" else None)
+    group_size = quantize.group_size_for(args.quantization, args.quantize_group_size)
     try:
         cfg.replace(quantization=args.quantization, group_size=group_size)
     except ValueError as err:

@@ -112,12 +112,16 @@ def check_scheme(scheme: str, group_size, activations: str = "auto") -> None:
         raise ValueError(f"group_size={group_size!r} applies to int4 only; {scheme} takes group_size=None")
 
 
+def group_size_for(scheme: str, group_size: int | None) -> int | None:
+    """The group size ``scheme`` uses: :data:`DEFAULT_GROUP_SIZE` for int4 when none is given."""
+    return DEFAULT_GROUP_SIZE if scheme == "int4" and group_size is None else group_size
+
+
 def quantize(params: dict, scheme: str, group_size: int | None = None, *, activations: str = "auto") -> dict:
     """A params dict with every streamed matrix quantized (``scheme`` "int8", "int4" or "none":
     the dict unchanged). int4 needs ``group_size`` (32, 64 or 128) to divide every matrix's input
     rows; the error names the first matrix it does not. Already-quantized params are refused."""
-    if scheme == "int4" and group_size is None:
-        group_size = DEFAULT_GROUP_SIZE
+    group_size = group_size_for(scheme, group_size)
     check_scheme(scheme, group_size, activations)
     if scheme == "none":
         return params

@@ -545,8 +545,7 @@ class Transformer(nnx.Module):
         :func:`inference_lab.model.quantize.quantize`): a new Transformer, same config and kernels."""
         if self.mesh is not None:
             raise ValueError("quantized(): this model is split over a mesh; quantize the one-device model")
-        if scheme == "int4" and group_size is None:
-            group_size = quantize.DEFAULT_GROUP_SIZE
+        group_size = quantize.group_size_for(scheme, group_size)
         if self.cfg.quantization != "none":
             raise ValueError(f"quantized(): this model is already {self.cfg.quantization}; quantize the float model")
         cfg = self.cfg.replace(quantization=scheme, group_size=group_size)   # checks that the shapes can be packed

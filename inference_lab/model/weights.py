@@ -179,22 +179,23 @@ def read(path) -> tuple[ModelConfig, dict]:
         cfg = ModelConfig(**fields)
     except (ValueError, TypeError, RecursionError) as err:
         raise ValueError(f"{source}: the config in its metadata is not a valid ModelConfig ({str(err)[:160]})") from None
-    scheme, group_size = cfg.quantization, cfg.group_size
-    found = _as_float_view(found, cfg, scheme, group_size, source)
+    found = _as_float_view(found, cfg, source)
     check(cfg, found, source)
     tensors = load_file(str(path))
     bad = next((name for name, t in tensors.items() if not bool(_all_finite(t))), None)
     if bad is not None:   # a NaN or infinite weight poisons every token after it
         raise ValueError(f"{source}: tensor {bad!r} holds NaN or infinite values; the file is damaged "
                          "(or training diverged): train again or load another file")
-    if scheme != "none":
-        tensors = _assemble(tensors, cfg, scheme, group_size, source)
+    if cfg.quantization != "none":
+        tensors = _assemble(tensors, cfg, source)
     return cfg, nest(tensors, cfg)
 
 
-def _as_float_view(found: dict, cfg: ModelConfig, scheme: str, group_size, source: str) -> dict:
-    """A quantized file's ``name.q``/``name.scales`` pairs checked against the shapes the config
-    and scheme imply, and replaced by the float ``name`` they stand for (for :func:`check`)."""
+def _as_float_view(found: dict, cfg: ModelConfig, source: str) -> dict:
+    """A quantized file's ``name.q``/``name.scales`` pairs checked against the shapes its config
+    (``quantization``, ``group_size``) implies, and replaced by the float ``name`` they stand for
+    (for :func:`check`)."""
+    scheme, group_size = cfg.quantization, cfg.group_size
     if scheme == "none":
         return found
     out = dict(found)
@@ -215,15 +216,14 @@ def _as_float_view(found: dict, cfg: ModelConfig, scheme: str, group_size, sourc
     return out
 
 
-def _assemble(tensors: dict, cfg: ModelConfig, scheme: str, group_size, source: str) -> dict:
+def _assemble(tensors: dict, cfg: ModelConfig, source: str) -> dict:
     """Checked tensors of a quantized file -> flat names -> arrays and QuantizedWeights."""
     out = dict(tensors)
     for name, shape in expected(cfg).items():
         if name.rpartition(".")[2] in quantize.STREAMED:
             scales = out.pop(f"{name}.scales")
             quantize.check_scales(f"{name}.scales", scales, source)
-            out[name] = quantize.QuantizedWeight(out.pop(f"{name}.q"), scales, shape, cfg.dtype,
-                                                 group_size if scheme == "int4" else None)
+            out[name] = quantize.QuantizedWeight(out.pop(f"{name}.q"), scales, shape, cfg.dtype, cfg.group_size)
     return out
 
 

@@ -150,7 +150,7 @@ def _check_quantization(p: argparse.ArgumentParser, args) -> None:
                 "use --policy chunked or static")
     if args.quantization == "int8" and args.quantize_group_size is not None:
         p.error("--quantize-group-size applies to --quantization int4 only (int8 has a scale per column)")
-    group_size = args.quantize_group_size or (quantize.DEFAULT_GROUP_SIZE if args.quantization == "int4" else None)
+    group_size = quantize.group_size_for(args.quantization, args.quantize_group_size)
     try:
         if args.weights is None:   # a file's own shapes are known once it is read: load_model checks them then
             ModelConfig.preset(args.preset).replace(quantization=args.quantization, group_size=group_size)

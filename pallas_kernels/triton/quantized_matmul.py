@@ -47,6 +47,7 @@ from pallas_kernels import checks, device, quantization, reference
 from pallas_kernels.mode import choose_tier
 from pallas_kernels.triton import common
 from pallas_kernels.triton.common import cdiv, pow2_block
+from pallas_kernels.triton.matmul import MatmulConfig
 
 ACTIVATIONS = ("auto", "float", "int8")
 PROGRAMS_PER_SM = 2   # as the matmul: split until the grid has this many programs per SM
@@ -109,7 +110,7 @@ def quantized_matmul_kernel(x_ref, q_ref, s_ref, xs_ref, o_ref, *, m, n, k, chun
 
 # ----------------------------------------------------------------------------- launcher and entry points
 def launch(x, q, scales, group_size, activations, out_dtype, *, interpret: bool,
-           config: QuantizedMatmulConfig | None = None):
+           config: MatmulConfig | None = None):
     """Run :func:`quantized_matmul_kernel` on checked operands (``activations`` "float" or "int8")."""
     (m, k), n = x.shape, q.shape[1]
     int4 = q.dtype == jnp.uint8
@@ -139,7 +140,7 @@ def _without_row_scales(kernel, x_ref, q_ref, s_ref, o_ref):
 
 
 def quantized_matmul(x, q, scales, *, group_size: int | None = None, activations: str = "auto", out_dtype=None,
-                     mode: str = "auto", config: QuantizedMatmulConfig | None = None):
+                     mode: str = "auto", config: MatmulConfig | None = None):
     """``x [M, K]`` times a quantized weight ``[K, N]`` -> ``[M, N]``.
 
     ``q``/``scales``: int8 ``[K, N]`` with ``[N]`` column scales, or packed int4 uint8 ``[K/2, N]``
@@ -151,7 +152,7 @@ def quantized_matmul(x, q, scales, *, group_size: int | None = None, activations
     Hopper GPU ``mode="pallas"`` runs the Triton tier, and the Mosaic modes are refused.
     """
     x, q, scales, group_size, out_dtype = check(x, q, scales, group_size, activations, out_dtype)
-    tier = choose_tier(mode, config, triton_config=QuantizedMatmulConfig, mosaic=None, mosaic_problem=None)
+    tier = choose_tier(mode, config, triton_config=MatmulConfig, mosaic=None, mosaic_problem=None)
     if activations == "auto":
         activations = "int8" if tier.name == "reference" else "float"
     if tier.name == "reference":
@@ -195,31 +196,13 @@ def check(x, q, scales, group_size, activations, out_dtype):
 
 # ----------------------------------------------------------------------------- config and plan
 @dataclasses.dataclass(frozen=True)
-class QuantizedMatmulConfig:
-    """How the kernel cuts the work. Blocks are powers of two >= 16; for an int4 weight
-    ``block_k`` must equal the group size (a step is one group)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def __post_init__(self):
-        checks.check_triton_config(self, ("block_m", "block_n", "block_k"))
-        if isinstance(self.split_k, bool) or not isinstance(self.split_k, int) or self.split_k < 1:
-            raise ValueError(f"QuantizedMatmulConfig.split_k={self.split_k!r} must be a positive integer")
-
-
-@dataclasses.dataclass(frozen=True)
 class QuantizedMatmulPlan:
     """What the kernel will launch for one shape: its config, K chunk and grid."""
 
     m: int
     k: int
     n: int
-    config: QuantizedMatmulConfig
+    config: MatmulConfig
     chunk_k: int     # K elements per program (a multiple of block_k)
     grid: tuple      # (M tiles, N tiles, K chunks)
 
@@ -227,7 +210,7 @@ class QuantizedMatmulPlan:
 DECODE_ROWS = 64   # M up to this: one tile row, N narrowed and K split until the GPU is full
 
 
-def _make_plan(m, k, n, config: QuantizedMatmulConfig) -> QuantizedMatmulPlan:
+def _make_plan(m, k, n, config: MatmulConfig) -> QuantizedMatmulPlan:
     blocks = cdiv(k, config.block_k)
     per_chunk = cdiv(blocks, min(config.split_k, blocks))
     chunk = per_chunk * config.block_k
@@ -236,16 +219,18 @@ def _make_plan(m, k, n, config: QuantizedMatmulConfig) -> QuantizedMatmulPlan:
 
 
 def plan(m: int, k: int, n: int, dtype=jnp.bfloat16, *, group_size: int | None = None,
-         num_sms: int | None = None, config: QuantizedMatmulConfig | None = None) -> QuantizedMatmulPlan:
-    """The config and grid :func:`quantized_matmul` uses for ``[m, k]`` times a ``[k, n]`` weight
-    (``group_size``: an int4 weight's, None for int8). ``num_sms``: the GPU's SM count (None:
+         num_sms: int | None = None, config: MatmulConfig | None = None) -> QuantizedMatmulPlan:
+    """The config (the matmul's :class:`~pallas_kernels.triton.matmul.MatmulConfig`: the same
+    blocks, K split, warps and stages; for an int4 weight ``block_k`` must equal the group size,
+    one group a step) and grid :func:`quantized_matmul` uses for ``[m, k]`` times a ``[k, n]``
+    weight (``group_size``: an int4 weight's, None for int8). ``num_sms``: the GPU's SM count (None:
     the device's, or the H200's 132 without a GPU)."""
     for name, v in (("m", m), ("k", k), ("n", n)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be a positive integer")
     if config is None:
         config = _plan_config(m, k, n, jnp.dtype(dtype).itemsize, group_size, device.num_sms(num_sms))
-    checks.check_config(config, QuantizedMatmulConfig)
+    checks.check_config(config, MatmulConfig)
     if group_size is not None and config.block_k != group_size:
         raise ValueError(f"config.block_k={config.block_k} must equal group_size={group_size} for an int4 "
                          "weight (one group per step)")
@@ -253,16 +238,16 @@ def plan(m: int, k: int, n: int, dtype=jnp.bfloat16, *, group_size: int | None =
 
 
 @functools.lru_cache(maxsize=None)
-def _plan_config(m, k, n, itemsize, group_size, sms) -> QuantizedMatmulConfig:
+def _plan_config(m, k, n, itemsize, group_size, sms) -> MatmulConfig:
     if m > DECODE_ROWS:   # prefill: big tiles reuse each widened weight tile over many rows
-        return QuantizedMatmulConfig(pow2_block(m, 64 if itemsize >= 4 else 128), pow2_block(n, 128),
+        return MatmulConfig(pow2_block(m, 64 if itemsize >= 4 else 128), pow2_block(n, 128),
                                      group_size or pow2_block(k, 64), 1, 8 if itemsize < 4 else 4, 3)
     bm, bk = pow2_block(m, 64), group_size or pow2_block(k, 128)
     target = PROGRAMS_PER_SM * sms
     for bn in (64, 32):   # the widest N tile whose grid, split, fills the GPU
         tiles = cdiv(n, pow2_block(n, bn))
         split = min(cdiv(k, bk), cdiv(target, tiles))
-        config = QuantizedMatmulConfig(bm, pow2_block(n, bn), bk, split, 4, 3)
+        config = MatmulConfig(bm, pow2_block(n, bn), bk, split, 4, 3)
         if tiles * _make_plan(m, k, n, config).grid[2] >= target:
             break
     return config
