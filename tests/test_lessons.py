@@ -135,7 +135,7 @@ def test_weight_stream_rates_table(model):
     assert rates.small_hollow.bytes_per_step < rates.small.bytes_per_step / 10     # hollow: almost no bytes
     assert rates.small_hollow.preset == "tiny (hollow)" and rates.large_hollow.preset == "shakespeare (hollow)"
     table = rates.table()
-    assert "tiny" in table and "shakespeare" in table and "GB/s" in table and "plain read" in table
+    assert "tiny" in table and "shakespeare" in table and "GB/s" in table and "read ceiling" in table
     assert "this machine:" in rates.caches_line() and "cores" in rates.caches_line()
 
 def test_reference_node_reconciles_30x_with_the_ridge():

@@ -178,7 +178,7 @@ def decode_cost(cfg, batch: int, context: int, *, tp: int = 1) -> Cost:
     )
 
 
-def verify_cost(cfg, batch: int, context: int, tokens: int, *, tp: int = 1) -> Cost:
+def verify_cost(cfg, batch: int, context: int, tokens: int, *, tp: int = 1, cache_once: bool = False) -> Cost:
     """FLOPs and bytes of ONE verify step (speculative decoding's check, ``generation.verify``):
     ``tokens`` new tokens per row after ``context`` cached ones, in one forward.
 
@@ -186,7 +186,9 @@ def verify_cost(cfg, batch: int, context: int, tokens: int, *, tp: int = 1) -> C
     costs the bytes of one decode step); every token costs its matmul FLOPs and the head (each
     position's logits are checked); token ``j`` attends to ``context + j + 1`` keys. The lab's
     verify runs the decode-attention kernel once per new token, so the cache is read ``tokens``
-    times (small next to the weights at a short context). ``tokens=1`` is :func:`decode_cost`.
+    times (small next to the weights at a short context). ``cache_once=True`` is a production
+    verify (vLLM's: one attention kernel for all the new tokens of a row), which reads it once.
+    ``tokens=1`` is :func:`decode_cost`.
     """
     tokens = checks.count("tokens", tokens)
     step = decode_cost(cfg, batch, context, tp=tp)
@@ -198,7 +200,7 @@ def verify_cost(cfg, batch: int, context: int, tokens: int, *, tp: int = 1) -> C
         attention=4 * cfg.n_layers * (cfg.n_heads // tp) * cfg.head_dim * keys * batch,
         weights=step.parts["weights"],
         embedding_rows=step.parts["embedding_rows"] * tokens,
-        kv_read=step.parts["kv_read"] * tokens,
+        kv_read=step.parts["kv_read"] * (1 if cache_once else tokens),
         kv_write=step.parts["kv_write"] * tokens,
     )
 

@@ -69,20 +69,23 @@ def speedup(acceptance: float, k: int, *, step_s: float, verify_s: float, draft_
     return expected_tokens(acceptance, k) * step_s / round_s
 
 
-def predicted_step_seconds(cfg, spec, *, batch: int = 1, context: int = 128, tokens: int = 1) -> float:
+def predicted_step_seconds(cfg, spec, *, batch: int = 1, context: int = 128, tokens: int = 1,
+                           cache_once: bool = False) -> float:
     """Roofline time of a verify step of ``tokens`` tokens per row (1: a decode step), the
-    fixed cost of a call included (``spec.overhead_s``, measured on a CPU)."""
-    return roofline.predict_time(verify_cost(cfg, batch, context, tokens), spec, roofline.flop_dtype(cfg),
-                                 overhead=True)
+    fixed cost of a call included (``spec.overhead_s``, measured on a CPU). ``cache_once``: the
+    verify reads the KV cache once, as a production kernel does (:func:`~costs.verify_cost`)."""
+    return roofline.predict_time(verify_cost(cfg, batch, context, tokens, cache_once=cache_once), spec,
+                                 roofline.flop_dtype(cfg), overhead=True)
 
 
 def predicted_speedup(acceptance: float, k: int, target_cfg, spec, *, batch: int = 1, context: int = 128,
-                      draft_cfg=None) -> float:
+                      draft_cfg=None, cache_once: bool = False) -> float:
     """:func:`speedup` with every time from the roofline: the target's decode and verify steps at
     ``batch`` and ``context``, and the draft model's decode step (``draft_cfg=None``: a draft with
     no device work, such as prompt lookup)."""
     step = predicted_step_seconds(target_cfg, spec, batch=batch, context=context)
-    verify = predicted_step_seconds(target_cfg, spec, batch=batch, context=context, tokens=k + 1)
+    verify = predicted_step_seconds(target_cfg, spec, batch=batch, context=context, tokens=k + 1,
+                                    cache_once=cache_once)
     draft = 0.0 if draft_cfg is None else predicted_step_seconds(draft_cfg, spec, batch=batch, context=context)
     return speedup(acceptance, k, step_s=step, verify_s=verify, draft_step_s=draft)
 
@@ -99,14 +102,32 @@ def verify_over_step(cfg, spec, k: int, *, batch: int = 1, context: int = 128) -
 
 
 def batch_where_it_stops_paying(acceptance: float, k: int, target_cfg, spec, *, context: int = 128,
-                                draft_cfg=None, batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)):
-    """The first of ``batches`` at which the predicted speed-up falls below 1 (None: it pays at
-    every one). At a small batch the step is bound by the weights' bytes and checking ``k`` guesses
-    is nearly free; past the knee every verified token costs compute."""
-    for b in batches:
-        if predicted_speedup(acceptance, k, target_cfg, spec, batch=b, context=context, draft_cfg=draft_cfg) < 1.0:
-            return b
-    return None
+                                draft_cfg=None, cache_once: bool = False, largest: int = 4096):
+    """The smallest batch at which the predicted speed-up falls below 1 (None: it pays at every
+    batch up to ``largest``). At a small batch the step is bound by the weights' bytes and
+    checking ``k`` guesses is nearly free; once the batch's tokens fill the compute, every verified
+    token costs its FLOPs. The speed-up only falls as the batch grows, so a bisection finds it."""
+    def loses(b):
+        return predicted_speedup(acceptance, k, target_cfg, spec, batch=b, context=context,
+                                 draft_cfg=draft_cfg, cache_once=cache_once) < 1.0
+
+    if loses(1):
+        return 1
+    if not loses(largest):
+        return None
+    lo, hi = 1, largest                 # pays at lo, loses at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if loses(mid) else (mid, hi)
+    return hi
+
+
+def stops_paying_estimate(acceptance: float, k: int, cfg, spec) -> float:
+    """The batch where speculation stops paying, by hand: with a short context and a draft that
+    costs nothing, a verify of ``k + 1`` tokens per row costs ``B (k + 1) / R`` decode steps once
+    that exceeds 1 (``R``: :func:`compute_bound_tokens`, the ridge in tokens), and the round writes
+    ``E = expected_tokens(a, k)``; it stops paying where the two meet, ``B = R x E / (k + 1)``."""
+    return compute_bound_tokens(cfg, spec) * expected_tokens(acceptance, k) / (k + 1)
 
 
 def compute_bound_tokens(cfg, spec) -> float:

@@ -34,7 +34,8 @@ class Op:
     label: str
     flops: float
     bytes: float
-    seconds: float
+    seconds: float                 # the median of its repeats
+    best_seconds: float | None = None
 
 
 class _OpPoint:
@@ -64,7 +65,7 @@ class _OpPoint:
         self.args = None
 
     def record(self, samples, spec) -> Op:
-        return Op(self.kind, self.label, self.flops, self.size, samples.median)
+        return Op(self.kind, self.label, self.flops, self.size, samples.median, samples.best)
 
 
 def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matmul_sizes=(32, 512, 2048),
@@ -84,6 +85,26 @@ def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matm
             return a, a
         points.append(_OpPoint("matmul", f"{n}\u00b3", 2.0 * n ** 3, 3 * n * n * 4, mm, square))
     return list(timing.measure_points(points, repeats=repeats, ceilings=None, desc="three regimes"))
+
+
+def stream_against_ceiling(ops, spec) -> str:
+    """The largest stream's rate (median and best repeat) beside the read ceiling, and which of
+    the two differences between them explains the gap: the statistic (a ceiling is its best
+    repeat, the table shows medians) or the moment (the ceiling was measured and cached earlier,
+    when this machine may have been quieter)."""
+    big = max((o for o in ops if o.kind == "stream"), key=lambda o: o.bytes)
+    median, best, ceiling = big.bytes / big.seconds, big.bytes / (big.best_seconds or big.seconds), spec.bandwidth
+    line = (f"the {big.label} sum streamed at {median / 1e9:.1f} GB/s (median of its repeats), "
+            f"{best / 1e9:.1f} GB/s at its best repeat; the read ceiling the roofline column divides by is "
+            f"{ceiling / 1e9:.1f} GB/s (notebook 00: the best repeat of the fastest of three read kernels)")
+    if best >= 0.85 * ceiling:
+        why = ("its best repeat reaches the ceiling, so the gap is the statistic: a median counts the repeats "
+               "that lost time to other work on this machine (or to one of its two cores being busy)")
+    else:
+        why = (f"even its best repeat is {1 - best / ceiling:.0%} below it, so the gap is the moment: this machine "
+               "is busier now than when the ceiling was measured and cached (on a CPU, another program "
+               "takes a core XLA would read with); hardware.measure_ceilings(refresh=True) measures it again")
+    return f"{line}:\n{why}"
 
 
 def _size(n):

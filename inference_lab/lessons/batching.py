@@ -61,7 +61,7 @@ def kernel_table(*sweeps) -> str:
 
 def _knee(kernels):
     one = [p for p in kernels if p.m == 1][0]
-    return next((k.m for k in sorted(kernels, key=lambda k: k.m) if k.seconds >= 1.5 * one.seconds), None)
+    return next((k.m for k in sorted(kernels, key=lambda k: k.m) if k.seconds >= KNEE_FACTOR * one.seconds), None)
 
 
 def users_view(sweep: BatchSweep, batch: int):
@@ -89,8 +89,8 @@ def knee_explanation(sweep: BatchSweep, kernels, spec, cfg, dtype, lone=()) -> s
     knee_txt = f"batch {knee}" if knee else f"beyond the sweep (> {biggest})"
     return "\n".join([
         f"ridge point here: {spec.ridge_point(dtype):.1f} FLOP/byte; a decode step's intensity is about "
-        f"{2 / cfg.dtype_bytes:g} x batch in {cfg.dtype}, so the roofline flips near batch "
-        f"{spec.ridge_point(dtype) * cfg.dtype_bytes / 2:.0f}",
+        f"{2 / cfg.dtype_bytes:g} x batch in {cfg.dtype}, so the shortcut puts the roofline's flip at batch "
+        f"{spec.ridge_point(dtype) * cfg.dtype_bytes / 2:.1f}; counting every byte and FLOP of the step moves it to:",
         f"predicted flip, weights only: batch {flip_w}",
         f"predicted flip, with KV reads at context {context}: " + (f"batch {flip_kv}" if flip_kv else
                                                                    "never (KV reads grow as fast as FLOPs)"),
@@ -100,7 +100,35 @@ def knee_explanation(sweep: BatchSweep, kernels, spec, cfg, dtype, lone=()) -> s
     ] + ([f"measured knee of one {lone[0].describe()}: "
           + (f"m = {_knee(lone)}" if _knee(lone) else "beyond the sweep")] if lone else []) + [
         f"at batch {biggest}, the KV cache is {kv:.0%} of the bytes a step moves",
+        knee_reading(sweep, flip_kv),
     ])
+
+
+KNEE_FACTOR = 1.5     # the lessons' knee: the first batch whose step takes >= 1.5x the batch-1 step
+NEAR_THE_LINE = 0.1   # a step within 10% of that line can cross it on the next run
+
+
+def knee_reading(sweep: BatchSweep, flip) -> str:
+    """This run's knee beside the roofline's flip, in words the numbers choose: where the knee is
+    against the flip (well before, near, later), and which smaller batches came close enough to
+    the 1.5x line that the knee can land there on another run."""
+    one = sweep.at(1).step_seconds
+    growth = {r.batch: r.step_seconds / one for r in sorted(sweep.records, key=lambda r: r.batch) if r.batch > 1}
+    knee = roofline.measured_knee(sweep.records, KNEE_FACTOR)
+    lines = ["this run, step time over batch 1's: " + ", ".join(f"batch {b} x{g:.2f}" for b, g in growth.items())]
+    if knee is None:
+        lines.append(f"no batch in the sweep reaches x{KNEE_FACTOR}: the knee lies past batch {max(growth)}")
+    elif flip is None:
+        lines.append(f"the knee is batch {knee}; the roofline never flips at this context: the step grows from bytes alone")
+    else:
+        where = ("well before" if knee * 2 <= flip else "later than" if knee >= flip * 2 else "near")
+        lines.append(f"the knee (batch {knee}) comes {where} the roofline's flip (batch {flip})")
+    close = [b for b, g in growth.items() if (knee is None or b < knee) and g >= KNEE_FACTOR * (1 - NEAR_THE_LINE)]
+    if close:
+        lines.append("batch " + ", ".join(str(b) for b in close) + f" came within {NEAR_THE_LINE:.0%} of the "
+                     f"x{KNEE_FACTOR} line ({', '.join(f'x{growth[b]:.2f}' for b in close)}): on another run the "
+                     "knee can land there, so read the growth, not the knee alone")
+    return "\n".join(lines)
 
 
 def kv_capacity_table(cfgs, spec, contexts, *, tp: int = 1, headroom: float = 0.9) -> str:

@@ -554,7 +554,7 @@ def speedup_as_predicted(plain, speculative, *, predicted: float, min_effect: fl
     u = noise(plain, speculative)
     evidence = (f"plain {plain.tokens_per_s:,.1f} tok/s, {speculative.draft} k={speculative.k} "
                 f"{speculative.tokens_per_s:,.1f} tok/s: x{gain:.2f} (predicted x{predicted:.2f}; "
-                f"{speculative.tokens_per_step:.2f} tokens per target step, acceptance "
+                f"{speculative.tokens_per_step:.2f} tokens per target step, acceptance in this run "
                 f"{speculative.acceptance:.0%})" + _noise_note(u, moved))
     u *= moved
     need = log_midpoint(predicted)

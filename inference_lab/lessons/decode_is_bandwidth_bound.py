@@ -66,11 +66,16 @@ class Experiments:
                          f"{r.step_seconds / base.step_seconds:>8.2f}")
         return "\n".join(lines)
 
-    def kernel_line(self) -> str:
+    def kernel_line(self, read_ceiling: float | None = None) -> str:
+        """The matrix-vector kernel's stream rate (bytes over its median time) and, given the read
+        ceiling (bytes/s), what share of it that is; then the hollow twin's share of the step."""
         k = [p for p in self.kernels if p.m == 1][0]
         one = min(self.batch, key=lambda r: r.batch)
+        share = ("" if read_ceiling is None else
+                 f", {k.weight_bytes_per_s / read_ceiling:.0%} of the read ceiling ({read_ceiling / 1e9:,.1f} GB/s: "
+                 "the best repeat of the fastest read kernel, where this is one kernel's median)")
         return (f"the matrix-vector kernel alone, [1, {k.k}] @ [{k.k}, {k.n}] {k.dtype}: {k.weight_bytes / 1e6:,.0f} MB "
-                f"in {k.seconds * 1e3:,.2f} ms = {k.weight_bytes_per_s / 1e9:,.1f} GB/s\n"
+                f"in {k.seconds * 1e3:,.2f} ms = {k.weight_bytes_per_s / 1e9:,.1f} GB/s{share}\n"
                 f"the model's hollow twin (same layers and calls, almost no bytes), batch 1: "
                 f"{self.hollow.step_seconds * 1e3:,.3f} ms, {self.hollow.step_seconds / one.step_seconds:.0%} of the "
                 "batch-1 step: what the step costs whatever its bytes")

@@ -389,7 +389,7 @@ def hollow(model):
 @dataclasses.dataclass(frozen=True)
 class StreamRates:
     """Batch-1 decode of a small and a large model and of their hollow twins (:func:`hollow`),
-    timed side by side, beside a plain read of each model's bytes on this machine
+    timed side by side, beside the read ceiling measured again at each model's byte count
     (:func:`pallas_kernels.ceilings.read_bandwidth`, re-read as a decode loop re-reads its
     weights) and the caches the processor reports."""
 
@@ -397,7 +397,7 @@ class StreamRates:
     small_hollow: records.DecodeRecord
     large: records.DecodeRecord
     large_hollow: records.DecodeRecord
-    small_read: float   # bytes/s of a plain read of the small model's step bytes
+    small_read: float   # bytes/s: the read ceiling's method on a buffer of the small model's step bytes
     large_read: float
     processor: str
 
@@ -411,7 +411,7 @@ class StreamRates:
         return record.bytes_per_step / record.step_seconds
 
     def table(self) -> str:
-        rows = [f"{'model':<14}{'bytes/step':>12}{'step':>11}{'hollow twin':>13}{'streams':>12}{'a plain read':>14}"]
+        rows = [f"{'model':<14}{'bytes/step':>12}{'step':>11}{'hollow twin':>13}{'streams':>12}{'read ceiling':>14}"]
         for r, twin, read in ((self.small, self.small_hollow, self.small_read),
                               (self.large, self.large_hollow, self.large_read)):
             rows.append(f"{r.preset:<14}{r.bytes_per_step / 1e6:>9,.1f} MB{r.step_seconds * 1e3:>8,.3f} ms"
@@ -444,6 +444,22 @@ def weight_stream_rates(small_model, large_model, *, context: int = 64) -> Strea
     reads = [read_bandwidth(int(n), repeats=9)["bytes_per_s"] for n in (small_bytes, large_bytes)]
     small, small_hollow, large, large_hollow = timing.measure_points(points, repeats=9)
     return StreamRates(small, small_hollow, large, large_hollow, *reads, hardware.processor_summary())
+
+
+def same_step_twice(result: TwoSpeeds, rates: StreamRates, cfg, spec) -> str:
+    """The lesson model's batch-1 step as the twin table and the two-speeds cell timed it: both
+    inside one compiled loop, at different contexts and moments. Says how much of the difference
+    the extra cached tokens explain (on the roofline) and leaves the rest to the moment."""
+    here, there = result.decode, rates.large
+    extra = (costs.decode_cost(cfg, 1, here.context).bytes - costs.decode_cost(cfg, 1, there.context).bytes)
+    predicted = extra / spec.bandwidth
+    diff = here.step_seconds - there.step_seconds
+    rest = diff - predicted
+    return (f"the same model's batch-1 step, timed twice in compiled loops: {here.step_seconds * 1e3:.2f} ms here "
+            f"(context {here.context}), {there.step_seconds * 1e3:.2f} ms in the twin table (context {there.context}); "
+            f"the {here.context - there.context:+,} cached tokens add {extra / 1e6:,.1f} MB a step, "
+            f"{predicted * 1e3:+.2f} ms at the read ceiling, so {rest * 1e3:+.2f} ms of the difference is the moment "
+            "(each cell timed its points side by side, at a different time) and attention's slower reads (notebook 03)")
 
 
 def step_three_ways(answer: Answer, cache: CacheComparison, rates: StreamRates) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from inference_lab import plots
 from inference_lab.analytic import costs, roofline, speculation as cost_model
@@ -68,7 +69,8 @@ def predicted_ratios(cfg, spec, ks, *, batch: int = 1, context: int = CONTEXT) -
 def prediction_table(ks, acceptance: dict, predicted: dict, roofline: dict) -> str:
     """Before timing any generation: per k and draft, the speed-up predicted from the measured
     steps and (in brackets) from the roofline alone."""
-    lines = ["acceptance (held out): " + ", ".join(f"{n} {a:.0%}" for n, a in acceptance.items()),
+    lines = ["acceptance on prompt 1, the one timed below (section 3's last column): "
+             + ", ".join(f"{n} {a:.0%}" for n, a in acceptance.items()),
              "predicted speed-up, from the measured steps (from the roofline):",
              f"{'k':>3}" + "".join(f"{name:>22}" for name in acceptance)]
     for k in ks:
@@ -118,6 +120,13 @@ def draft_step_seconds(draft_model, context: int = CONTEXT) -> float:
 def best_predicted(predicted: dict, name: str) -> int:
     """The k the cost model picks for one draft."""
     return max((k for n, k in predicted if n == name), key=lambda k: predicted[(name, k)])
+
+
+def most_decisive(predicted: dict, name: str) -> int:
+    """The k whose predicted speed-up is furthest from plain decode's (on a log scale): where a
+    test of the cost model has the largest effect to find, so the noise of a busy 2-core CPU can
+    hide it least."""
+    return max((k for n, k in predicted if n == name), key=lambda k: abs(math.log(predicted[(name, k)])))
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -175,10 +184,22 @@ def acceptance_runs(target, drafts_by_name: dict, k: int = LESSON_K) -> dict:
     return out
 
 
-def acceptance_table(results: dict) -> str:
-    lines = [f"{'draft':<20}{'acceptance':>12}{'tokens/step':>13}{'target steps':>14}"]
+def row_acceptance(results: dict, row: int = 0) -> dict:
+    """name -> the acceptance rate on one prompt alone (greedy text is deterministic, so a timed
+    run of that prompt at the same ``k`` accepts exactly these guesses)."""
+    return {name: float(r.accepted[row] / r.checked[row]) if r.checked[row] else 0.0 for name, r in results.items()}
+
+
+def acceptance_table(results: dict, row: int = 0) -> str:
+    """Acceptance over all the held-out prompts and on prompt ``row`` alone (the one section 4 times)."""
+    alone = row_acceptance(results, row)
+    k = next(iter(results.values())).k
+    lines = [f"k = {k}, {len(prompts())} held-out prompts, {NEW_TOKENS} new tokens each; the last column is prompt "
+             f"{row + 1} alone, the one section 4 times",
+             f"{'draft':<20}{'acceptance':>12}{'tokens/step':>13}{'target steps':>14}{f'prompt {row + 1}':>11}"]
     for name, r in results.items():
-        lines.append(f"{name:<20}{r.acceptance_rate:>12.0%}{r.tokens_per_step:>13.2f}{int(r.target_steps.sum()):>14}")
+        lines.append(f"{name:<20}{r.acceptance_rate:>12.0%}{r.tokens_per_step:>13.2f}{int(r.target_steps.sum()):>14}"
+                     f"{alone[name]:>11.0%}")
     return "\n".join(lines)
 
 
@@ -290,7 +311,8 @@ def independence_line(grid: Grid, acceptance: dict, name: str) -> str:
                "drifts from the target the further it guesses)")
     else:
         why = "within 10% of the formula at the largest k: the guesses behave as independent ones"
-    return f"{name}: tokens per target step measured vs (1 - a^(k+1)) / (1 - a) at a = {a:.0%}: {pairs}; {why}."
+    return (f"{name}: tokens per target step measured vs (1 - a^(k+1)) / (1 - a) at a = {a:.0%} (prompt 1, measured at "
+            f"k = {LESSON_K}): {pairs}; {why}.")
 
 
 def verify_batches(verifies, k: int) -> tuple:
@@ -347,17 +369,27 @@ def batch_speedup_lines(runs: dict, verifies, k: int) -> str:
 
 def where_it_stops_paying(acceptance: float, k: int, spec) -> str:
     """The batch at which the cost model's speed-up falls below 1: this machine with the target,
-    and an H100 and an H200 with the Llama-3-8B shape at a 1k context (a draft with no device work)."""
-    lines = [f"acceptance {acceptance:.0%}, k = {k}, a draft with no device work (prompt lookup):"]
-    cases = [(f"this machine, {TARGET}", ModelConfig.preset(TARGET), spec, CONTEXT)]
-    cases += [(f"{name}, llama3_8b", ModelConfig.preset("llama3_8b"), hardware.PRESETS[name], 1024)
+    and an H100 and an H200 with the Llama-3-8B shape at a 1k context (a draft with no device
+    work), beside the estimate by hand (:func:`~cost_model.stops_paying_estimate`) and 05's
+    predicted knee. On the GPUs, two verify steps: this lab's, which reads the KV cache once per
+    checked token, and a production one that reads it once for all of them."""
+    e = cost_model.expected_tokens(acceptance, k)
+    lines = [f"acceptance {acceptance:.0%}, k = {k}, a draft with no device work (prompt lookup): E = {e:.2f} tokens "
+             f"per round; by hand (short context): B = R x E / (k + 1), R = the ridge in tokens per step"]
+    cases = [(f"this machine, {TARGET}", ModelConfig.preset(TARGET), spec, CONTEXT, (False,))]
+    cases += [(f"{name}, llama3_8b", ModelConfig.preset("llama3_8b"), hardware.PRESETS[name], 1024, (True, False))
               for name in ("H100_SXM", "H200")]
-    for label, cfg, s, context in cases:
-        at = cost_model.batch_where_it_stops_paying(acceptance, k, cfg, s, context=context)
-        knee = roofline.predicted_knee(cfg, s, context)
-        lines.append(f"  {label:<28} stops paying at batch {at if at else '> 1024'}; "
-                     f"compute fills at {cost_model.compute_bound_tokens(cfg, s):,.0f} tokens per step; "
-                     f"05's knee (roofline) at batch {knee}")
+    for label, cfg, s, context, reads in cases:
+        found = []
+        for once in reads:
+            at = cost_model.batch_where_it_stops_paying(acceptance, k, cfg, s, context=context, cache_once=once)
+            how = "" if len(reads) == 1 else (" (a verify reading the cache once)" if once else
+                                              " (this lab's verify, reading it once per token)")
+            found.append(f"batch {at if at else '> 4096'}{how}")
+        lines.append(f"  {label}, context {context:,}: stops paying at " + "; at ".join(found))
+        lines.append(f"      R = {cost_model.compute_bound_tokens(cfg, s):,.0f} tokens, so by hand batch "
+                     f"{cost_model.stops_paying_estimate(acceptance, k, cfg, s):,.0f}; 05's predicted knee: batch "
+                     f"{roofline.predicted_knee(cfg, s, context)}")
     return "\n".join(lines)
 
 
