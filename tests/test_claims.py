@@ -230,6 +230,15 @@ def test_kernel_sets_the_knee():
     # the model jumps x1.3, between the kernel's x1.71 and the roofline's x1.02: nearer neither by much
     mid = claims.kernel_sets_the_knee([noisy(decode(1, 0.011), 1.3), noisy(decode(2, 0.011 * 1.32), 1.3)], k, CFG, CPU)
     assert mid and not mid.decided
+    # a processor whose kernels creep up rather than jump (an EPYC of another generation stored this):
+    # batch 2 tells nothing apart, batch 8 does, and that is where the claim is checked
+    creep = kernels({1: 5.26e-3, 2: 6.10e-3, 4: 6.36e-3, 8: 7.57e-3})
+    steps = [decode(1, 6.62e-3), decode(2, 7.77e-3), decode(4, 9.0e-3), decode(8, 11.27e-3)]
+    verdict = claims.kernel_sets_the_knee(steps, creep, CFG, CPU)
+    assert verdict.holds and verdict.claim.startswith("batch 1 -> 8:"), verdict
+    # the same kernels beside a model that stays flat to batch 8: the roofline was nearer, refuted
+    flat = [decode(1, 6.62e-3), decode(2, 6.7e-3), decode(4, 6.8e-3), decode(8, 6.95e-3)]
+    assert claims.kernel_sets_the_knee(flat, creep, CFG, CPU).holds is False
 
 
 def test_model_follows_kernel():

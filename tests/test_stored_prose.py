@@ -29,7 +29,7 @@ FIXED = {
     "02_prefill_is_compute_bound": {"227 KiB"},               # an H100 SM's shared memory (datasheet)
     "03_decode_is_bandwidth_bound": {"141 GB", "1.05 GB", "2.87 TB/s", "4.31 TB/s", "3.09 TB/s",   # H200 datasheet
                                      "191 tokens/s", "15.0 GB", "67%", "60%", "28%"},  # the H200 anchors (docs/benchmarks.md)
-    "04_arithmetic_intensity": {"0.5%"},                      # 1/206, a worked answer
+    "04_arithmetic_intensity": {"0.5%", "50 MB"},             # 1/206, a worked answer; an H100's L2 (datasheet)
     "05_batching": {"900 GB/s", "450 GB/s",                   # NVLink (datasheet)
                     "18,293 tokens/s", "3.50 ms"},            # the H200 plain-JAX 1B run (docs/benchmarks.md)
     "07_serving_economics": {"989 TFLOP/s", "450 GB/s", "900 GB/s", "29.8 ms", "0.02%", "63%"},

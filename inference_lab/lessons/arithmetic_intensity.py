@@ -161,3 +161,51 @@ def roofline_batch_view(points: RooflinePoints, spec, dtype, cfg, batch: int):
             f"{bound} by the roofline; {achieved / 1e9:,.1f} GFLOP/s achieved = {achieved / roof:.0%} of the roof "
             f"above it, {rec.decode_tokens_per_s:,.0f} tok/s")
     return fig, text
+
+
+# ----------------------------------------------------------------------------- the cache rule
+# What the course streams, and the bytes each re-reads every step (a model's weights) or every
+# repeat (a kernel's weight): the sizes that decide whether the last-level cache is in the figure.
+COURSE_STREAMS = (("01's small model, 08's draft", "shakespeare"),
+                  ("08's target", "shakespeare_large"),
+                  ("03's and 05's lone matmul", 4096 * 4096 * 4),
+                  ("the lesson model of 01-05", "small"))
+FITS, STREAMS = 1.0, 1.5   # x the last-level cache: at most FITS re-reads from it, at least STREAMS reads memory
+
+
+def cache_rule(*, repeats: int = 5) -> str:
+    """The rule for which measurements depend on the last-level cache, and the measurement: the
+    read ceiling's method (:func:`pallas_kernels.ceilings.read_bandwidth`, re-read as a decode
+    loop re-reads its weights) at the bytes each of :data:`COURSE_STREAMS` re-reads, beside how
+    many times the cache those bytes are. The rule says which side each is on; the rates say
+    whether this processor's cache reads faster than its memory at all."""
+    from pallas_kernels.ceilings import read_bandwidth
+    from inference_lab.base import hardware
+    from inference_lab.base.config import ModelConfig
+
+    llc = hardware.last_level_cache_bytes() if jax.devices()[0].platform == "cpu" else None
+    rows = []
+    for use, what in COURSE_STREAMS:
+        nbytes = what if isinstance(what, int) else costs.weight_bytes(ModelConfig.preset(what))
+        name = "" if isinstance(what, int) else f" ({what})"
+        rows.append((use + name, nbytes, read_bandwidth(nbytes, repeats=repeats)["bytes_per_s"]))
+    # memory's rate: the median of the sizes the rule says stream from memory (the largest alone
+    # without a reported cache); one noisy size should not set the yardstick
+    streamed = sorted(r for (_, n, r) in rows if llc and n >= STREAMS * llc) or [rows[-1][2]]
+    memory = streamed[len(streamed) // 2]
+    head = f"{'what the course streams':<42}{'bytes':>10}{'x cache':>9}{'read at':>12}{'x memory':>10}  the rule says"
+    lines = [f"this processor: {hardware.processor_summary()}; last-level cache "
+             + (f"{llc / 2**20:,.0f} MiB" if llc else "not reported (on a GPU: its L2)"), head]
+    for use, nbytes, rate in rows:
+        times = nbytes / llc if llc else float("nan")
+        rule = ("-" if not llc else "fits: re-read from the cache" if times <= FITS else
+                "streams from memory" if times >= STREAMS else "partly cached")
+        lines.append(f"{use:<42}{nbytes / 1e6:>7,.1f} MB{times:>9.2f}{rate / 1e9:>7,.1f} GB/s{rate / memory:>10.2f}  {rule}")
+    cached = [r for (_, n, r) in rows if llc and n <= FITS * llc]
+    if cached:
+        gain = min(cached) / memory
+        lines.append(f"here the cache-resident sizes read at x{gain:.2f} memory's rate or more: "
+                     + ("their figures measure the cache, not memory, and will differ on a processor with "
+                        "another cache" if gain >= 1.2 else "this processor's cache is no faster than its memory, "
+                        "so here even they measure memory"))
+    return "\n".join(lines)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from inference_lab import plots
+from inference_lab.analytic import roofline
 from inference_lab.measure.records import load_records, machine_key, machine_label
 from inference_lab.lessons import claims, one_model_two_speeds as two_speeds
 from inference_lab.lessons.machine import Machine
@@ -64,10 +65,12 @@ def split(records):
 class Runs(dict):
     """``{label: records}``, one entry per probe or records file; ``.skipped`` holds
     ``(path, reason)`` for every file (or folder) that could not be read (never fatal for the
-    others), ``.partial`` the labels of runs that did not finish."""
+    others), ``.partial`` the labels of runs that did not finish, ``.folder`` each label's folder
+    name."""
 
     skipped: list
     partial: list
+    folder: dict
 
 
 MAX_OVERLAY = 60   # runs drawn at once: past this the chart is unreadable and slow (the rest are listed)
@@ -82,7 +85,7 @@ def load_measured(*folders) -> Runs:
     its reason, and so does a folder that does not exist; a file given instead of a folder is
     read as one run; a run that did not finish is labelled "(partial)"."""
     out = Runs()
-    out.skipped, out.partial = [], []
+    out.skipped, out.partial, out.folder = [], [], {}
     for folder in folders:
         folder = Path(folder)
         if folder.is_file():
@@ -114,6 +117,7 @@ def load_measured(*folders) -> Runs:
                     label += " (partial)"
                     out.partial.append(label)
                 out[label] = list(records)
+                out.folder[label] = where
     return out
 
 
@@ -141,14 +145,64 @@ def classroom_summary(runs) -> str:
     return "\n".join(lines + [f"skipped {getattr(p, 'name', p)}: {why}" for p, why in getattr(runs, "skipped", [])])
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{'one' if n == 1 else n} {one if n == 1 else many}"
+
+
+def overlay_line(runs: dict) -> str:
+    """What the overlay of ``runs`` (:func:`load_measured`'s) can show, worded from what was
+    loaded: one machine measured several times shows only its run-to-run spread; several machines
+    show one line per run, apart by their ceilings. Says which folders the runs came from and
+    whether any ran on a GPU, so the notebook's prose never has to guess either."""
+    folder = getattr(runs, "folder", None) or {}
+    runs = {label: recs for label, recs in runs.items() if recs}
+    if not runs:
+        return "the folders hold no run yet: the overlay is empty"
+    by_machine: dict = {}
+    for label, recs in runs.items():
+        by_machine.setdefault(machine_key(recs[0]), []).append(label)
+    n_runs, n_machines = len(runs), len(by_machine)
+    folders = sorted({folder[label] for label in runs if label in folder})
+    source = f" (from {' and '.join(folders)})" if folders else ""
+    gpus = sum(1 for labels in by_machine.values() if str(runs[labels[0]][0].device).lower() != "cpu")
+    if n_machines == 1:
+        what = "a GPU" if gpus else "no GPU"
+        return (f"one machine{source}, {what}: "
+                + ("a single run, so the overlay has nothing to compare it with yet" if n_runs == 1 else
+                   f"measured {n_runs} times, so the gaps between its {n_runs} lines are this machine's "
+                   "run-to-run spread, not a difference between machines"))
+    device = ("no GPU among them" if gpus == 0 else "all of them GPUs" if gpus == n_machines else
+              f"{gpus} of them GPUs")
+    again = sum(1 for labels in by_machine.values() if len(labels) > 1)
+    spread = (f"; {_count(again, 'machine was', 'machines were')} measured more than once, and the lines of one "
+              "machine (one #id) differ by its run-to-run spread" if again else "")
+    return (f"{n_machines} machines{source}, {device}, {n_runs} runs: one line per run, and lines of different "
+            f"machines sit apart by their ceilings{spread}")
+
+
 def classroom(folder="classroom") -> Runs:
     """The instructor's one call: every probe file in ``folder`` beside the project's own
     (``docs/measurements/``), loaded one run per file; prints what was read (and what was skipped,
-    and why); returns the runs for :func:`plots.classroom_plot`, :func:`classroom_view` and
-    ``ratio_table(ratio_points(runs))``."""
+    and why) and what the overlay can show (:func:`overlay_line`); returns the runs for
+    :func:`plots.classroom_plot`, :func:`classroom_view` and ``ratio_table(ratio_points(runs))``."""
     runs = load_measured(MEASUREMENTS, folder)
     print(classroom_summary(runs))
+    print(f"what the overlay shows: {overlay_line(runs)}")
     return runs
+
+
+def knee_line(records) -> str:
+    """This machine's measured knee, the course's word for it: the first decode batch whose step
+    takes at least 1.5x the batch-1 step (:func:`roofline.measured_knee`), with the two times."""
+    _, dec = split(records)
+    knee = roofline.measured_knee(dec.values())
+    one = dec[1].step_seconds
+    if knee is None:
+        top = max(dec)
+        return (f"knee (the first batch whose decode step takes >= 1.5x batch 1's): beyond this probe's batches "
+                f"(its largest, {top}, took x{dec[top].step_seconds / one:.2f} batch 1's {1e3 * one:.2f} ms step)")
+    return (f"knee (the first batch whose decode step takes >= 1.5x batch 1's): batch {knee} "
+            f"({1e3 * dec[knee].step_seconds:.2f} ms against {1e3 * one:.2f} ms, x{dec[knee].step_seconds / one:.2f})")
 
 
 def ceilings_of(records) -> tuple[float, float]:
@@ -210,7 +264,7 @@ def ratio_points(machines: dict, *, reference: bool = True) -> Points:
                        "measured": pre.prefill_tokens_per_s / dec[1].decode_tokens_per_s})
     if reference:
         ref = two_speeds.reference_gap()
-        points.append({"label": f"{two_speeds.REFERENCE_NODE['name']} (quoted, assumed shape)",
+        points.append({"label": f"{two_speeds.REFERENCE_NODE['name']} (quoted, reading A, assumed shape)",
                        "ideal": ref.ideal, "measured": ref.measured, "quoted": True})
     return points
 

@@ -366,24 +366,53 @@ def budget_trades_ttft_for_itl(sweep: Sweep, default: int = simulator.DEFAULT_CH
             and itl[0] < d["itl_p99_ms"] < itl[-1])
 
 
+def per_user_gap(res, phases) -> float:
+    """How many times faster prefill reads than decode writes, for one user of a simulated run:
+    prefill tokens/s of a mean prompt alone over that user's decode tokens/s (1 / TPOT p50)."""
+    prompt = float(np.mean(res.requests.prompt_len))
+    return prompt / phases.prefill_seconds([int(prompt)]) * res.summary()["tpot_p50_ms"] / 1e3
+
+
 def rag_clock(res, phases, rate: float) -> str:
     """One simulated run, two clocks: decode's share of each request's wait (its end-to-end
     latency) and its share of the GPUs' busy time. A decode step is every running answer's wait,
     and one GPU-step shared by all of them. Also the per-user speed gap that sets the wait's split
-    (prefill tokens/s of a mean prompt alone over one user's decode tokens/s, 1 / TPOT)."""
+    (:func:`per_user_gap`)."""
     ok = np.isfinite(res.finish) & np.isfinite(res.first_token)
     e2e = res.finish[ok] - res.requests.arrival[ok]
     wait_share = np.median((res.finish[ok] - res.first_token[ok]) / e2e)
     ph = res.phase_seconds
     busy = sum(ph.values())
     batch = next(iter(res.mean_batch.values()), float("nan"))
-    prompt = float(np.mean(res.requests.prompt_len))
-    gap = prompt / phases.prefill_seconds([int(prompt)]) * res.summary()["tpot_p50_ms"] / 1e3
     mixed = f", iterations doing both {ph['mixed'] / busy:.0%}" if ph["mixed"] else ""
     return (f"{res.mode} at {rate:g} req/s: decode is {wait_share:.0%} of a request's end-to-end latency (median) "
             f"and {ph['decode'] / busy:.0%} of the GPUs' busy time (prefill {ph['prefill'] / busy:.0%}{mixed}); "
-            f"each decode step served {batch:.1f} answers on average; per user, prefill reads {gap:.0f}x faster "
-            "than decode writes")
+            f"each decode step served {batch:.1f} answers on average; per user, prefill reads "
+            f"{per_user_gap(res, phases):.0f}x faster than decode writes")
+
+
+def _who_writes(lo: float, hi: float, gap: float) -> str:
+    """Which phase takes most of a request's time, for prompt:output mixes ``lo``..``hi`` at a
+    speed ``gap``: decode (writing) wherever the mix is below the gap."""
+    if hi < gap:
+        return "writing takes most of every request's time"
+    if lo > gap:
+        return "reading takes most of every request's time"
+    return f"the mix straddles the gap: writing takes most of a request's time below {gap:.0f}:1, reading above"
+
+
+def rag_against_reference(gaps) -> str:
+    """The reference node's split of a RAG request's time under reading A (its two figures as two
+    speeds; under reading B they give no speed gap), beside the per-user gaps of the simulated runs
+    (``gaps``: :func:`per_user_gap` of each), the phase that dominates worded from the numbers."""
+    ref = two_speeds.reference_gap()
+    lo, hi = two_speeds.RAG_MIX
+    low, high = min(gaps), max(gaps)
+    here = f"{low:.0f}x" if round(low) == round(high) else f"{low:.0f}x to {high:.0f}x"
+    return (f"the reference node under reading A (a speed gap of {ref.measured:.1f}x): a RAG request served alone "
+            f"spends {ref.decode_share(lo, 1):.0%} of its time writing at {lo}:1 and {ref.decode_share(hi, 1):.0%} "
+            f"at {hi}:1, so {_who_writes(lo, hi, ref.measured)}; in these simulated runs the per-user gap is "
+            f"{here}, so {_who_writes(lo, hi, low)}")
 
 
 # ============================================================================= the 1P1D run, explained
@@ -391,6 +420,20 @@ def prefill_wait(res, phases) -> np.ndarray:
     """Each request's TTFT minus its own prompt's prefill alone: time spent waiting (or sharing)."""
     own = np.array([phases.prefill_seconds([int(p)]) for p in res.requests.prompt_len])
     return res.ttft - own
+
+
+def prefill_pool_line(colocated, disaggregated, phases) -> str:
+    """The disaggregated prefill GPU's average utilisation beside the wait prompts had for it (p99),
+    against colocated serving's, worded from the numbers: how busy it was on average, and whether
+    its queue is still what makes the TTFT tail."""
+    u = disaggregated.utilisation["prefill"]
+    busy = ("idle more than half the time" if u < 0.5 else f"idle the other {1 - u:.0%}" if u < 0.9
+            else "busy nearly all the time")
+    wc, wd = (np.percentile(prefill_wait(r, phases), 99) * 1e3 for r in (colocated, disaggregated))
+    tail = ("so a queue forms behind it whenever prompts bunch up, and the TTFT tail is that wait" if wd > wc else
+            "and its prompts wait no longer than colocated ones: here the one prefill server is not the tail")
+    return (f"disaggregated prefill GPU: busy {u:.0%} of the time on average ({busy}); prompts waited for it "
+            f"{wd:.0f} ms at p99 against {wc:.0f} ms with two GPUs that can each prefill, {tail}")
 
 
 def busy_is_not_full(res, max_batch: int, *, busy: float = 0.9, full: float = 0.25) -> bool:
