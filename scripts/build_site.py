@@ -97,6 +97,69 @@ def _headings(nb, title: str) -> list[str]:
     return out
 
 
+GLOSSARY_ENTRY = re.compile(r"<details><summary><b>(.+?)</b></summary>")
+
+
+def _slug(term: str) -> str:
+    return "g-" + re.sub(r"[^a-z0-9]+", "-", _plain(re.sub(r"<[^>]+>", "", term)).lower()).strip("-")
+
+
+def _aliases(term: str) -> list[str]:
+    """The words a lesson uses for a glossary term: ``"tensor parallelism (TP)"`` is used as
+    either; ``"TTFT, TPOT, ITL"`` as each; a parenthesis that is not an acronym is a gloss."""
+    term = _plain(re.sub(r"<[^>]+>", "", term))
+    head, _, paren = term.partition(" (")
+    names = [n.strip() for n in re.split(r",\s|\s/\s|\sor\s", head) if len(n.strip()) > 1]
+    paren = paren.rstrip(")")
+    if re.fullmatch(r"[A-Z][A-Za-z0-9-]*", paren):
+        names.append(paren)
+    return names
+
+
+def link_glossary(nb) -> int:
+    """Give every glossary entry an anchor and link the first use of each term after its glossary
+    cell to it (the site's pages: a reader meets a word and can open its meaning). Code spans,
+    headings, links and the glossary cells themselves are left alone. Returns the links made."""
+    made, anchors, seen_glossary = 0, {}, False
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        if "Glossary" in cell.source.split("\n", 1)[0] and GLOSSARY_ENTRY.search(cell.source):
+            seen_glossary = True
+            for term in GLOSSARY_ENTRY.findall(cell.source):
+                anchors.update({alias: _slug(term) for alias in _aliases(term) if alias not in anchors})
+            cell.source = GLOSSARY_ENTRY.sub(lambda m: f'<details id="{_slug(m.group(1))}"><summary><b>{m.group(1)}</b>'
+                                             "</summary>", cell.source)
+            continue
+        if not seen_glossary:
+            continue
+        lines = cell.source.split("\n")
+        fenced, inside = set(), False                               # lines of ``` code blocks
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith("```"):
+                inside = not inside
+            if inside or line.lstrip().startswith("```"):
+                fenced.add(i)
+        for alias in sorted(anchors, key=len, reverse=True):       # "KV cache" before "KV"
+            word = re.compile(rf"(?<![\w`\[#-]){re.escape(alias)}(?![\w`\]-])")
+            for i, line in enumerate(lines):
+                if i in fenced or line.lstrip().startswith(("#", "<")):
+                    continue
+                outside = re.split(r"(`[^`]*`|\[[^\]]*\]\([^)]*\))", line)   # never inside code or a link
+                hit = next((j for j, part in enumerate(outside) if j % 2 == 0 and word.search(part)), None)
+                if hit is None:
+                    continue
+                outside[hit] = word.sub(lambda m: f"[{m.group(0)}](#{anchors[alias]})", outside[hit], count=1)
+                lines[i] = "".join(outside)
+                made += 1
+                break
+            else:
+                continue
+            anchors = {a: s for a, s in anchors.items() if s != anchors[alias]}   # one link per entry
+        cell.source = "\n".join(lines)
+    return made
+
+
 def needs_the_network(nb) -> list[str]:
     """Why a page of ``nb`` would need a script from elsewhere (empty: it reads offline).
 
@@ -418,6 +481,7 @@ def build_site(notebooks, out: Path, *, readme: Path = ROOT / "README.md", log=p
         nb = copy.deepcopy(nb)  # alt texts and static views go into the copy; the stored notebook is untouched
         page.figures, page.fallback_alts = describe_figures(nb, page.title)
         render_stored_widgets(nb, path.name)
+        link_glossary(nb)
         site = {
             "static": STATIC,
             "stored_run": stored_run(nb),

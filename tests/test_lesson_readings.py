@@ -86,3 +86,28 @@ def test_the_most_decisive_k_is_the_prediction_furthest_from_one():
     predicted[("n-gram", 6)] = 1.6
     assert speculative_decoding.most_decisive(predicted, "n-gram") == 6
     assert speculative_decoding.best_predicted(predicted, "n-gram") == 6
+
+
+def test_growth_split_names_the_larger_share():
+    sweep = _sweep({1: 9.10, 2: 11.63, 8: 15.71, 16: 23.70})
+    slow_attention = [SimpleNamespace(m=1, seconds=5.46e-3), SimpleNamespace(m=8, seconds=7.59e-3),
+                      SimpleNamespace(m=16, seconds=9.29e-3)]
+    text = batching.growth_split(sweep, slow_attention, flip=25)
+    assert text.startswith("from batch 1 to 16 the step grew 14.60 ms") and "most of it is every sequence's" in text
+    jumping_kernels = [SimpleNamespace(m=1, seconds=5.0e-3), SimpleNamespace(m=16, seconds=16.0e-3)]
+    assert "most of it is the matmuls" in batching.growth_split(sweep, jumping_kernels, flip=25)
+    assert "from batch 1 to 8" in batching.growth_split(sweep, slow_attention, flip=9)
+
+
+def test_the_heavy_trace_loads_a_fast_machine_as_much_as_a_slow_one():
+    from inference_lab.lessons import serving_engine
+
+    def costs(scale):
+        return serving_engine.StepCosts(decode={1: 6e-3 * scale, 8: 11e-3 * scale},
+                                        prefill={p: (6e-3 + 4e-3 * p) * scale for p in (1, 2, 4, 8, 12, 16)}, mixed={})
+    slow, fast = (serving_engine.traces(costs=costs(s))["heavy"] for s in (1.0, 0.5))
+    rate = lambda r: len(r) / float(r.arrival[-1])
+    # the same requests, arriving twice as fast where every step costs half: the same share of the time
+    assert (slow.prompt_len == fast.prompt_len).all() and rate(fast) / rate(slow) == pytest.approx(2.0, rel=1e-6)
+    prefill = costs(1.0).pieces(costs(1.0).prefill, 12)
+    assert 0.2 < rate(slow) * prefill < 0.8        # sample_requests' Poisson arrivals around the set share

@@ -102,7 +102,7 @@ def test_builds_linked_pages_with_alt_text_and_only_local_scripts(lessons, tmp_p
     assert _links(first) == {"next": "b_second.html", "index": "index.html"}
     assert _links(second) == {"prev": "a_first.html", "index": "index.html"}
     assert "<title>A · First</title>" in first
-    assert "<details>" in first and "<summary>" in first  # the glossary stays folded
+    assert "<details" in first and "<summary>" in first  # the glossary stays folded
     alts = re.findall(r'<img alt="([^"]*)"', first)
     assert alts == ["Bars of tokens/s: prefill 3,000 vs decode 120.",
                     "Figure drawn by the code above, in the section \u201cMeasure it\u201d of \u201cA · First\u201d"]
@@ -238,3 +238,26 @@ def test_the_labs_own_widgets_have_a_static_form():
     assert "No prediction yet" not in shown["prediction"] and "Decide on your answer" in shown["prediction"]
     for html_text in shown.values():
         assert "measure again" not in html_text and "lock in" not in html_text and "<input" not in html_text
+
+
+def test_the_first_use_of_a_glossary_term_links_to_its_entry():
+    """Issue 36: a reader who meets a word can open its meaning. Each glossary entry gets an
+    anchor; the first use of each of its names after the glossary links there, once; code spans,
+    headings and the glossary itself are left alone."""
+    from nbformat.v4 import new_markdown_cell, new_notebook
+
+    nb = new_notebook(cells=[
+        new_markdown_cell("# T"),
+        new_markdown_cell("The KV cache before the glossary is not linked."),
+        new_markdown_cell("### Glossary: terms\n\n<details><summary><b>tensor parallelism (TP)</b></summary>\n\nSplit.\n\n"
+                          "</details>\n\n<details><summary><b>KV cache</b></summary>\n\nKeys.\n\n</details>"),
+        new_markdown_cell("## The KV cache\n\n```\nthe KV cache in a code block\n```\nA `KV cache` in code, then the KV cache "
+                          "in prose, and with TP=4 the KV cache again."),
+    ])
+    assert build_site.link_glossary(nb) == 2
+    body = nb.cells[3].source
+    assert body.count("(#g-kv-cache)") == 1 and "then the [KV cache](#g-kv-cache) in prose" in body
+    assert "the KV cache in a code block" in body
+    assert "[TP](#g-tensor-parallelism-tp)=4" in body and body.startswith("## The KV cache")
+    assert "`KV cache`" in body and "not linked" in nb.cells[1].source and "(#g-" not in nb.cells[1].source
+    assert '<details id="g-kv-cache">' in nb.cells[2].source

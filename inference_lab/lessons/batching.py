@@ -12,6 +12,9 @@ from inference_lab.lessons.machine import DECODE_COLUMNS, DECODE_STEPS, Sweep
 from inference_lab.lessons.one_model_two_speeds import WORDS_PER_BPE_TOKEN
 
 
+SHORT_CONTEXT = 16   # cached tokens of the sweep that isolates the weights: attention and KV add almost nothing
+
+
 def batch_sweep(model, batch_sizes, context: int, steps: int = DECODE_STEPS) -> "BatchSweep":
     """Decode at each batch size (one context), timed side by side (round-robin)."""
     recs = timing.decode_points(model, [(int(b), int(context)) for b in batch_sizes], steps)
@@ -100,8 +103,27 @@ def knee_explanation(sweep: BatchSweep, kernels, spec, cfg, dtype, lone=()) -> s
     ] + ([f"measured knee of one {lone[0].describe()}: "
           + (f"m = {_knee(lone)}" if _knee(lone) else "beyond the sweep")] if lone else []) + [
         f"at batch {biggest}, the KV cache is {kv:.0%} of the bytes a step moves",
+        growth_split(sweep, kernels, flip_kv),
         knee_reading(sweep, flip_kv),
     ])
+
+
+def growth_split(sweep: BatchSweep, kernels, flip) -> str:
+    """Which of the three causes grew the step here: from batch 1 to the largest batch below the
+    flip that both sweeps measured, the model's added time against what its matmuls alone added
+    (the kernels), the rest being every sequence's own work (attention over its KV cache, norms,
+    sampling)."""
+    mm = {k.m: k.seconds for k in kernels}
+    b = max((r.batch for r in sweep.records if r.batch in mm and r.batch > 1 and (flip is None or r.batch < flip)),
+            default=None)
+    if b is None:
+        return "no batch below the flip was measured in both sweeps: nothing to split"
+    added = sweep.at(b).step_seconds - sweep.at(1).step_seconds
+    by_matmuls = mm[b] - mm[1]
+    rest = added - by_matmuls
+    main = "the matmuls" if by_matmuls >= rest else "every sequence's own work (attention over its KV cache, norms, sampling)"
+    return (f"from batch 1 to {b} the step grew {added * 1e3:.2f} ms: the matmuls alone added {by_matmuls * 1e3:.2f} ms "
+            f"({by_matmuls / added:.0%}), the rest {rest * 1e3:.2f} ms ({rest / added:.0%}); most of it is {main}")
 
 
 KNEE_FACTOR = 1.5     # the lessons' knee: the first batch whose step takes >= 1.5x the batch-1 step
