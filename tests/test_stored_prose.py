@@ -167,3 +167,21 @@ def test_08_predictions_use_the_timed_prompts_acceptance():
     predicted = _printed(nb, "acceptance on prompt 1")
     for name, rate in alone.items():
         assert f"{name} {rate}" in predicted, (name, rate, predicted)
+
+
+def test_teaching_states_each_notebooks_reading_time():
+    """docs/teaching.md's reading-time table is the stored notebooks' own word count (within 10%,
+    so a small edit does not break it; regenerate it with scripts/reading_time.py after a large one)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reading_time", ROOT / "scripts" / "reading_time.py")
+    reading_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reading_time)
+    doc = (ROOT / "docs" / "teaching.md").read_text()
+    for path in NOTEBOOKS:
+        row = re.search(rf"^\| {path.stem} \| ([\d,]+) \| ([\d,]+) \| [\d,]+ \| (\d+) \|", doc, re.M)
+        assert row, f"docs/teaching.md has no reading-time row for {path.stem}: run scripts/reading_time.py"
+        got = reading_time.measure(path)
+        stated = int(row.group(1).replace(",", ""))
+        assert abs(stated - got["prose_words"]) <= 0.1 * got["prose_words"], (path.stem, stated, got["prose_words"])
+        assert abs(int(row.group(3)) - got["read_minutes"]) <= 2, (path.stem, row.group(3), got["read_minutes"])
