@@ -452,11 +452,12 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
         raise ValueError(f"dtype={dtype!r}: measure_ceilings measures bfloat16, float16 or float32 matmuls")
     dev = jax.devices()[0]
     backend = jax.default_backend()
-    # A CPU's device_kind is just "cpu": add the host and its processor, so machines sharing
-    # one home folder (a JupyterHub image, say) do not share one machine's ceilings.
+    # A CPU's device_kind is just "cpu": add the host and its processor (model, cores, caches), so
+    # machines sharing one home folder (a JupyterHub image, say) do not share one machine's
+    # ceilings, and a virtual machine moved to another kind of host measures its new one.
     ident = {"device": dev.device_kind, "backend": backend, "jax": jax.__version__,
              "jaxlib": jaxlib.__version__, "dtype": key, "host": platform.node(),
-             "processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+             "processor": processor_summary(), "cpus": os.cpu_count(),
              "method": "best-of; bandwidth = fastest read-only kernel; copy beside it"}  # a new method: new files
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir("ceilings") / f"{backend}-{key}-{digest}.json"
