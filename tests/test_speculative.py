@@ -303,6 +303,10 @@ def test_lesson_tables_readings_and_views():
     predicted = lesson.predicted_from_steps(verifies, 0.8, 0.2, ks, acceptance)   # the loop's step 0.8 s
     assert predicted[("n-gram", 4)] == pytest.approx(cost_model.expected_tokens(0.8, 4) * 0.8 / 1.4)
     assert predicted[("shakespeare", 1)] == pytest.approx(cost_model.expected_tokens(0.5, 1) * 0.8 / (1.1 + 2 * 0.2))
+    # a draft model writes its k + 1 steps in one compiled call: one step at the call's rate, k at its loop's
+    looped = lesson.predicted_from_steps(verifies, 0.8, 0.2, ks, acceptance, draft_loop_s=0.05)
+    assert looped[("shakespeare", 4)] == pytest.approx(cost_model.expected_tokens(0.5, 4) * 0.8 / (1.4 + 0.2 + 4 * 0.05))
+    assert looped[("n-gram", 4)] == predicted[("n-gram", 4)]    # prompt lookup has no device work either way
     assert lesson.best_predicted(predicted, "n-gram") == 4
     roof = lesson.predicted_speedups(cfg, ModelConfig.preset("shakespeare"), spec, ks, acceptance)
     assert "x" in lesson.prediction_table(ks, acceptance, predicted, roof)

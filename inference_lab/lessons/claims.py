@@ -568,12 +568,12 @@ def speedup_as_predicted(plain, speculative, *, predicted: float, min_effect: fl
     return Verdict(f"the cost model predicts x{predicted:.2f}: too close to plain decode to test", None, evidence)
 
 
-def verification_stops_being_free(verifies, k: int, *, predicted_small: float, predicted_large: float,
-                                  min_effect: float = 1.25, nearly_free: float = 1.5) -> Verdict:
+def verification_stops_being_free(verifies, k: int, *, predicted_small: float, predicted_large: float, min_effect:
+                                  float = 1.25, nearly_free: float = 1.5, predicted_by="the roofline") -> Verdict:
     """At a large batch a verify of ``k + 1`` tokens per row costs more decode steps than at batch
     1: the batch's tokens already use the compute that made checking guesses free, so speculation
     and batching spend the same idle FLOPs. ``predicted_small`` / ``predicted_large``: the
-    roofline's verify / step at the smallest and largest batch of the records. Holds if the
+    verify / step ``predicted_by`` predicts at the smallest and largest batch. Holds if the
     measured ratio grows by at least the log-midpoint of the predicted growth. Undecided where the
     roofline predicts less than ``min_effect`` of growth at these batches (the knee is further out),
     or where the verify is not nearly free even at the smallest batch (its ratio more than
@@ -584,16 +584,16 @@ def verification_stops_being_free(verifies, k: int, *, predicted_small: float, p
     growth, predicted = large / small, predicted_large / predicted_small
     u = noise(*[r for r in verifies if r.batch in (batches[0], batches[-1]) and r.tokens in (1, k + 1)])
     evidence = (f"verify of {k + 1} tokens / step: x{small:.2f} at batch {batches[0]}, x{large:.2f} at batch "
-                f"{batches[-1]} (grew x{growth:.2f}; the roofline: x{predicted_small:.2f} -> x{predicted_large:.2f}, "
+                f"{batches[-1]} (grew x{growth:.2f}; {predicted_by}: x{predicted_small:.2f} -> x{predicted_large:.2f}, "
                 f"growth x{predicted:.2f})" + _noise_note(u))
     if predicted < min_effect:
-        return Verdict(f"the roofline predicts verification stays nearly free up to batch {batches[-1]} here: "
+        return Verdict(f"predicted by {predicted_by}, verification stays nearly free up to batch {batches[-1]}: "
                        "nothing to test", None, evidence)
     if small > nearly_free * predicted_small:
         return Verdict(f"checking {k} guesses is not nearly free even at batch {batches[0]} here (x{small:.2f} a step, "
-                       f"more than {nearly_free:g}x the roofline's x{predicted_small:.2f}): the batch has no idle "
+                       f"more than {nearly_free:g}x the predicted x{predicted_small:.2f}): the batch has no idle "
                        "compute left to use up, so the growth cannot show", None, evidence)
     need = log_midpoint(predicted)
     return Verdict(f"from batch {batches[0]} to {batches[-1]} a verify of {k + 1} tokens grows at least x{need:.2f} "
-                   "more costly against a decode step (half the roofline's growth, on a log scale)",
+                   f"more costly against a decode step (half the growth predicted by {predicted_by}, on a log scale)",
                    decide(growth, need, u), evidence)

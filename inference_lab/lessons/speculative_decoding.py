@@ -86,16 +86,26 @@ def predicted_speedups(target_cfg, draft_cfg, spec, ks, acceptance: dict) -> dic
             for name, a in acceptance.items() for k in ks}
 
 
-def predicted_from_steps(verifies, plain_step_s: float, draft_step_s: float, ks, acceptance: dict) -> dict:
+def predicted_from_steps(verifies, plain_step_s: float, draft_step_s: float, ks, acceptance: dict,
+                         draft_loop_s: float | None = None) -> dict:
     """(draft name, k) -> the cost model's speed-up with times measured here in place of the
     roofline's: plain decode's step inside its compiled loop (``plain_step_s``, what plain decode
     pays per token), the verify steps (``verifies``, batch 1, each a call of its own, as a round's
-    is) and the draft model's step as a call (``draft_step_s``). Still a prediction: no
+    is) and the draft model's steps. A draft model writes its ``k + 1`` steps in one compiled call
+    (``ModelDraft.propose``), so a round's draft work is one step as a call of its own
+    (``draft_step_s``) plus ``k`` steps inside its loop (``draft_loop_s``; the call's rate if not
+    given). The target drafting for itself pays its own two rates. Still a prediction: no
     generation has been timed."""
     by = {r.tokens: r.seconds for r in verifies if r.batch == 1}
-    draft_s = {"shakespeare": draft_step_s, "the target itself": by[1]}
+    rates = {"shakespeare": (draft_step_s, draft_step_s if draft_loop_s is None else draft_loop_s),
+             "the target itself": (by[1], plain_step_s)}
+
+    def draft_round(name, k):
+        call, loop = rates.get(name, (0.0, 0.0))
+        return call + k * loop
+
     return {(name, k): cost_model.speedup(a, k, step_s=plain_step_s, verify_s=by[k + 1],
-                                          draft_step_s=draft_s.get(name, 0.0))
+                                          draft_step_s=draft_round(name, k), draft_steps=1)
             for name, a in acceptance.items() for k in ks}
 
 
@@ -159,6 +169,20 @@ def verify_steps_and_matmuls(model, ks) -> tuple[list, list]:
     rows = _verify_rows(ks)
     recs = verify_steps(model, ks, beside=[ModelMatmulsPoint(model, m) for m in rows])
     return recs[:len(rows)], recs[len(rows):]
+
+
+def batch_verifies_and_matmuls(model, k: int, batches) -> tuple[list, tuple]:
+    """:func:`verify_steps` at each batch and, in the same rounds, the model's weight matrices
+    alone at the rows a step and a verify feed them at the smallest and the largest batch:
+    (verify records, (verify / step the matmuls alone predict at the smallest batch, at the
+    largest)). What a verify adds is rows through the same matrices, so their growth alone is a
+    prediction measured on this machine's kernels."""
+    ends = (batches[0], batches[-1])
+    rows = sorted({m for b in ends for m in (b, b * (k + 1))})
+    recs = verify_steps(model, (k,), batches=batches, beside=[ModelMatmulsPoint(model, m) for m in rows])
+    n = len(recs) - len(rows)
+    alone = {r.m: r.seconds for r in recs[n:]}
+    return recs[:n], tuple(alone[b * (k + 1)] / alone[b] for b in ends)
 
 
 def answer_text(tokens) -> str:
@@ -227,6 +251,7 @@ class Grid:
     plain_step: object = None   # a DecodeRecord
     verify_steps: list = dataclasses.field(default_factory=list)   # VerifyRecords, batch 1
     draft_step: object = None   # a VerifyRecord of one token
+    draft_loop_step: object = None   # a DecodeRecord: the draft model's step inside its compiled loop
 
     def speedup(self, name: str, k: int) -> float:
         return self.plain.seconds / self.runs[(name, k)].seconds
@@ -237,7 +262,8 @@ class Grid:
             raise ValueError("the draft model's step was not timed beside the generations: "
                              "pass speedup_grid(..., draft_model=) to predict its speed-up again")
         return predicted_from_steps(self.verify_steps, self.plain_step.step_seconds,
-                                    self.draft_step.seconds if self.draft_step else 0.0, self.ks, acceptance)
+                                    self.draft_step.seconds if self.draft_step else 0.0, self.ks, acceptance,
+                                    draft_loop_s=self.draft_loop_step.step_seconds if self.draft_loop_step else None)
 
     def table(self, predicted: dict, roofline: dict) -> str:
         """Measured speed-up, then the predictions from the measured steps and from the roofline."""
@@ -261,15 +287,18 @@ def speedup_grid(target, drafts_by_name: dict, ks, *, draft_model=None, prompt: 
     beside = [timing.DecodePoint(target, 1, CONTEXT, PLAIN_STEPS)]
     beside += [measure.VerifyPoint(target, 1, CONTEXT, t, max_len=_cache_len(target)) for t in rows]
     if draft_model is not None:
-        beside.append(measure.VerifyPoint(draft_model, 1, CONTEXT, 1, max_len=_cache_len(draft_model)))
+        beside += [measure.VerifyPoint(draft_model, 1, CONTEXT, 1, max_len=_cache_len(draft_model)),
+                   timing.DecodePoint(draft_model, 1, CONTEXT, PLAIN_STEPS)]
     recs = measure.generation_sweep(target, [prompts()[prompt]], new_tokens, configs, beside=beside, repeats=repeats)
     recs, step_rec, verify_recs = recs[:1 + len(configs)], recs[1 + len(configs)], recs[2 + len(configs):]
     if not measure.same_text(recs):
         raise AssertionError("a speculative run wrote other tokens than plain decode")
     names = [n for n in drafts_by_name for _ in ks]
+    drafted = draft_model is not None
     return Grid(plain=recs[0], runs={(n, k): r for n, (_, k), r in zip(names, configs, recs[1:])}, ks=tuple(ks),
                 plain_step=step_rec, verify_steps=verify_recs[:len(rows)],
-                draft_step=verify_recs[len(rows)] if draft_model is not None else None)
+                draft_step=verify_recs[len(rows)] if drafted else None,
+                draft_loop_step=verify_recs[len(rows) + 1] if drafted else None)
 
 
 def drift_lines(grid: Grid, step, predicted: dict, again: dict, checks) -> str:
