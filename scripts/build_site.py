@@ -141,6 +141,8 @@ def link_glossary(nb) -> int:
             if inside or line.lstrip().startswith("```"):
                 fenced.add(i)
         for alias in sorted(anchors, key=len, reverse=True):       # "KV cache" before "KV"
+            if alias not in anchors:                                 # its entry was linked under another name
+                continue
             word = re.compile(rf"(?<![\w`\[#-]){re.escape(alias)}(?![\w`\]-])")
             for i, line in enumerate(lines):
                 if i in fenced or line.lstrip().startswith(("#", "<")):

@@ -259,5 +259,11 @@ def test_the_first_use_of_a_glossary_term_links_to_its_entry():
     assert body.count("(#g-kv-cache)") == 1 and "then the [KV cache](#g-kv-cache) in prose" in body
     assert "the KV cache in a code block" in body
     assert "[TP](#g-tensor-parallelism-tp)=4" in body and body.startswith("## The KV cache")
+    # an entry's other name later in the lesson is not linked again
+    two_names = new_notebook(cells=[
+        new_markdown_cell("### Glossary: t\n\n<details><summary><b>tensor parallelism (TP)</b></summary>\n\nS.\n\n</details>"),
+        new_markdown_cell("Split by tensor parallelism, TP for short."), new_markdown_cell("Then TP=4 again.")])
+    assert build_site.link_glossary(two_names) == 1 and "(#g-" not in two_names.cells[2].source
+    assert two_names.cells[1].source == "Split by [tensor parallelism](#g-tensor-parallelism-tp), TP for short."
     assert "`KV cache`" in body and "not linked" in nb.cells[1].source and "(#g-" not in nb.cells[1].source
     assert '<details id="g-kv-cache">' in nb.cells[2].source
