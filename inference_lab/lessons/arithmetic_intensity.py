@@ -10,8 +10,11 @@ import jax
 import jax.numpy as jnp
 
 from inference_lab import plots
+from inference_lab.base import hardware
+from inference_lab.base.config import ModelConfig
 from inference_lab.base.random_arrays import normal
 from inference_lab.measure import timing
+from pallas_kernels.ceilings import read_bandwidth
 from pallas_kernels.timing import timed
 from inference_lab.analytic import costs, roofline
 
@@ -183,10 +186,6 @@ def cache_rule(*, repeats: int = 5) -> str:
     loop re-reads its weights) at the bytes each of :data:`COURSE_STREAMS` re-reads, beside how
     many times the cache those bytes are. The rule says which side each is on; the rates say
     whether this processor's cache reads faster than its memory at all."""
-    from pallas_kernels.ceilings import read_bandwidth
-    from inference_lab.base import hardware
-    from inference_lab.base.config import ModelConfig
-
     llc = hardware.last_level_cache_bytes() if jax.devices()[0].platform == "cpu" else None
     rows = []
     for use, what in COURSE_STREAMS:

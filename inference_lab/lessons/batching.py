@@ -12,7 +12,9 @@ from inference_lab.lessons.machine import DECODE_COLUMNS, DECODE_STEPS, Sweep
 from inference_lab.lessons.one_model_two_speeds import WORDS_PER_BPE_TOKEN
 
 
-SHORT_CONTEXT = 16   # cached tokens of the sweep that isolates the weights: attention and KV add almost nothing
+KNEE_FACTOR = 1.5     # the lessons' knee: the first batch whose step takes >= 1.5x the batch-1 step
+NEAR_THE_LINE = 0.1   # a step within 10% of that line can cross it on the next run
+SHORT_CONTEXT = 16    # cached tokens of the sweep that isolates the weights: attention and KV add almost nothing
 
 
 def batch_sweep(model, batch_sizes, context: int, steps: int = DECODE_STEPS) -> "BatchSweep":
@@ -124,10 +126,6 @@ def growth_split(sweep: BatchSweep, kernels, flip) -> str:
     main = "the matmuls" if by_matmuls >= rest else "every sequence's own work (attention over its KV cache, norms, sampling)"
     return (f"from batch 1 to {b} the step grew {added * 1e3:.2f} ms: the matmuls alone added {by_matmuls * 1e3:.2f} ms "
             f"({by_matmuls / added:.0%}), the rest {rest * 1e3:.2f} ms ({rest / added:.0%}); most of it is {main}")
-
-
-KNEE_FACTOR = 1.5     # the lessons' knee: the first batch whose step takes >= 1.5x the batch-1 step
-NEAR_THE_LINE = 0.1   # a step within 10% of that line can cross it on the next run
 
 
 def knee_reading(sweep: BatchSweep, flip) -> str:
