@@ -180,7 +180,7 @@ COURSE_STREAMS = (("01's small model, 08's draft", "shakespeare"),
 FITS, STREAMS = 1.0, 1.5   # x the last-level cache: at most FITS re-reads from it, at least STREAMS reads memory
 
 
-def cache_rule(*, repeats: int = 5) -> str:
+def cache_rule(*, repeats: int = 3) -> str:
     """The rule for which measurements depend on the last-level cache, and the measurement: the
     read ceiling's method (:func:`pallas_kernels.ceilings.read_bandwidth`, re-read as a decode
     loop re-reads its weights) at the bytes each of :data:`COURSE_STREAMS` re-reads, beside how

@@ -277,7 +277,7 @@ class Grid:
         return "\n".join(lines)
 
 
-def speedup_grid(target, drafts_by_name: dict, ks, *, draft_model=None, prompt: int = 0, repeats: int = 5,
+def speedup_grid(target, drafts_by_name: dict, ks, *, draft_model=None, prompt: int = 0, repeats: int = 4,
                  new_tokens: int = NEW_TOKENS) -> Grid:
     """Plain decode and every (draft, k) on one held-out prompt at batch 1, side by side, with the
     steps the predictions rest on in the same rounds: plain decode's step (:func:`plain_step`'s
