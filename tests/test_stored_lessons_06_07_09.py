@@ -55,7 +55,7 @@ def _line(text: str, start: str) -> str:
 
 
 def _wording(ratio: float) -> str:
-    return engine._times(ratio)
+    return engine.ratio_in_words(ratio)
 
 
 # ============================================================================= 06: the functions

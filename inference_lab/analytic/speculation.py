@@ -101,8 +101,11 @@ def verify_over_step(cfg, spec, k: int, *, batch: int = 1, context: int = 128) -
             / predicted_step_seconds(cfg, spec, batch=batch, context=context))
 
 
+LARGEST_BATCH = 4096   # how far batch_where_it_stops_paying looks
+
+
 def batch_where_it_stops_paying(acceptance: float, k: int, target_cfg, spec, *, context: int = 128,
-                                draft_cfg=None, cache_once: bool = False, largest: int = 4096):
+                                draft_cfg=None, cache_once: bool = False, largest: int = LARGEST_BATCH):
     """The smallest batch at which the predicted speed-up falls below 1 (None: it pays at every
     batch up to ``largest``). At a small batch the step is bound by the weights' bytes and
     checking ``k`` guesses is nearly free; once the batch's tokens fill the compute, every verified

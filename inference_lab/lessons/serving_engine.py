@@ -111,7 +111,7 @@ def _span(values) -> str:
     return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
-def _times(ratio: float) -> str:
+def ratio_in_words(ratio: float) -> str:
     """A ratio of two costs in words, chosen by its size."""
     if ratio < 1.2:
         return "about the same as"
@@ -347,9 +347,9 @@ def step_cost_line(costs: StepCosts) -> str:
     one, full = costs.step(1), costs.step(N_SLOTS)
     beside = (CHUNK_TOKENS - N_SLOTS) // PIECE
     mixed = costs.pieces(costs.mixed, beside)
-    return (f"here a decode step of {N_SLOTS} rows costs {_times(full / one)} a step of one "
+    return (f"here a decode step of {N_SLOTS} rows costs {ratio_in_words(full / one)} a step of one "
             f"(x{full / one:.2f}: {1e3 * full:.1f} vs {1e3 * one:.1f} ms), and {N_SLOTS} decode rows with {beside} "
-            f"prompt pieces beside them cost {_times(mixed / full)} the {N_SLOTS} rows alone "
+            f"prompt pieces beside them cost {ratio_in_words(mixed / full)} the {N_SLOTS} rows alone "
             f"(x{mixed / full:.2f}: {1e3 * mixed:.1f} ms)")
 
 

@@ -414,7 +414,7 @@ def where_it_stops_paying(acceptance: float, k: int, spec) -> str:
             at = cost_model.batch_where_it_stops_paying(acceptance, k, cfg, s, context=context, cache_once=once)
             how = "" if len(reads) == 1 else (" (a verify reading the cache once)" if once else
                                               " (this lab's verify, reading it once per token)")
-            found.append(f"batch {at if at else '> 4096'}{how}")
+            found.append(f"batch {at if at else f'> {cost_model.LARGEST_BATCH}'}{how}")
         lines.append(f"  {label}, context {context:,}: stops paying at " + "; at ".join(found))
         lines.append(f"      R = {cost_model.compute_bound_tokens(cfg, s):,.0f} tokens, so by hand batch "
                      f"{cost_model.stops_paying_estimate(acceptance, k, cfg, s):,.0f}; 05's predicted knee: batch "
