@@ -131,8 +131,57 @@ def count_kernels(hlo_text: str) -> int:
 
 
 def count_pallas_calls(hlo_text: str) -> int:
-    """Pallas kernels in a program lowered or compiled for an NVIDIA GPU (Triton custom calls)."""
+    """Triton-tier Pallas custom calls written in a program lowered or compiled for an NVIDIA GPU
+    (each written call once: :func:`gpu_kernel_launches` follows nested functions)."""
     return hlo_text.count("__gpu$xla.gpu.triton")
+
+
+# A function of a lowered (StableHLO) module: "func.func public @main(" ... up to its closing "  }".
+_FUNC = re.compile(r"^  func\.func (?:public |private )?@([\w.$\-]+)\(")
+_FUNC_CALL = re.compile(r"\bcall @([\w.$\-]+)\(")
+# What makes two Pallas kernels the same compiled kernel: a Mosaic GPU module's hash (jaxlib compiles
+# once per hash), a Triton kernel's IR with its warps and stages (its grid is a launch parameter).
+_MOSAIC_KERNEL = re.compile(r'custom_call @mosaic_gpu\w*\(.*?kernel_hash = "((?:[^"\\]|\\.)*)"')
+_TRITON_KERNEL = re.compile(r'custom_call @__gpu\$xla\.gpu\.triton\(.*? ir = "((?:[^"\\]|\\.)*)"'
+                            r'(?=.*?num_stages = (\d+))(?=.*?num_warps = (\d+))')
+
+
+def gpu_kernel_launches(lowered_text: str) -> dict:
+    """``{(tier, identity): launches}`` of the Pallas kernels in a program lowered for an NVIDIA GPU
+    (``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",)).as_text()``; StableHLO).
+
+    ``tier`` is ``"mosaic"`` or ``"triton"``; ``identity`` what decides whether two launches are one
+    compiled kernel (a Mosaic GPU module's ``kernel_hash``, a Triton kernel's IR, warps and stages).
+    A kernel written once in a function that the program calls 16 times counts 16 launches, so
+    ``sum(...values())`` is the launches of one run of the program and ``len(...)`` the kernels a
+    GPU compiles for it. Loop bodies count once (a decode loop's step)."""
+    bodies, current = {}, None
+    for line in lowered_text.splitlines():
+        m = _FUNC.match(line)
+        if m:
+            current = bodies.setdefault(m.group(1), [])
+        elif line.startswith("  }"):
+            current = None
+        elif current is not None:
+            current.append(line)
+
+    launches: dict = {}
+
+    def count(name: str, times: int, path: tuple) -> None:
+        if name in path:
+            raise ValueError(f"{name} calls itself: not a lowered jax program")
+        for line in bodies.get(name, ()):
+            found = ([("mosaic", m.group(1)) for m in _MOSAIC_KERNEL.finditer(line)]
+                     + [("triton", m.groups()) for m in _TRITON_KERNEL.finditer(line)])
+            for key in found:
+                launches[key] = launches.get(key, 0) + times
+            for callee in _FUNC_CALL.findall(line):
+                count(callee, times, path + (name,))
+
+    if "main" not in bodies:
+        raise ValueError("no @main function: pass the text of a lowered program (.lower(...).as_text())")
+    count("main", 1, ())
+    return launches
 
 
 def aliased_parameters(hlo_text: str) -> set:

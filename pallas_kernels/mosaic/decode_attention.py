@@ -165,6 +165,7 @@ def decode_attention_kernel(lengths_ref, q_ref, k_ref, v_ref, acc_ref, ml_ref, q
 
 
 # ----------------------------------------------------------------------------- entry points
+@C.one_entry("sm_scale", "config", "interpret")
 def decode_attention(q, k_cache, v_cache, lengths, *, sm_scale=None,
                      config: MosaicDecodeConfig | None = None, interpret=False):
     """One decode step: q ``[B,Hq,D]`` over caches ``[B,S_max,Hkv,D]`` -> ``[B,Hq,D]`` on Hopper.

@@ -220,6 +220,7 @@ def flash_attention_kernel(q_ref, k_ref, v_ref, o_ref, q_smem, p_smem, q_bar, sc
 
 
 # ----------------------------------------------------------------------------- entry points
+@C.one_entry("causal", "sm_scale", "config", "interpret")
 def flash_attention(q, k, v, *, causal=True, sm_scale=None,
                     config: MosaicFlashConfig | None = None, interpret=False):
     """Attention of q ``[B,T,Hq,D]`` over k, v ``[B,S,Hkv,D]`` on Hopper (bf16/f16, D 64 or 128).

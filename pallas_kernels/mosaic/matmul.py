@@ -159,6 +159,7 @@ def matmul_kernel(a_gmem, b_gmem, out_gmem, *, p: MatmulPlan):
 
 
 # ----------------------------------------------------------------------------- entry points
+@C.one_entry("out_dtype", "config", "interpret")
 def matmul(a, b, *, out_dtype=None, config: MosaicMatmulConfig | None = None,
            interpret=False):
     """``a [M, K] @ b [K, N]`` on Hopper tensor cores (bf16/f16 in, f32 accumulation), any M, K, N.

@@ -69,6 +69,7 @@ def paged_decode_attention_kernel(lengths_ref, tables_ref, q_ref, k_ref, v_ref, 
 
 
 # ----------------------------------------------------------------------------- entry points
+@C.one_entry("sm_scale", "config", "interpret")
 def paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_scale=None,
                            config: MosaicPagedDecodeConfig | None = None, interpret=False):
     """One decode step through block tables on Hopper: q ``[B,Hq,D]``, pools ``[N,bs,Hkv,D]``,
