@@ -31,7 +31,7 @@ help:
 	@echo "make reset-lesson LESSON=05  put lesson 05 back as shipped in my-notebooks/ (your copy is kept)"
 	@echo "make notebooks  re-execute the notebooks in place so they are stored with outputs"
 	@echo "make site       the stored notebooks as a static site in $(SITE)/ (reads offline; installs only nbconvert)"
-	@echo "make gpu-check  on a GPU machine: GPU tests, kernel benchmarks and the probe"
+	@echo "make gpu-check  on a GPU machine (<= 5 min; QUICK=1: <= 2): GPU tests, kernel benchmarks, the probe"
 	@echo "make triton-report  no GPU needed: compile every kernel the model launches for sm_90 and sm_80"
 	@echo "options: PYTHON=/path/to/python3.12  ACCEL=cpu|cuda12|cuda13  ALLOW_ROOT=1 (make lab as root)"
 

@@ -16,6 +16,13 @@ stores drain through separate write buffers without blocking the loads, so a cop
 writes on top (docs/benchmarks.md has the figures). The read ceiling is the best of three
 read-only kernels over one buffer (a sum, row sums of a 2-D view, a matrix-vector product), each
 of which reads every byte once: whichever XLA happens to compile best on this machine.
+
+On a GPU three things differ (:func:`device_ceilings`): every ceiling is timed over several calls
+inside one program (a call's dispatch is ~10% of one read of 1 GiB on an H200), a fourth read
+kernel joins (a vector-matrix product, decode's own shape), and the read ceiling is never below
+the copy's rate. The first H200 run of the lab measured its read ceiling at 2.68-3.02 TB/s and its
+matmul ceiling at 603-618 TFLOP/s, where a copy moved ~4.3 TB/s and XLA's bf16 matmul reached
+782 TFLOP/s in another run: a ceiling below what the device did elsewhere inflates every MBU.
 """
 
 from __future__ import annotations
@@ -23,49 +30,38 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.timing import round_robin, timed, timed_call
+from pallas_kernels.timing import InOneProgram, round_robin, timed, timed_call
 
 READ_ROWS = 4096   # the 2-D view the row-sum and matrix-vector kernels read: [READ_ROWS, n / READ_ROWS]
 MIN_BYTES_PER_CALL = 64 * 2**20   # a smaller buffer is read several times per timed call
+# On a GPU a call's dispatch (~10-30 us) is ~10% of one read of 1 GiB (~0.25 ms): every ceiling
+# there is timed over several reads or calls in one program instead (GPU_CALLS of them).
+GPU_CALLS = 16
+GPU_MATMUL_SIZES = (4096, 8192, 16384)   # XLA's best of these square matmuls is the GPU's matmul ceiling
 
 
 def _rand(key, shape, dtype):
     return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
-def best_seconds(fn, *args, repeats: int) -> float:
-    """Shortest wall time of an already-jitted ``fn(*args)`` over ``repeats``, after a warm-up."""
-    return round_robin([lambda: timed(fn, *args)], repeats)[0].best
+def _on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
 
 
 def _read_kernels():
-    """(name, fn(x, v)) for each read-only kernel over a float32 buffer ``x`` (``v``: a vector of
-    ``x.size / READ_ROWS``, an argument so that XLA cannot turn the product into a sum)."""
+    """(name, fn(x, v, u)) for each read-only kernel over a float32 buffer ``x`` (``v``: a vector
+    of ``x.size / READ_ROWS``, ``u``: one of ``READ_ROWS``; arguments, so that XLA cannot turn
+    the products into sums). Each reads every byte of ``x`` once; whichever XLA compiles best on
+    this device sets the ceiling. A GPU adds the vector-matrix product, a decode step's shape,
+    which XLA streamed at 4.31 TB/s on an H200 where its reductions read 2.7-3.0 (a CPU reads it
+    no faster than the other three, so the lessons' "fastest of three" stays three there)."""
     hi = jax.lax.Precision.HIGHEST
-    return [("sum", lambda x, v: jnp.sum(x)),
-            ("row sums", lambda x, v: jnp.sum(x.reshape(READ_ROWS, -1), axis=1)),
-            ("matrix-vector", lambda x, v: jnp.dot(x.reshape(READ_ROWS, -1), v, precision=hi))]
-
-
-def _reading(kernel, reads: int):
-    """A jitted call that reads ``x`` with ``kernel`` ``reads`` times, returning (x, a scalar).
-
-    One read per call for a large buffer. A small one is read again and again inside one
-    ``fori_loop`` (as a decode loop re-reads its weights), so that the fixed cost of a call does
-    not hide the rate; each read adds ``0 *`` its result to one element of ``x``, a real data
-    dependence, so XLA cannot compute the read once outside the loop. ``x`` is donated and handed
-    back, so nothing is copied."""
-    def once(x, v):
-        return x, kernel(x, v).reshape(-1)[0]
-
-    def repeated(x, v):
-        def body(i, carry):
-            x, acc = carry
-            s = kernel(x, v).reshape(-1)[0]
-            return x.at[0].add(s * 0), acc + s
-        return jax.lax.fori_loop(0, reads, body, (x, jnp.float32(0)))
-
-    return jax.jit(once if reads == 1 else repeated, donate_argnums=0)
+    kernels = [("sum", lambda x, v, u: jnp.sum(x)),
+               ("row sums", lambda x, v, u: jnp.sum(x.reshape(READ_ROWS, -1), axis=1)),
+               ("matrix-vector", lambda x, v, u: jnp.dot(x.reshape(READ_ROWS, -1), v, precision=hi))]
+    if _on_gpu():
+        kernels.append(("vector-matrix", lambda x, v, u: jnp.dot(u, x.reshape(READ_ROWS, -1), precision=hi)))
+    return kernels
 
 
 def read_bandwidth(nbytes: int, *, repeats: int) -> dict:
@@ -73,38 +69,39 @@ def read_bandwidth(nbytes: int, *, repeats: int) -> dict:
     kernels (see the module docstring), timed round-robin. Returns ``{"bytes_per_s", "nbytes",
     "by_kernel": {name: bytes/s}, "method"}``.
 
-    A buffer that fits in a cache reads at the cache's rate, which is what a model whose weights
-    fit there streams at; such a buffer is read repeatedly within one call (at least
-    :data:`MIN_BYTES_PER_CALL` per call), as a decode loop re-reads its weights every step."""
+    Each timed call reads the buffer ``reads`` times inside one program
+    (:class:`pallas_kernels.timing.InOneProgram`): at least :data:`MIN_BYTES_PER_CALL` a call, so
+    that a buffer that fits in a cache is re-read as a decode loop re-reads its weights (and reads
+    at the cache's rate, which is what a model whose weights fit there streams at), and on a GPU
+    at least :data:`GPU_CALLS` reads, so that a call's dispatch is not counted as reading time."""
     n = max(READ_ROWS, int(nbytes) // 4 // READ_ROWS * READ_ROWS)
     reads = min(256, -(-MIN_BYTES_PER_CALL // (n * 4)))
+    if _on_gpu():
+        reads = max(reads, GPU_CALLS)
     v = _rand(jax.random.key(2), (n // READ_ROWS,), jnp.float32)
+    u = _rand(jax.random.key(4), (1, READ_ROWS), jnp.float32)
     runs, names = [], []
     for i, (name, kernel) in enumerate(_read_kernels()):
-        fn = _reading(kernel, reads)
-        state = [_rand(jax.random.key(10 + i), (n,), jnp.float32)]   # random, never zeros
-
-        def run(fn=fn, state=state):
-            seconds, (x, _) = timed_call(fn, state.pop(), v)
-            state.append(x)
-            return seconds
-
-        runs.append(run)
+        looped = InOneProgram(kernel, (_rand(jax.random.key(10 + i), (n,), jnp.float32), v, u))  # never zeros
+        runs.append(lambda looped=looped: looped(reads))
         names.append(name)
     samples = round_robin(runs, repeats)
     rates = {name: reads * n * 4 / s.best for name, s in zip(names, samples)}
     shown = ", ".join(f"{name} {rate / 1e9:,.1f}" for name, rate in rates.items())
-    again = f", read {reads} times per call" if reads > 1 else ""
+    again = f", read {reads} times per call in one program" if reads > 1 else ""
     return {"bytes_per_s": max(rates.values()), "nbytes": n * 4, "by_kernel": rates,
-            "method": (f"measured: the fastest of three read-only kernels over a {_size(n * 4)} float32 "
+            "method": (f"measured: the fastest of { {3: 'three', 4: 'four'}[len(rates)] } read-only kernels over a {_size(n * 4)} float32 "
                        f"buffer{again} ({shown} GB/s), best of {repeats}")}
 
 
 def copy_bandwidth(nbytes: int, *, repeats: int) -> dict:
     """Read + write bytes per second of an in-place ``x *= 1.0001`` over a float32 buffer of
-    ``nbytes``, donated so nothing new is allocated (each call is fed the last result)."""
+    ``nbytes``, donated so nothing new is allocated (each call is fed the last result); on a GPU
+    :data:`GPU_CALLS` of them in one program (a loop over the donated buffer), so that dispatch is
+    not counted."""
     n = nbytes // 4
-    step = jax.jit(lambda x: x * 1.0001, donate_argnums=0)
+    times = GPU_CALLS if _on_gpu() else 1
+    step = jax.jit(lambda x: jax.lax.fori_loop(0, times, lambda i, x: x * 1.0001, x), donate_argnums=0)
     state = [_rand(jax.random.key(3), (n,), jnp.float32)]
 
     def run():
@@ -113,38 +110,76 @@ def copy_bandwidth(nbytes: int, *, repeats: int) -> dict:
         return seconds
 
     best = round_robin([run], repeats)[0].best
-    return {"bytes_per_s": 2.0 * n * 4 / best,
-            "method": (f"measured: an in-place x *= 1.0001 over a {_size(n * 4)} float32 buffer, read + "
+    again = f", {times} times per call in one program" if times > 1 else ""
+    return {"bytes_per_s": 2.0 * n * 4 * times / best,
+            "method": (f"measured: an in-place x *= 1.0001 over a {_size(n * 4)} float32 buffer{again}, read + "
                        f"write counted, best of {repeats}")}
+
+
+def matmul_flops(n: int, dtype, *, repeats: int) -> dict:
+    """FLOP/s of XLA's own ``a @ b`` for ``[n, n] @ [n, n]`` in ``dtype`` (its output in ``dtype``,
+    accumulated in f32; f32 at full precision, no TF32), best of ``repeats``; on a GPU the best of
+    :data:`GPU_MATMUL_SIZES` (XLA's best shape), :data:`GPU_CALLS` products a call in one program.
+    ``{"flops_per_s", "n", "method"}``."""
+    dtype = jnp.dtype(dtype)
+    prec = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
+    sizes = GPU_MATMUL_SIZES if _on_gpu() else (n,)
+    calls = GPU_CALLS if _on_gpu() else 1
+    best = {}
+    for size in sizes:
+        k1, k2 = jax.random.split(jax.random.key(size))
+        looped = InOneProgram(lambda a, b: jnp.matmul(a, b, precision=prec),
+                              (_rand(k1, (size, size), dtype), _rand(k2, (size, size), dtype)))   # never zeros
+        best[size] = 2.0 * size ** 3 * calls / round_robin([lambda: looped(calls)], repeats)[0].best
+        del looped
+    size = max(best, key=best.get)
+    shown = ", ".join(f"{s}: {f / 1e12:,.0f}" for s, f in best.items()) if len(best) > 1 else ""
+    return {"flops_per_s": best[size], "n": size,
+            "method": (f"measured: XLA a @ b {size}x{size}x{size} {dtype.name}"
+                       f"{' (precision HIGHEST)' if prec else ''}, best of {repeats}"
+                       + (f"; the best of {len(best)} sizes ({shown} TFLOP/s), {calls} products a call in one program"
+                          if shown else ""))}
 
 
 def device_ceilings(*, n: int, nbytes: int, dtype, repeats: int) -> dict:
     """This device's ceilings, measured (the one implementation; ``inference_lab.base.hardware``
     caches and wraps it):
 
-    - matmul: ``[n, n] @ [n, n]`` in ``dtype`` with f32 accumulation (f32 at full precision,
-      no TF32), jitted by XLA; ``2 n^3`` FLOPs per call;
+    - matmul: :func:`matmul_flops`, ``[n, n] @ [n, n]`` in ``dtype`` (on a GPU XLA's best size);
     - bandwidth: what this device *reads*, :func:`read_bandwidth` over ``nbytes`` (the ceiling
       every MBU is against: decode reads);
-    - copy bandwidth: :func:`copy_bandwidth` over ``nbytes`` (reported beside it, not used as a
-      ceiling).
+    - copy bandwidth: :func:`copy_bandwidth` over ``nbytes`` (reported beside it).
+
+    On a GPU the read ceiling is never below the copy's rate: thousands of warps keep enough loads
+    in flight that HBM, not a core's latency, sets the pace, and a copy reads every byte it writes,
+    so a read kernel slower than a copy's read + write says the kernel is poor, not the memory (on
+    an H200 XLA's reductions read 2.7-3.0 TB/s where a copy moved 4.3). There the copy's rate is the
+    ceiling and the method says so. On a CPU core a copy can move more bytes than a read (Little's
+    law, the module docstring): there the read stands.
     """
-    dtype = jnp.dtype(dtype)
-    prec = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
-    k1, k2 = jax.random.split(jax.random.key(0))
-    a, b = _rand(k1, (n, n), dtype), _rand(k2, (n, n), dtype)  # random, never zeros
-    mm = jax.jit(lambda a, b: jnp.dot(a, b, precision=prec, preferred_element_type=jnp.float32).astype(a.dtype))
-    flops = 2.0 * n ** 3 / best_seconds(mm, a, b, repeats=repeats)
-    del a, b
+    matmul = matmul_flops(n, dtype, repeats=repeats)
     read = read_bandwidth(nbytes, repeats=repeats + 6)   # a noisy host: more samples for the best one
     copy = copy_bandwidth(nbytes, repeats=repeats + 2)
+    bandwidth, method = read_ceiling(read, copy, gpu=_on_gpu())
     return {
-        "matmul_flops": flops, "bandwidth": read["bytes_per_s"], "copy_bandwidth": copy["bytes_per_s"],
-        "matmul_method": (f"measured: XLA jnp.dot {n}x{n}x{n} {dtype.name}"
-                          f"{' (precision HIGHEST)' if prec else ''}, f32 accumulation, best of {repeats}"),
-        "bandwidth_method": read["method"],
+        "matmul_flops": matmul["flops_per_s"], "bandwidth": bandwidth, "copy_bandwidth": copy["bytes_per_s"],
+        "read_bandwidth": read["bytes_per_s"],
+        "matmul_method": matmul["method"],
+        "bandwidth_method": method,
         "copy_method": copy["method"],
     }
+
+
+def read_ceiling(read: dict, copy: dict, *, gpu: bool) -> tuple[float, str]:
+    """``(bytes/s, method)`` of the read ceiling from :func:`read_bandwidth` and
+    :func:`copy_bandwidth`: the read, except on a GPU where the copy moved more (see
+    :func:`device_ceilings`), which then sets it and says so."""
+    if gpu and copy["bytes_per_s"] > read["bytes_per_s"]:
+        return copy["bytes_per_s"], (
+            f"the in-place copy's read + write rate ({copy['method']}), since on a GPU no read can be "
+            f"slower than it and the read-only kernels reached {read['bytes_per_s'] / 1e9:,.0f} GB/s "
+            f"({read['method']})")
+    return read["bytes_per_s"], read["method"]
 
 
 def call_overhead(*, calls: int = 300) -> dict:

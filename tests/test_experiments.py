@@ -183,6 +183,24 @@ def test_the_bandwidth_ceiling_is_a_read_and_the_copy_is_reported_beside_it(monk
     assert got["copy_bandwidth"] == 1e15 and got["bandwidth"] < 1e15   # a fast copy does not raise the ceiling
 
 
+def test_a_gpu_read_ceiling_is_never_below_the_copy():
+    """On a GPU a read kernel slower than a copy's read + write rate is a poor kernel, not the
+    memory (the first H200 run: reads 2.7-3.0 TB/s, a copy 4.3): the copy sets the ceiling and the
+    method says so. A faster read stands, and on a CPU (where one core's copy can outrun its read)
+    the read stands either way."""
+    read = {"bytes_per_s": 2.9e12, "method": "reads"}
+    copy = {"bytes_per_s": 4.3e12, "method": "copy"}
+    rate, method = ceilings.read_ceiling(read, copy, gpu=True)
+    assert rate == 4.3e12 and "copy" in method and "2,900 GB/s" in method
+    assert ceilings.read_ceiling(dict(read, bytes_per_s=4.5e12), copy, gpu=True) == (4.5e12, "reads")
+    assert ceilings.read_ceiling(read, copy, gpu=False) == (2.9e12, "reads")
+
+
+def test_the_matmul_ceiling_is_xla_at_the_kernels_dtype():
+    got = ceilings.matmul_flops(128, "float32", repeats=2)
+    assert got["n"] == 128 and got["flops_per_s"] > 0 and "a @ b 128x128x128 float32" in got["method"]
+
+
 def test_ceilings_cache_keeps_read_and_copy_and_is_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
     monkeypatch.setattr(hardware, "ceiling_sizes", lambda backend, key: (128, 2**20))

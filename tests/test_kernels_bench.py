@@ -8,10 +8,11 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
+from jax import lax
 
 import pallas_kernels as pk
 from inference_lab.runtime import hlo
-from pallas_kernels import bench
+from pallas_kernels import bench, timing
 from pallas_kernels.mode import pallas_supported
 
 CPU_ONLY = pytest.mark.skipif(pallas_supported(), reason="the CPU path; on a GPU scripts/gpu_check.sh runs the full benchmark")
@@ -69,15 +70,46 @@ def _dot_inside_loop(text: str) -> bool:
 
 def test_loop_keeps_every_call_inside_the_loop():
     """The timed loop cannot be shortcut: the dot stays in the while body, not hoisted out."""
-    from jax import lax
-
     a, b = jnp.ones((64, 64)), jnp.ones((64, 64))
-    text = bench.looped(lambda a, b: a @ b, 7).lower(a, b).compile().as_text()
-    assert _dot_inside_loop(text), "the matmul was hoisted out of the timed loop"
-    assert float(bench.looped(lambda a, b: a @ b, 7)(a, b)) == 7 * 64.0
+    looped = timing.InOneProgram(lambda a, b: a @ b, (a, b))
+    assert _dot_inside_loop(looped.lower(7).compile().as_text()), "the matmul was hoisted out of the timed loop"
+    assert float(looped.jitted(jnp.int32(7), *looped.args)[1]) == 64.0
     # Counter-check: a plain loop over the same call IS shortcut by XLA (the check can fail).
     naive = jax.jit(lambda a, b: lax.fori_loop(0, 7, lambda i, acc: acc + (a @ b)[0, 0], 0.0))
     assert not _dot_inside_loop(naive.lower(a, b).compile().as_text())
+
+
+def _add_loop(fn, calls):
+    """The bench's loop until the H200 run (pallas_kernels.bench.looped): element 0 of every
+    floating argument got ``0 * out`` *added*, and the arguments were not donated."""
+    def run(*args):
+        def body(i, carry):
+            xs, acc = carry
+            out = fn(*xs).reshape(-1)[0]
+            return [x.at[(0,) * x.ndim].add((out * 0).astype(x.dtype)) for x in xs], acc + out
+        return lax.fori_loop(0, calls, body, (list(args), jnp.float32(0)))[1]
+    return jax.jit(run)
+
+
+def test_the_timed_loop_writes_no_copy_of_a_weight():
+    """One call of a one-row matmul in the timed loop reads its weight and writes one element
+    of each argument: no weight-sized buffer is written (hlo.count_cache_copies, with XLA:GPU's
+    in-place rule) and the caller's arrays are left as they were. The old loop added to the element
+    it wrote, which XLA:GPU emits as a rewrite of the whole weight (compiled for an H200 on a CPU:
+    a [2048, 128256] bf16 weight read and written again every call, the one-row matmuls measured
+    at a third of the read ceiling) and copied the undonated weight once per sample: the counter
+    sees both there, so it can fail."""
+    x, w = jnp.ones((1, 256)), jax.random.normal(jax.random.key(0), (256, 512))
+    dot = lambda x, w: jnp.dot(x, w)   # noqa: E731
+    looped = timing.InOneProgram(dot, (x, w))
+    text = looped.lower(5).compile().as_text()
+    assert hlo.count_cache_copies(text, w.size) == 0
+    before = looped.args[1]
+    for _ in range(2):
+        looped(5)
+    assert jnp.array_equal(looped.args[1], w) and before.is_deleted()   # donated, handed back unchanged
+    old = _add_loop(dot, 5).lower(x, w).compile().as_text()
+    assert hlo.count_cache_copies(old, w.size) == 2    # the copy before the loop, the rewrite inside it
 
 
 def test_bench_rejects_bad_repeats():

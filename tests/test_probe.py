@@ -49,6 +49,8 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
     assert r["ratio"] == pytest.approx(r["prefill"]["prefill_tokens_per_s"] / b1["decode_tokens_per_s"])
     assert b1["decode_tokens_per_s"] == pytest.approx(1 / b1["step_seconds"])
     assert 0 < b1["mbu"] and 0 < r["prefill"]["mfu"]
+    # each point made its own programs in its warm-up (a prefill, two decode loops) and says what it cost
+    assert all(point["compile_seconds"] > 0 for point in [r["prefill"], *r["decode"]])
     streamed = r["streamed_decode"]                               # the same steps, a token to the host at a time
     assert tuple(streamed) == probe.STREAMED_KEYS and (streamed["batch"], streamed["context"]) == (1, 16)
     assert streamed["decode_tokens_per_s"] == pytest.approx(1 / streamed["step_seconds"])
@@ -56,6 +58,7 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
     assert r["weight_bytes_per_device"] == 4 * r["model"]["params"]
     out = capsys.readouterr().out
     assert "prefill" in out and "decode" in out and "MBU" in out and "at batch 1" in out and "streamed" in out
+    assert "compile" in out and f"{r['prefill']['compile_seconds']:,.1f} s" in out
     recs = records.load_records(path)                               # the classroom path
     assert [x.phase for x in recs] == ["prefill", "decode", "decode"]
     # each point's spread travels with the file, so a verdict on a classroom's files can weigh its noise

@@ -424,9 +424,10 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     (``copy_bandwidth``, read + write counted; not a ceiling of decode).
 
     The measurement itself is :func:`pallas_kernels.ceilings.device_ceilings` (the same one the
-    kernel benchmark uses): a large matmul in ``dtype``, the fastest of three read-only kernels
-    over a buffer several times the last-level cache, and an in-place copy of it, best of
-    repeats; and :func:`pallas_kernels.ceilings.call_overhead`, the median time of a trivial
+    kernel benchmark uses): a large matmul in ``dtype`` (on a GPU XLA's best of three sizes), the
+    fastest of four read-only kernels over a buffer several times the last-level cache (on a GPU
+    never below the copy's rate), and an in-place copy of it, best of repeats, each timed over
+    several calls in one program on a GPU; and :func:`pallas_kernels.ceilings.call_overhead`, the median time of a trivial
     jitted op (add 1 to a scalar), called and waited for.
 
     The result is cached as JSON under ``.cache/ceilings`` keyed by device, backend, jax and
@@ -458,7 +459,8 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     ident = {"device": dev.device_kind, "backend": backend, "jax": jax.__version__,
              "jaxlib": jaxlib.__version__, "dtype": key, "host": platform.node(),
              "processor": processor_summary(), "cpus": os.cpu_count(),
-             "method": "best-of; bandwidth = fastest read-only kernel; copy beside it"}  # a new method: new files
+             "method": "best-of, timed in one program; bandwidth = fastest read-only kernel (on a GPU never "
+                       "below the copy); copy beside it"}  # a new method: new files
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir("ceilings") / f"{backend}-{key}-{digest}.json"
 

@@ -21,9 +21,9 @@ Schema (every key always present)::
      "model": {"preset", "params", "dtype"},
      "ceilings": {"matmul_flops_per_s", "bandwidth_bytes_per_s", "copy_bandwidth_bytes_per_s", "method"},
      "prompt_len", "new_tokens",
-     "prefill": {"batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu", "spread"},
+     "prefill": {"batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu", "spread", "compile_seconds"},
      "decode": [{"batch", "context", "step_seconds", "decode_tokens_per_s",
-                 "bytes_per_step", "mbu", "mfu", "spread"}, ...],
+                 "bytes_per_step", "mbu", "mfu", "spread", "compile_seconds"}, ...],
      "streamed_decode": {"batch": 1, "context", "step_seconds", "decode_tokens_per_s", "loop_step_seconds"}
                         or null,
      "ratio", "tp", "weight_bytes_per_device", "all_reduces_per_step",
@@ -36,7 +36,10 @@ measured. ``bandwidth_bytes_per_s`` is the rate this machine *reads* memory (wha
 step's MBU is against), ``copy_bandwidth_bytes_per_s`` an in-place copy's read + write rate beside
 it. ``decode`` times steps inside one compiled loop; ``streamed_decode`` times the same batch-1
 steps the way a streaming server runs them, each token copied to the host before the next step
-(the per-token cost a user of a streamed answer pays on top).
+(the per-token cost a user of a streamed answer pays on top). ``compile_seconds`` is what making
+a point's programs cost in its warm-up (tracing, lowering, the backend's compile: jax's own
+monitoring events, :func:`pallas_kernels.timing.compile_seconds`), also printed per point: on a
+GPU the first run's minutes went there.
 
 ``--tp N`` (N > 1) splits the model over N devices with :func:`inference_lab.model.parallel.shard`
 (on a CPU, N simulated devices sharing its cores: the timings then show the collectives'
@@ -44,7 +47,7 @@ cost, not a speed-up). ``weight_bytes_per_device`` is what device 0 holds;
 ``all_reduces_per_step`` is counted in the compiled decode loop's step: ``2 * n_layers``
 (attention-out and MLP-down) plus 1 for the vocabulary-split embedding when N > 1 (the
 vocabulary-split logits are assembled by an all-gather, not counted). With ``--tp 1`` the
-model is not sharded and the count is 0.
+model is not sharded and the count is 0 (nothing is compiled to count it).
 """
 
 from __future__ import annotations
@@ -60,8 +63,9 @@ from inference_lab.measure.schema import SCHEMA_VERSION, validate_probe
 TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "kernel_tier", "versions", "model", "ceilings",
             "prompt_len", "new_tokens", "prefill", "decode", "streamed_decode", "ratio", "tp",
             "weight_bytes_per_device", "all_reduces_per_step", "complete", "skipped")
-PREFILL_KEYS = ("batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu", "spread")
-DECODE_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s", "bytes_per_step", "mbu", "mfu", "spread")
+PREFILL_KEYS = ("batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu", "spread", "compile_seconds")
+DECODE_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s", "bytes_per_step", "mbu", "mfu", "spread",
+               "compile_seconds")
 STREAMED_KEYS = ("batch", "context", "step_seconds", "decode_tokens_per_s", "loop_step_seconds")
 
 
@@ -160,10 +164,13 @@ def run(args, *, path=None) -> dict:
         if ran:
             head["kernel_tier"] = "+".join(sorted(ran)) if ran != {"reference"} else "reference"
         if any(r.phase == "decode" for r in measured):
-            # Collectives are counted in the compiled decode loop (its body is one step), not assumed.
-            shape_only = KVCache.create(model.cfg, 1, args.prompt_len + args.new_tokens)
-            state["all_reduces"] = hlo.count_all_reduces(
-                hlo.compiled_decode_text(model, shape_only, steps=args.new_tokens))
+            # Collectives are counted in the compiled decode loop (its body is one step), not assumed;
+            # a model on one device has no mesh to reduce over (and the count would cost a compile).
+            state["all_reduces"] = 0
+            if args.tp > 1:
+                shape_only = KVCache.create(model.cfg, 1, args.prompt_len + args.new_tokens)
+                state["all_reduces"] = hlo.count_all_reduces(
+                    hlo.compiled_decode_text(model, shape_only, steps=args.new_tokens))
         state["complete"] = not measured.skipped
         keep(measured)
     except KeyboardInterrupt as err:
@@ -179,9 +186,16 @@ def result(head: dict, args, measured, streamed, all_reduces, complete: bool) ->
     pre = next((r for r in measured if r.phase == "prefill"), None)
     loops = [r for r in measured if r.phase == "decode"]
     one = next((d for d in loops if d.batch == 1), None)
+    made = getattr(measured, "compile_seconds", {})
+
+    def entry(rec, keys, size):
+        found = made.get((rec.phase, rec.batch, size))
+        seconds = None if found is None else found["trace"] + found["lower"] + found["compile"]
+        return {k: seconds if k == "compile_seconds" else getattr(rec, k) for k in keys}
+
     r = {"schema_version": SCHEMA_VERSION, **head, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-         "prefill": None if pre is None else {k: getattr(pre, k) for k in PREFILL_KEYS},
-         "decode": [{k: getattr(d, k) for k in DECODE_KEYS} for d in loops],
+         "prefill": None if pre is None else entry(pre, PREFILL_KEYS, pre.prompt_len),
+         "decode": [entry(d, DECODE_KEYS, d.context) for d in loops],
          "streamed_decode": None if streamed is None else dict(
              {k: getattr(streamed[1], k) for k in STREAMED_KEYS[:-1]}, loop_step_seconds=streamed[0].step_seconds),
          "ratio": pre.prefill_tokens_per_s / one.decode_tokens_per_s if pre is not None and one is not None else None,
@@ -192,6 +206,12 @@ def result(head: dict, args, measured, streamed, all_reduces, complete: bool) ->
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _seconds(point: dict) -> str:
+    """A point's compile seconds (its programs made in its warm-up), "-" where not recorded."""
+    seconds = point.get("compile_seconds")
+    return "-" if seconds is None else f"{seconds:,.1f} s"
 
 
 def format_table(r: dict) -> str:
@@ -213,15 +233,15 @@ def format_table(r: dict) -> str:
         + (f" (a copy moves {c['copy_bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s read + write)"
            if c.get("copy_bandwidth_bytes_per_s") else ""),
         "",
-        f"{'phase':<8} {'batch':>5} {'context':>7} {'time':>14} {'tokens/s':>12} {'MFU':>5} {'MBU':>5}",
+        f"{'phase':<8} {'batch':>5} {'context':>7} {'time':>14} {'tokens/s':>12} {'MFU':>5} {'MBU':>5} {'compile':>9}",
     ]
     p = r["prefill"]
     if p is not None:
         lines.append(f"{'prefill':<8} {p['batch']:>5} {p['prompt_len']:>7} {p['seconds'] * 1e3:>11.1f} ms "
-                     f"{p['prefill_tokens_per_s']:>12,.1f} {_pct(p['mfu']):>5} {'-':>5}")
+                     f"{p['prefill_tokens_per_s']:>12,.1f} {_pct(p['mfu']):>5} {'-':>5} {_seconds(p):>9}")
     for d in r["decode"]:
         lines.append(f"{'decode':<8} {d['batch']:>5} {d['context']:>7} {d['step_seconds'] * 1e3:>8.2f} ms/step "
-                     f"{d['decode_tokens_per_s']:>9,.1f} {_pct(d['mfu']):>5} {_pct(d['mbu']):>5}")
+                     f"{d['decode_tokens_per_s']:>9,.1f} {_pct(d['mfu']):>5} {_pct(d['mbu']):>5} {_seconds(d):>9}")
     for s in r["skipped"]:
         lines.append(f"{'decode':<8} {s['batch']:>5} skipped: {s['reason']}")
     streamed = r.get("streamed_decode")
@@ -236,7 +256,8 @@ def format_table(r: dict) -> str:
         "",
         f"prefill tok/s / decode tok/s at batch 1: {ratio}",
         f"tp {r['tp']}, weights per device {r['weight_bytes_per_device'] / 1e6:,.1f} MB, "
-        f"all-reduces per decode step {reduces} (counted in the compiled step)",
+        f"all-reduces per decode step {reduces} "
+        + ("(counted in the compiled step)" if r["tp"] > 1 else "(one device: nothing to reduce)"),
     ]
     if not r["complete"]:
         lines.append("PARTIAL RESULT: not every point was measured (see above)")

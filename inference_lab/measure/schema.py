@@ -55,16 +55,19 @@ MACHINE = {
 _SPREAD = {"type": ["number", "null"], "minimum": 1, "maximum": 1e6}
 # a machine's measured ceilings: the bounds its ceilings cache is held to (base.hardware)
 _CEILING = {k: {"type": "number", "minimum": lo, "maximum": hi} for k, (lo, hi) in hardware.CEILING_BOUNDS.items()}
+# Newer files only (optional): what making the point's programs cost in its warm-up (null: not recorded).
+_COMPILE = {"type": ["number", "null"], "minimum": 0, "maximum": 1e6}
 _PREFILL = {
     "type": "object", "required": ["batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu"],
     "properties": {"batch": _BATCH, "prompt_len": _LENGTH, "seconds": _SECONDS,
-                   "prefill_tokens_per_s": _RATE, "mfu": _FRACTION, "spread": _SPREAD},
+                   "prefill_tokens_per_s": _RATE, "mfu": _FRACTION, "spread": _SPREAD, "compile_seconds": _COMPILE},
 }
 _DECODE = {
     "type": "object",
     "required": ["batch", "context", "step_seconds", "decode_tokens_per_s", "bytes_per_step", "mbu", "mfu"],
     "properties": {"batch": _BATCH, "context": _LENGTH, "step_seconds": _SECONDS, "decode_tokens_per_s": _RATE,
-                   "bytes_per_step": _OPT_AMOUNT, "mbu": _FRACTION, "mfu": _FRACTION, "spread": _SPREAD},
+                   "bytes_per_step": _OPT_AMOUNT, "mbu": _FRACTION, "mfu": _FRACTION, "spread": _SPREAD,
+                   "compile_seconds": _COMPILE},
 }
 
 PROBE_V1 = {

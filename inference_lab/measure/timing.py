@@ -35,16 +35,20 @@ from inference_lab.measure import records
 from inference_lab.model import parallel
 from inference_lab.model.kv_cache import KVCache
 from inference_lab.runtime import generation
-from pallas_kernels.timing import round_robin, timed, timed_call
+from pallas_kernels.timing import compile_seconds, round_robin, timed, timed_call
 
 
 class SweepResult(list):
     """A list of records; ``.skipped`` lists ``(phase, batch, size, reason)`` of the points not
-    measured (``size``: the prompt length of a prefill, the context of a decode)."""
+    measured (``size``: the prompt length of a prefill, the context of a decode);
+    ``.compile_seconds`` maps each measured point's ``(phase, batch, size)`` to what making its
+    programs cost in its warm-up run (:func:`pallas_kernels.timing.compile_seconds`: ``{"trace",
+    "lower", "compile", "programs"}``; a program another point made first costs nothing here)."""
 
-    def __init__(self, records=(), skipped=()):
+    def __init__(self, records=(), skipped=(), compile_seconds=None):
         super().__init__(records)
         self.skipped = list(skipped)
+        self.compile_seconds = dict(compile_seconds or {})
 
 
 # ----------------------------------------------------------------------------- this machine
@@ -306,12 +310,14 @@ def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_
                 bar.set_postfix_str(p.label, refresh=False)
                 try:
                     p.prepare()
-                    if side_by_side:
+                    with compile_seconds() as made:
                         p.run()   # the warm-up (it compiles and allocates): an out-of-memory shows here
-                        tick()
+                    result.compile_seconds[(p.phase, p.batch, p.size)] = made
+                    tick()
+                    if side_by_side:
                         ready.append(p)
                         continue
-                    samples = round_robin([p.run], repeats, tick=tick)[0]
+                    samples = round_robin([p.run], repeats, warmups=0, tick=tick)[0]
                 except Exception as err:  # noqa: BLE001 - only out-of-memory is a skip; the rest re-raise
                     p.release()
                     if not is_out_of_memory(err):

@@ -89,15 +89,29 @@ def hlo_ops(hlo_text: str):
     return out
 
 
-def _fusion_roots(hlo_text: str) -> dict:
-    """{computation name: opcode of its ROOT instruction}."""
-    roots = {}
+def _in_place_fusions(hlo_text: str) -> set:
+    """Names of the computations that update one of their inputs in place: the ROOT is a
+    dynamic-update-slice or a scatter of a parameter that nothing else in the computation reads.
+
+    A fusion that also reads the buffer it updates (``x.at[0].add(v)`` is a slice of ``x``, an
+    add, and an update of ``x``) is not emitted in place by XLA:GPU (its in-place rule admits no
+    other reader, ``CanEmitFusedDynamicUpdateSliceInPlaceForGpu``): it writes the whole array, a
+    full read and write of it every time. Counted as such here on any backend, since the same
+    program structure reaches every backend's fusion passes."""
+    found = set()
     for name, lines in _computations(hlo_text)[0].items():
-        for line in lines:
-            if line.strip().startswith("ROOT"):
-                m = _INSTRUCTION.match(_INDEX_COMMENT.sub("", line))
-                roots[name] = m.group(3) if m else None
-    return roots
+        root = next((line for line in lines if line.strip().startswith("ROOT")), None)
+        m = root and _INSTRUCTION.match(_INDEX_COMMENT.sub("", root))
+        if not m or m.group(3) not in _IN_PLACE:
+            continue
+        target = re.search(r"\(\s*(%?[\w.\-]+)", root[m.end() - 1:])
+        if not target:
+            continue
+        use = re.compile(re.escape(target.group(1)) + r"(?![\w.\-])")
+        defined = any(re.match(r"\s*" + re.escape(target.group(1)) + r"\s*=.*\sparameter\(", line) for line in lines)
+        if defined and sum(len(use.findall(line)) for line in lines) == 2:   # its definition and the update
+            found.add(name)
+    return found
 
 
 def count_cache_copies(hlo_text: str, cache_elements: int) -> int:
@@ -105,11 +119,11 @@ def count_cache_copies(hlo_text: str, cache_elements: int) -> int:
     layer's K (or V) cache. A decode step that updates its donated cache in place has none;
     each one found is a full cache read + write per step (the KV-cache trap described in
     docs/architecture.md): a ``copy``, a transpose, or any fusion that produces a cache-sized
-    result other than an in-place update (a fusion whose root is a dynamic-update-slice or a
-    scatter) or a kernel whose output is aliased to its input. Whatever XLA names the fusion,
-    on any backend.
+    result other than an in-place update (a fusion that updates one of its inputs and reads it
+    nowhere else, :func:`_in_place_fusions`) or a kernel whose output is aliased to its input.
+    Whatever XLA names the fusion, on any backend.
     """
-    roots = _fusion_roots(hlo_text)
+    in_place = _in_place_fusions(hlo_text)
     n = 0
     for op, _, size, line in hlo_ops(hlo_text):
         if size < cache_elements or op in _FREE or op in _IN_PLACE:
@@ -118,7 +132,7 @@ def count_cache_copies(hlo_text: str, cache_elements: int) -> int:
             continue  # an in-place kernel (e.g. decode attention writing the new K/V)
         if op == "fusion":
             called = _FUSION_CALLS.search(line)
-            if called and roots.get(called.group(1)) in _IN_PLACE:
+            if called and called.group(1) in in_place:
                 continue
         n += 1
     return n
