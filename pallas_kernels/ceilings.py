@@ -131,7 +131,6 @@ def matmul_flops(n: int, dtype, *, repeats: int) -> dict:
         looped = InOneProgram(lambda a, b: jnp.matmul(a, b, precision=prec),
                               (_rand(k1, (size, size), dtype), _rand(k2, (size, size), dtype)))   # never zeros
         best[size] = 2.0 * size ** 3 * calls / round_robin([lambda: looped(calls)], repeats)[0].best
-        del looped
     size = max(best, key=best.get)
     shown = ", ".join(f"{s}: {f / 1e12:,.0f}" for s, f in best.items()) if len(best) > 1 else ""
     return {"flops_per_s": best[size], "n": size,

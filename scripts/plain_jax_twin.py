@@ -8,8 +8,8 @@ loop (``lax.fori_loop``) over a KV cache written with ``dynamic_update_slice``. 
 engine, no checks: what someone would write in an afternoon. If the lab's prefill or decode is
 slower than that, the lab is leaving speed on the table; the table says by how much. Both run
 through the lab's one timer (round-robin, medians), prefill at ``--prompt-len`` and decode at
-batch 1 and 32 from that context, and the twin's greedy tokens are checked against the lab's
-before anything is timed. docs/benchmarks.md records the table with the processor and versions.
+batch 1 and 32 from that context, and the twin is checked against the lab before anything is
+timed (its prefill logits, and in float32 its greedy tokens: ``check_same_tokens``). docs/benchmarks.md records the table with the processor and versions.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from flax import nnx
 from inference_lab.base import hardware
 from inference_lab.base.config import ModelConfig
 from inference_lab.measure import timing
+from inference_lab.model.kv_cache import KVCache
 from inference_lab.model.transformer import Transformer
 from inference_lab.runtime import generation
 from pallas_kernels.timing import round_robin, timed
@@ -60,7 +61,8 @@ def rope(x, pos, theta):                                            # x [B, T, H
     freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1])
     ang = pos[..., None, None].astype(jnp.float32) * freq
     x1, x2 = x[..., :half], x[..., half:]
-    return jnp.concatenate([x1 * jnp.cos(ang) - x2 * jnp.sin(ang), x2 * jnp.cos(ang) + x1 * jnp.sin(ang)], -1)
+    x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)                # rotated in float32, kept in x's dtype
+    return jnp.concatenate([x1 * jnp.cos(ang) - x2 * jnp.sin(ang), x2 * jnp.cos(ang) + x1 * jnp.sin(ang)], -1).astype(x.dtype)
 
 
 def forward(w, tokens, pos, ks, vs, cfg):
@@ -115,18 +117,38 @@ def twin_decode(w, first, start, ks, vs, *, cfg, steps):
 
 # ----------------------------------------------------------------------------- side by side
 def empty_caches(cfg, batch, length):
-    return [jnp.zeros((batch, length, cfg.n_kv_heads, cfg.head_dim), jnp.float32) for _ in range(cfg.n_layers)]
+    """One layer's K (or V) cache per layer, in the model's dtype (the lab's caches are)."""
+    return [jnp.zeros((batch, length, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype)) for _ in range(cfg.n_layers)]
 
 
-def check_same_tokens(model, w, prompt_len: int, steps: int = 8) -> None:
+# How far the twin's prefill logits may be from the lab's, relative to their largest: float32 runs
+# the same math to rounding; bfloat16 rounds each matmul's output and the caches to 8 bits of
+# mantissa, in another order on each side (the lab's kernels against XLA's einsums).
+LOGITS_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
+
+
+def check_same_tokens(model, w, prompt_len: int, steps: int = 8) -> str:
+    """Raise unless the twin computes the lab's model: its prefill logits within
+    :data:`LOGITS_TOLERANCE` of the lab's and, in float32, the same greedy tokens. In 16-bit
+    dtypes two correct implementations can part ways at a near-tie of a random model's logits, so
+    the tokens are reported there, not required. Returns the one-line result."""
     cfg = model.cfg
     prompt = np.random.default_rng(0).integers(0, 256, (1, prompt_len), np.int32)
     logits, ks, vs = twin_prefill(w, jnp.asarray(prompt), empty_caches(cfg, 1, prompt_len + steps),
                                   empty_caches(cfg, 1, prompt_len + steps), cfg=cfg)
+    lab_logits, _ = generation.prefill(model, prompt, KVCache.create(cfg, 1, prompt_len))
+    theirs_l, ours_l = np.asarray(logits, np.float64), np.asarray(lab_logits, np.float64)
+    err = float(np.max(np.abs(theirs_l - ours_l)) / max(np.max(np.abs(ours_l)), 1e-30))
+    tolerance = LOGITS_TOLERANCE[cfg.dtype]
+    assert err <= tolerance, f"the twin is not the same model: prefill logits differ by {err:.2e} (> {tolerance})"
     first = jnp.argmax(logits, -1).astype(jnp.int32)
     theirs = [int(first[0])] + np.asarray(twin_decode(w, first, prompt_len, ks, vs, cfg=cfg, steps=steps - 1))[0].tolist()
     ours = generation.generate(model, [prompt[0].tolist()], max_new_tokens=steps)[0]
-    assert ours == theirs, f"the twin is not the same model: {ours} vs {theirs}"
+    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+    if cfg.dtype == "float32":
+        assert ours == theirs, f"the twin is not the same model: {ours} vs {theirs}"
+    return (f"the twin is the lab's model: prefill logits within {err:.1e} of the lab's (relative), "
+            f"{same} of {steps} greedy tokens the same")
 
 
 def main(argv=None) -> int:
@@ -139,7 +161,7 @@ def main(argv=None) -> int:
     cfg = ModelConfig.preset(args.preset)
     model = Transformer(cfg, rngs=nnx.Rngs(0), kernels="auto")
     w = twin_weights(model)
-    check_same_tokens(model, w, 32)
+    print(check_same_tokens(model, w, 32))
     t, steps = args.prompt_len, args.steps
     prompt = jnp.asarray(np.random.default_rng(1).integers(0, 256, (1, t), np.int32))
 
