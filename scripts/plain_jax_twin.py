@@ -32,7 +32,7 @@ from inference_lab.model.transformer import Transformer
 from inference_lab.runtime import generation
 from pallas_kernels.timing import round_robin, timed
 
-HI = jax.lax.Precision.HIGHEST
+HI = jax.lax.Precision.HIGHEST   # float32 at full precision (a GPU would use TF32); 16-bit at XLA's default
 # The twin donates caches its prefill reads whole (no in-place update is possible there): by design.
 warnings.filterwarnings("ignore", "Some donated buffers were not usable")
 
@@ -70,6 +70,7 @@ def forward(w, tokens, pos, ks, vs, cfg):
     per layer. Returns the last position's logits and the caches with this block written."""
     b, t = tokens.shape
     hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    hi = HI if cfg.dtype == "float32" else None   # a bf16 product at HIGHEST would run in f32 on a GPU
     x = w["embed"][tokens]
     start = pos[0, 0]
     keys = jnp.arange(ks[0].shape[1])
@@ -77,22 +78,22 @@ def forward(w, tokens, pos, ks, vs, cfg):
     new_ks, new_vs = [], []
     for lw, kc, vc in zip(w["layers"], ks, vs):
         h = norm(x, lw["attn_norm"], cfg.norm_eps)
-        q = rope(jnp.dot(h, lw["wq"], precision=HI).reshape(b, t, hq, dh), pos, cfg.rope_theta)
-        k = rope(jnp.dot(h, lw["wk"], precision=HI).reshape(b, t, hkv, dh), pos, cfg.rope_theta)
-        v = jnp.dot(h, lw["wv"], precision=HI).reshape(b, t, hkv, dh)
+        q = rope(jnp.dot(h, lw["wq"], precision=hi).reshape(b, t, hq, dh), pos, cfg.rope_theta)
+        k = rope(jnp.dot(h, lw["wk"], precision=hi).reshape(b, t, hkv, dh), pos, cfg.rope_theta)
+        v = jnp.dot(h, lw["wv"], precision=hi).reshape(b, t, hkv, dh)
         kc = jax.lax.dynamic_update_slice(kc, k, (0, start, 0, 0))
         vc = jax.lax.dynamic_update_slice(vc, v, (0, start, 0, 0))
         qg = q.reshape(b, t, hkv, hq // hkv, dh)
-        s = jnp.einsum("bthgd,bshd->bhgts", qg, kc, precision=HI) * dh ** -0.5
+        s = jnp.einsum("bthgd,bshd->bhgts", qg, kc, precision=hi) * dh ** -0.5
         a = jax.nn.softmax(jnp.where(visible, s, -jnp.inf), -1)
-        o = jnp.einsum("bhgts,bshd->bthgd", a, vc, precision=HI).reshape(b, t, hq * dh)
-        x = x + jnp.dot(o, lw["wo"], precision=HI)
+        o = jnp.einsum("bhgts,bshd->bthgd", a, vc, precision=hi).reshape(b, t, hq * dh)
+        x = x + jnp.dot(o, lw["wo"], precision=hi)
         h = norm(x, lw["mlp_norm"], cfg.norm_eps)
-        x = x + jnp.dot(jax.nn.silu(jnp.dot(h, lw["w1"], precision=HI)) * jnp.dot(h, lw["w3"], precision=HI),
-                        lw["w2"], precision=HI)
+        x = x + jnp.dot(jax.nn.silu(jnp.dot(h, lw["w1"], precision=hi)) * jnp.dot(h, lw["w3"], precision=hi),
+                        lw["w2"], precision=hi)
         new_ks.append(kc)
         new_vs.append(vc)
-    logits = jnp.dot(norm(x[:, -1], w["final_norm"], cfg.norm_eps), w["head"], precision=HI)
+    logits = jnp.dot(norm(x[:, -1], w["final_norm"], cfg.norm_eps), w["head"], precision=hi)
     return logits, new_ks, new_vs
 
 
