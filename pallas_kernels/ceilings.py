@@ -89,8 +89,9 @@ def read_bandwidth(nbytes: int, *, repeats: int) -> dict:
     rates = {name: reads * n * 4 / s.best for name, s in zip(names, samples)}
     shown = ", ".join(f"{name} {rate / 1e9:,.1f}" for name, rate in rates.items())
     again = f", read {reads} times per call in one program" if reads > 1 else ""
+    kernels = {3: "three", 4: "four"}[len(rates)]
     return {"bytes_per_s": max(rates.values()), "nbytes": n * 4, "by_kernel": rates,
-            "method": (f"measured: the fastest of { {3: 'three', 4: 'four'}[len(rates)] } read-only kernels over a {_size(n * 4)} float32 "
+            "method": (f"measured: the fastest of {kernels} read-only kernels over a {_size(n * 4)} float32 "
                        f"buffer{again} ({shown} GB/s), best of {repeats}")}
 
 

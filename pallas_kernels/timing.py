@@ -80,9 +80,9 @@ def compile_seconds():
     """Inside the block, the seconds jax spends making programs add up in the yielded dict
     ``{"trace", "lower", "compile", "programs"}``: tracing to a jaxpr, lowering to StableHLO (a
     Pallas kernel's whole Triton or Mosaic GPU lowering runs here), and the backend's compile (XLA,
-    and on a GPU the kernels' own compiles), as jax's monitoring events report them (no clock of
-    ours: a run's first call, which also runs once, is not counted). ``programs``: backend compiles
-    (a persistent-cache hit compiles nothing)."""
+    and on a GPU the kernels' own compiles), as jax's monitoring events report them: no clock of
+    ours, so the first run's own running time is not in it. ``programs``: the programs made
+    (compiled, or fetched from jax's persistent cache: its "compile" is then the fetch)."""
     import jax
 
     found = {"trace": 0.0, "lower": 0.0, "compile": 0.0, "programs": 0}

@@ -86,6 +86,11 @@ if [ "$QUICK" != "1" ]; then
   step twin_8b   "$PY" scripts/plain_jax_twin.py --preset "$BIG" --prompt-len "$PROMPT" --repeats 5
 fi
 
+# A test step stopped by its limit leaves its groups' logs and reports: into run.log and one report.
+for log in "$OUT"/gpu_tests.*.log; do [ -e "$log" ] && { cat "$log" >> "$LOG"; rm -f "$log"; }; done
+parts=("$OUT"/gpu_tests.*.xml)
+[ -e "${parts[0]}" ] && "$PY" scripts/gpu_summary.py --merge-junit "$OUT/gpu_tests.xml" "${parts[@]}" && rm -f "${parts[@]}"
+
 {
   echo
   echo "=== steps (full output in $LOG; plan ${BUDGET}s, took ${SECONDS}s)"

@@ -62,6 +62,19 @@ def test_decode_points_are_records_of_every_point(model):
         timing.decode_points(model, [(1, 16), (1, 510)], steps=8)
 
 
+def test_each_point_says_what_making_its_programs_cost(model):
+    """The warm-up's compile (jax's own events: trace, lower, compile) is kept per point, in either
+    mode; measured again, the same shape finds its programs made and costs nothing there."""
+    for side_by_side in (True, False):
+        key = ("decode", 3, 29 + side_by_side)           # a shape no other test compiles
+        runs = [timing.measure_points([timing.DecodePoint(model, 3, key[2], 2)], repeats=1, ceilings=None,
+                                      side_by_side=side_by_side).compile_seconds for _ in range(2)]
+        assert all(set(made) == {key} for made in runs)
+        first, again = (made[key] for made in runs)
+        assert first["trace"] > 0 and first["lower"] > 0 and first["compile"] > 0 and first["programs"] >= 1
+        assert again["trace"] + again["lower"] + again["compile"] == 0 and again["programs"] == 0
+
+
 def test_prefill_points(model):
     recs = timing.prefill_points(model, [(1, 1), (1, 16)], repeats=2, ceilings=None)
     assert [r.prompt_len for r in recs] == [1, 16] and all(r.mfu is None and r.seconds > 0 for r in recs)

@@ -49,8 +49,9 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
     assert r["ratio"] == pytest.approx(r["prefill"]["prefill_tokens_per_s"] / b1["decode_tokens_per_s"])
     assert b1["decode_tokens_per_s"] == pytest.approx(1 / b1["step_seconds"])
     assert 0 < b1["mbu"] and 0 < r["prefill"]["mfu"]
-    # each point made its own programs in its warm-up (a prefill, two decode loops) and says what it cost
-    assert all(point["compile_seconds"] > 0 for point in [r["prefill"], *r["decode"]])
+    # each point says what making its programs cost in its warm-up (0 where this process made them
+    # before: tests/test_experiments.py shows both cases)
+    assert all(point["compile_seconds"] >= 0 for point in [r["prefill"], *r["decode"]])
     streamed = r["streamed_decode"]                               # the same steps, a token to the host at a time
     assert tuple(streamed) == probe.STREAMED_KEYS and (streamed["batch"], streamed["context"]) == (1, 16)
     assert streamed["decode_tokens_per_s"] == pytest.approx(1 / streamed["step_seconds"])

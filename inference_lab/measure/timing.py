@@ -43,7 +43,8 @@ class SweepResult(list):
     measured (``size``: the prompt length of a prefill, the context of a decode);
     ``.compile_seconds`` maps each measured point's ``(phase, batch, size)`` to what making its
     programs cost in its warm-up run (:func:`pallas_kernels.timing.compile_seconds`: ``{"trace",
-    "lower", "compile", "programs"}``; a program another point made first costs nothing here)."""
+    "lower", "compile", "programs"}``, summed over points of one shape; a program made before, by
+    another point or an earlier measurement, costs nothing here)."""
 
     def __init__(self, records=(), skipped=(), compile_seconds=None):
         super().__init__(records)
@@ -312,7 +313,10 @@ def measure_points(points, *, repeats: int | None = None, ceilings="auto", side_
                     p.prepare()
                     with compile_seconds() as made:
                         p.run()   # the warm-up (it compiles and allocates): an out-of-memory shows here
-                    result.compile_seconds[(p.phase, p.batch, p.size)] = made
+                    key = (p.phase, p.batch, p.size)   # two points of one shape: their sum
+                    kept = result.compile_seconds.setdefault(key, dict.fromkeys(made, 0))
+                    for stage, value in made.items():
+                        kept[stage] += value
                     tick()
                     if side_by_side:
                         ready.append(p)
