@@ -186,6 +186,55 @@ def test_a_failing_loop_ends_every_request(model):
     assert engine.stats()["error"] and engine.stats()["held"] == 0
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["async", "sync"])
+def test_a_request_whose_last_token_a_failing_step_planned_still_ends(model, overlap):
+    """The scheduler lets a request go when it plans its last token (a one-token request at its
+    prefill; any finishing one without the overlap), before the step runs. When that step raises,
+    the request must still end, with the error: before, it was in no list the failure ended."""
+    engine = Engine(model, policy="chunked", n_slots=2, max_num_batched_tokens=32, async_scheduling=overlap)
+    listen = Listener()
+
+    def failing(step):
+        raise RuntimeError("the device fell over")
+
+    engine.slots.run = failing
+    engine.submit(Request("one", tokenizer.encode(PROMPTS[0]), 1), listen)
+    engine.start()
+    listen.wait(1, timeout=20)
+    end = listen.events["one"][-1]
+    assert (end.finish, end.token) == ("error", -1) and "fell over" in end.error
+    assert engine.stats()["held"] == 0
+
+
+def test_a_submission_racing_the_stop_ends_or_is_refused(model):
+    """A submit that passed the engine's check before the loop stopped but reached the inbox after
+    the loop's last drain was never ended. Forced here: the submission's put waits until the loop
+    has stopped (or a second has passed). Now the check and the put hold the lock the last drain
+    takes, so the loop waits for the put and ends the request with the stop's reason."""
+    engine = Engine(model, policy="chunked", n_slots=2, max_num_batched_tokens=32).start()
+    listen, inbox = Listener(), engine._inbox
+
+    class LateInbox:
+        """The engine's inbox, with a submission's put held back until the loop has stopped."""
+
+        def put(self, message):
+            if message[0] == "submit":
+                engine.stop(timeout=1.0, reason="closing")   # returns once the loop ended (or after 1 s)
+            inbox.put(message)
+
+        def get(self, *args, **kwargs):
+            return inbox.get(*args, **kwargs)
+
+        def get_nowait(self):
+            return inbox.get_nowait()
+
+    engine._inbox = LateInbox()
+    engine.submit(Request("racer", tokenizer.encode(PROMPTS[0]), 5), listen)
+    listen.wait(1, timeout=20)
+    assert listen.finishes() == {"racer": "abort"} and listen.events["racer"][-1].error == "closing"
+    assert engine.stats()["held"] == 0
+
+
 def test_stop_ends_everything_in_flight_with_the_reason(model):
     engine = Engine(model, policy="chunked", n_slots=2, max_num_batched_tokens=32, max_queue=30)
     engine.warmup()

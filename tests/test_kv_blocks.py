@@ -117,6 +117,35 @@ def test_an_evicted_parent_breaks_the_chain_of_its_children():
     assert kv.match(BlockTable(), [5] * 16 + [2] * 16 + [0]) == 16   # the newcomer, not the orphaned child
 
 
+def test_a_prefix_recomputed_after_its_parent_was_evicted_is_cached_whole_again():
+    """Two requests prefill one prompt side by side: the second block one of them registers hangs
+    off the other's first block. That first block is freed and evicted while the second block
+    stays cached, an orphan no lookup can reach. The prompt, prefilled again, must take the
+    orphan's key for its own second block: before, the orphan kept it, and every later request
+    found 16 of the prompt's 32 cacheable tokens."""
+    kv = PagedKV(9, 16, 64, prefix_caching=True)
+    prompt = list(range(32)) + [99]
+    x, y = BlockTable(), BlockTable()
+    assert kv.grow(x, 33) and kv.grow(y, 33)
+    kv.filled(y, prompt, 16)                                 # y's first block is cached first
+    kv.filled(x, prompt, 32)                                 # x's second block hangs off y's first
+    kv.filled(y, prompt, 32)
+    orphan = x.blocks[1]
+    assert kv.pool.cached[orphan].parent == kv.pool.ident(y.blocks[0])
+    kv.free(y)                                               # y's first block is freed before x's second
+    kv.free(x)
+    filler = BlockTable()                                    # the 6 uncached free blocks, then y's first
+    assert kv.grow(filler, 16 * 7) and kv.pool.evictions == 1
+    assert orphan in kv.pool.cached and kv.pool.by_key.get(kv.pool.cached[orphan].key) == orphan
+    kv.free(filler)
+    again = BlockTable()
+    assert kv.match(again, prompt) == 0 and kv.grow(again, 33)   # the first block is gone: prefill it all
+    kv.filled(again, prompt, 32)
+    kv.free(again)
+    assert kv.match(BlockTable(), prompt) == 32              # both blocks found: 32 of 32 cacheable tokens
+    assert orphan not in kv.pool.cached
+
+
 def test_pool_and_block_size_rules_name_the_fix():
     for size, word in ((12, "power of two"), (8, "at least 16"), (48, "power of two"), ("16", "integer"),
                        (512, "does not divide")):

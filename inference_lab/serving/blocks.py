@@ -175,12 +175,35 @@ class BlockPool:
 
     def register(self, block: int, key: int, tokens, parent: int | None) -> None:
         """``block`` now holds ``tokens`` after the block ``parent`` (None: the first), keyed ``key``.
-        A key that another block holds already keeps that one (two requests prefilled the same
-        prefix side by side): this block stays uncached."""
-        if key in self.by_key or block in self.cached:
+        A key that another block holds already keeps that one while :meth:`lookup` can still reach
+        it (two requests prefilled the same prefix side by side, or a hash collision): this block
+        stays uncached. A holder whose parent is gone (evicted, or no longer cached under its key)
+        can never be hit again: this block takes the key, or a prefix recomputed after its parent's
+        eviction would never be found again."""
+        if block in self.cached:
             return
+        old = self.by_key.get(key)
+        if old is not None:
+            if self._reachable(old):
+                return
+            self._forget(old)
         self.by_key[key] = block
         self.cached[block] = _Cached(key, tuple(tokens), None if parent is None else self.ident(parent))
+
+    def _reachable(self, block: int) -> bool:
+        """Whether a lookup can still arrive at the cached ``block``: it is a first block, or its
+        parent is that very block (same generation) and still the one cached under its own key."""
+        parent = self.cached[block].parent
+        if parent is None:
+            return True
+        held = self.cached.get(parent[0])
+        return self.ident(parent[0]) == parent and held is not None and self.by_key.get(held.key) == parent[0]
+
+    def _forget(self, block: int) -> None:
+        """``block``'s cache entry goes (it can no longer be hit); free, it is reused first."""
+        del self.by_key[self.cached.pop(block).key]
+        if self.refs[block] == 0:
+            self.free.move_to_end(block, last=False)
 
 
 @dataclasses.dataclass(eq=False)

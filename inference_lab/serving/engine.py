@@ -156,6 +156,8 @@ class Engine:
         self._admit(Sequence(request, emit, arrival=(rows, int(first_token), inserted)))
 
     def _admit(self, seq: Sequence) -> None:
+        # The check and the put under one lock: the loop's last drain (_end_all) takes it too, so a
+        # submission is either in the inbox before that drain (and ended there) or refused here.
         with self._lock:
             if self.error is not None or self.stopped is not None:
                 raise RuntimeError(f"the engine stopped: {self.error or self.stopped}")
@@ -163,7 +165,7 @@ class Engine:
                 raise QueueFull(f"{self._held} requests are already held ({self.n_slots} slots, "
                                 f"max_queue={self.max_queue})")
             self._held += 1
-        self._inbox.put(("submit", seq))
+            self._inbox.put(("submit", seq))
 
     def cancel(self, rid: str) -> None:
         """Drop request ``rid`` (its client went away): its slot is free at the next iteration."""
@@ -206,9 +208,11 @@ class Engine:
     # -- the loop: the engine's thread only
     def _loop(self) -> None:
         pending = None               # (step, its tokens on the device): dispatched, not yet read
+        step = None                  # the step planned now: its finishing requests left the scheduler
         wait = 0.0                   # how long the next drain may wait for a message
         try:
             while self._drain(wait):
+                step = None
                 step = self.scheduler.schedule()
                 if step is not None and self.speculative and step.decode and not step.pieces:
                     if pending is not None:
@@ -240,7 +244,9 @@ class Engine:
         except Exception as e:   # the model, a kernel or a callback failed: every request ends, with the reason
             self.error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
-            self._end_all("error", self.error, pending)
+            # the step being run when it failed counts too: a request whose last token it planned
+            # has already left the scheduler (released at plan time) and would end nowhere else
+            self._end_all("error", self.error, pending, step)
             return
         self._end_all("abort", self.stopped or "the engine was stopped", pending)
 
@@ -353,21 +359,24 @@ class Engine:
         self._call(seq, TokenEvent(seq.rid, -1, seq.delivered, now(), finish, reason))
         self._retire(seq)
 
-    def _end_all(self, finish: str, reason: str, pending=None) -> None:
-        """Every request the engine holds ends: the scheduler's, those whose last step was still on
-        the device, and those still in the inbox. Later submissions are refused."""
+    def _end_all(self, finish: str, reason: str, pending=None, failed=None) -> None:
+        """Every request the engine holds ends: the scheduler's, those of the step that was still on
+        the device (``pending``) or being run (``failed``), and those still in the inbox. Later
+        submissions are refused: the refusal and the inbox's last drain happen under one lock, so a
+        submission racing the stop is either drained here or refused (:meth:`_admit`)."""
+        seqs = self.scheduler.held()
+        for step in (pending[0] if pending is not None else None, failed):
+            if step is not None:
+                seqs += [seq for _, seq, _ in step.sampled] + [piece.seq for piece in step.pieces]
         with self._lock:
             if self.error is None and self.stopped is None:
                 self.stopped = reason
-        seqs = self.scheduler.held()
-        if pending is not None:
-            seqs += [seq for _, seq, _ in pending[0].sampled]
-        while True:
-            try:
-                kind, item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "submit":
-                seqs.append(item)
+            while True:
+                try:
+                    kind, item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "submit":
+                    seqs.append(item)
         for seq in seqs:
             self._end(seq, finish, reason)
