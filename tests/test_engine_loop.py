@@ -67,9 +67,10 @@ def test_text_equals_generate_whatever_the_arrivals(model, expected, policy, ove
 
 
 def test_no_compile_after_warmup_whatever_the_clients_ask(model):
-    """50 requests with random temperatures, top-k, seeds, lengths and EOS settings after warm-up:
-    XLA compiles nothing (top-k and the rest are arrays of the one step program, not static
-    arguments). The counter is shown to count: a new program compiled here is seen."""
+    """50 requests with random temperatures, top-k, top-p, min-p, 64-bit seeds, lengths, EOS and stop
+    tokens, min_tokens and log-probabilities after warm-up: XLA compiles nothing (all of them are
+    arrays of the one step program, not static arguments). The counter is shown to count: a new
+    program compiled here is seen."""
     compiles = []
 
     def listener(name, seconds, **kw):
@@ -85,14 +86,20 @@ def test_no_compile_after_warmup_whatever_the_clients_ask(model):
         before = len(compiles)
         listen = Listener()
         for i in range(50):
-            n = int(rng.integers(1, 120))
-            engine.submit(Request(str(i), [tokenizer.BOS] + rng.integers(32, 127, n).tolist(), int(rng.integers(1, 60)),
+            n, most = int(rng.integers(1, 120)), int(rng.integers(1, 60))
+            engine.submit(Request(str(i), [tokenizer.BOS] + rng.integers(32, 127, n).tolist(), most,
                                   temperature=float(rng.choice([0.0, 0.5, 1.0, 1.7])),
                                   top_k=None if rng.random() < 0.3 else int(rng.integers(1, 259)),
-                                  seed=int(rng.integers(0, 2**62)), stop_at_eos=bool(rng.random() < 0.5)), listen)
+                                  top_p=float(rng.choice([1.0, 0.9, 0.3])), min_p=float(rng.choice([0.0, 0.05, 0.5])),
+                                  seed=int(rng.integers(0, 2**63)) * 2 + 1, stop_at_eos=bool(rng.random() < 0.5),
+                                  stop_token_ids=tuple(int(t) for t in rng.integers(32, 127, rng.integers(0, 4))),
+                                  min_tokens=int(rng.integers(0, most + 1)),
+                                  logprobs=None if rng.random() < 0.5 else int(rng.integers(0, 21))), listen)
         listen.wait(50, timeout=120)
         assert len(compiles) == before, f"{len(compiles) - before} compiles after warm-up"
         assert set(listen.finishes().values()) <= {"length", "stop"}
+        with_logprobs = [e for ev in listen.events.values() for e in ev if e.logprob is not None]
+        assert with_logprobs and all(e.logprob <= 0 for e in with_logprobs)
     finally:
         engine.stop()
         jax.monitoring.unregister_event_duration_listener(listener)

@@ -126,32 +126,69 @@ def test_sample_top_k_and_greedy():
 
 
 def test_sample_rows_draws_what_sample_draws_row_by_row():
-    """The serving engine's batched sampler: each row its own seed, token index, temperature and
-    top-k (greedy, top-1, all of the vocabulary among them), equal to one sample() call per row;
-    a different seed, index or temperature moves a sampled row."""
+    """The serving engine's batched sampler: each row its own seed (64-bit ones among them), token
+    index, temperature, top-k, top-p, min-p and banned tokens (greedy, top-1, all of the vocabulary,
+    a row whose likeliest token is banned among them), equal to one sample() call per row on the
+    same logits with the banned ones at -inf; a different seed, index or temperature moves a
+    sampled row."""
     v = 259
     logits = jnp.asarray(np.random.default_rng(6).normal(size=(8, v)) * 3, jnp.float32)
-    seeds = [7, 123, 2**40 + 5, 0, 99, 2**63 - 1, 5, 6]
+    seeds = [7, 123, 2**40 + 5, 0, 99, 2**64 - 1, 5, 6]
     index = [0, 3, 1, 10, 2, 7, 0, 4]
     temps = [0.9, 1.0, 0.5, 1.3, 0.0, 1.0, 2.0, 1e-6]
     top_k = [None, 5, None, 40, 1, v, 3, None]
-    want = [int(generation.sample(logits[r:r + 1], jax.random.fold_in(jax.random.key(s), i), t, k)[0])
-            for r, (s, i, t, k) in enumerate(zip(seeds, index, temps, top_k))]
+    top_p = [1.0, 0.8, 0.5, 1.0, 1.0, 0.95, 1.0, 0.3]
+    min_p = [0.0, 0.0, 0.2, 0.05, 0.0, 0.0, 0.5, 0.0]
+    banned = np.full((8, 3), v, np.int32)
+    banned[0, :2] = np.argsort(-np.asarray(logits[0]))[:2]       # its two likeliest tokens may not be drawn
+    banned[4, 0] = int(np.argmax(np.asarray(logits[4])))         # greedy, its argmax banned
+    masked = np.asarray(logits).copy()
+    for r in range(8):
+        masked[r, banned[r][banned[r] < v]] = -np.inf
+    want = [int(generation.sample(jnp.asarray(masked[r:r + 1]), jax.random.fold_in(generation.seed_key(s), i), t, k,
+                                  None if p == 1 else p, None if m == 0 else m)[0])
+            for r, (s, i, t, k, p, m) in enumerate(zip(seeds, index, temps, top_k, top_p, min_p))]
     words = np.stack([generation.seed_words(s) for s in seeds])
     args = (jnp.asarray(index, jnp.int32), jnp.asarray(temps, jnp.float32),
-            jnp.asarray([v if k is None else k for k in top_k], jnp.int32))
+            jnp.asarray([v if k is None else k for k in top_k], jnp.int32), jnp.asarray(top_p, jnp.float32),
+            jnp.asarray(min_p, jnp.float32), jnp.asarray(banned))
     draw = jax.jit(generation.sample_rows)
-    assert np.asarray(draw(logits, jnp.asarray(words), *args)).tolist() == want
+    got = np.asarray(draw(logits, jnp.asarray(words), *args))
+    assert got.tolist() == want
+    assert got[0] not in banned[0] and got[4] == np.argsort(-np.asarray(logits[4]))[1]
     moved = [np.asarray(draw(logits, jnp.asarray(words + 1), *args)),
              np.asarray(draw(logits, jnp.asarray(words), args[0] + 1, *args[1:])),
-             np.asarray(draw(logits, jnp.asarray(words), args[0], args[1] * 3, args[2]))]
+             np.asarray(draw(logits, jnp.asarray(words), args[0], args[1] * 3, *args[2:]))]
     sampled = [r for r, t in enumerate(temps) if t > 1e-5 and top_k[r] != 1]
     assert all((m[sampled] != np.array(want)[sampled]).any() for m in moved)
 
 
-def test_seed_words_are_jax_keys():
-    for seed in (0, 1, 7, 2**31 - 1, 2**31, 2**32, 2**32 + 3, 2**40 + 5, 2**63 - 1):
+def test_top_p_and_min_p_keep_what_they_should():
+    """Nucleus and min-p by hand on one distribution: top-p keeps the fewest likeliest tokens that
+    reach p (the likeliest always), min-p the tokens at least that share of the likeliest."""
+    probs = np.array([0.5, 0.25, 0.15, 0.1])
+    scaled = jnp.asarray(np.log(probs), jnp.float32)[None]
+    kept = lambda x: np.isfinite(np.asarray(x))[0].tolist()   # noqa: E731
+    assert kept(generation.keep_top_p(scaled, 0.7)) == [True, True, False, False]    # 0.5 + 0.25 >= 0.7
+    assert kept(generation.keep_top_p(scaled, 0.75)) == [True, True, False, False]
+    assert kept(generation.keep_top_p(scaled, 0.76)) == [True, True, True, False]
+    assert kept(generation.keep_top_p(scaled, 0.01)) == [True, False, False, False]
+    assert kept(generation.keep_top_p(scaled, 1.0)) == [True] * 4
+    assert kept(generation.keep_min_p(scaled, 0.3)) == [True, True, True, False]      # 0.1 < 0.3 * 0.5
+    assert kept(generation.keep_min_p(scaled, 0.6)) == [True, False, False, False]
+
+
+def test_seeds_use_all_64_bits(model):
+    """Below 2**32 a seed's key is jax.random.key's; above, every bit counts (jax without 64-bit
+    types keeps the low word alone): seeds differing only in their high word draw differently."""
+    for seed in (0, 1, 7, 2**31 - 1, 2**31, 2**32 - 1):
         assert generation.seed_words(seed).tolist() == np.asarray(jax.random.key_data(jax.random.key(seed))).tolist()
+    assert generation.seed_words(2**40 + 5).tolist() == [2**8, 5]
+    logits = jnp.zeros((1, 256), jnp.float32)
+    draws = {int(generation.sample(logits, generation.seed_key(s), 1.0)[0]) for s in (5, 2**32 + 5, 2**63 + 5)}
+    assert len(draws) == 3
+    with pytest.raises(ValueError, match="2\\*\\*64 - 1"):
+        generation.generate(model, "a", 2, seed=2**64)
 
 
 def test_tokenizer_round_trip():

@@ -152,6 +152,116 @@ def test_openai_client_without_streaming_and_chat(servers, expected):
     assert [m.id for m in client.models.list().data] == [PRESET]
 
 
+# ----------------------------------------------------------------------------- what a request may ask
+def _complete(servers, **body):
+    r = httpx.post(servers["chunked"].base_url + "/completions", headers=_headers("chunked"), timeout=60,
+                   json={"model": PRESET, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _streamed_text(servers, **body) -> tuple[str, str]:
+    """(text, finish reason) of a streamed completion of one choice."""
+    pieces, finish = [], None
+    with httpx.stream("POST", servers["chunked"].base_url + "/completions", headers=_headers("chunked"), timeout=60,
+                      json={"model": PRESET, "stream": True, **body}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                pieces.append(choice["text"])
+                finish = choice["finish_reason"] or finish
+    return "".join(pieces), finish
+
+
+def test_stop_strings_stop_tokens_and_min_tokens(servers, expected):
+    """Greedy answers whose text is known (generate()): a stop string cuts the text before its
+    first appearance, streamed or not (the stream holds back what could begin it), finish "stop";
+    a stop token ends it before its own character; with min_tokens it may not end, nor be drawn,
+    before that many tokens."""
+    want = expected[2]                                             # 45 greedy tokens of PROMPTS[2]
+    cut = want[10:13]
+    at = want.index(cut)
+    body = dict(prompt=PROMPTS[2], max_tokens=45, temperature=0, ignore_eos=True)
+    done = _complete(servers, stop=[cut, "never in it"], **body)["choices"][0]
+    assert (done["text"], done["finish_reason"]) == (want[:at], "stop")
+    assert _streamed_text(servers, stop=cut, **body) == (want[:at], "stop")
+    stop_char = want[5]
+    first = want.index(stop_char)
+    done = _complete(servers, stop_token_ids=[ord(stop_char)], **body)["choices"][0]
+    assert (done["text"], done["finish_reason"]) == (want[:first], "stop")
+    late = _complete(servers, stop_token_ids=[ord(stop_char)], min_tokens=first + 5, **body)
+    text = late["choices"][0]["text"]
+    assert late["usage"]["completion_tokens"] >= first + 5 and stop_char not in text[:first + 4]
+    assert text[:first] == want[:first]                            # the same greedy text up to the ban
+
+
+def test_logprobs_on_both_routes(servers, expected):
+    """Completions (logprobs=3) and chat (logprobs, top_logprobs=2, through the official client):
+    every token has its log-probability and its alternatives, likeliest first; a greedy token is
+    the likeliest, so its log-probability is the first alternative's; logprobs 0 gives the token's
+    own only."""
+    done = _complete(servers, prompt=PROMPTS[1], max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
+    lp = done["choices"][0]["logprobs"]
+    assert done["choices"][0]["text"] == expected[1] and "".join(lp["tokens"]) == expected[1]
+    assert len(lp["token_logprobs"]) == 12 and all(v <= 0 for v in lp["token_logprobs"])
+    for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+        values = list(top.values())
+        assert len(top) <= 3 and values == sorted(values, reverse=True) and chosen == values[0]
+    assert lp["text_offset"] == list(range(12))
+    bare = _complete(servers, prompt=PROMPTS[1], max_tokens=3, temperature=0, logprobs=0)["choices"][0]["logprobs"]
+    assert bare["top_logprobs"] == [{}, {}, {}] and len(bare["token_logprobs"]) == 3
+    chat = _client(servers, "chunked").chat.completions.create(
+        model=PRESET, messages=[{"role": "romeo", "content": "But soft!"}], max_tokens=6, temperature=0,
+        logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 6 and all(len(c.top_logprobs) == 2 and c.logprob == c.top_logprobs[0].logprob
+                                     for c in content)
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    plain = _complete(servers, prompt=PROMPTS[1], max_tokens=3, temperature=0)["choices"][0]
+    assert plain["logprobs"] is None
+
+
+def test_n_choices_share_the_prompt_and_each_is_its_own_seed(servers):
+    """n=3 sampled choices of one prompt: each is what a one-choice request with seed + i writes
+    (a seeded request gives the same choices again), usage counts the prompt once, and the later
+    choices found the prompt's blocks in the prefix cache instead of computing them again."""
+    prompt = PROMPTS[2]                                         # 68 tokens: 4 whole blocks of 16
+    page = lambda: metrics.parse(httpx.get(servers["chunked"].url + "/metrics").text)   # noqa: E731
+    body = dict(prompt=prompt, max_tokens=8, temperature=1.0, ignore_eos=True)
+    before = page()
+    many = _complete(servers, n=3, seed=11, **body)
+    hits = page()["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    assert hits >= 2 * 64                                       # choices 1 and 2: the prompt's 4 blocks each
+    texts = [c["text"] for c in sorted(many["choices"], key=lambda c: c["index"])]
+    assert [c["index"] for c in many["choices"]] == [0, 1, 2] and len(set(texts)) > 1
+    assert texts == [_complete(servers, seed=11 + i, **body)["choices"][0]["text"] for i in range(3)]
+    usage = many["usage"]
+    assert usage["prompt_tokens"] == len(tokenizer.encode(prompt)) and usage["completion_tokens"] == 24
+    streamed = {}
+    with httpx.stream("POST", servers["chunked"].base_url + "/completions", headers=_headers("chunked"), timeout=60,
+                      json={"model": PRESET, "stream": True, "n": 3, "seed": 11, **body}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
+    assert [streamed[i] for i in range(3)] == texts
+
+
+def test_sampling_settings_seeds_and_created(servers, expected):
+    """top_p and min_p so tight that only the likeliest token is left give the greedy text; seeds
+    use all 64 bits (a seed and the seed + 2**32 sample differently; -1 is 2**64 - 1); each answer
+    has its own `created`, the time it was made."""
+    greedy = expected[1]
+    body = dict(prompt=PROMPTS[1], max_tokens=12, ignore_eos=True, temperature=1.0)
+    assert _complete(servers, top_p=1e-6, seed=3, **body)["choices"][0]["text"] == greedy
+    assert _complete(servers, min_p=0.999999, seed=3, **body)["choices"][0]["text"] == greedy
+    texts = [_complete(servers, seed=s, **body)["choices"][0]["text"] for s in (5, 5 + 2**32, -1, 2**64 - 1)]
+    assert texts[0] != texts[1] and texts[2] == texts[3]
+    t0 = int(time.time())
+    made = _complete(servers, prompt="a", max_tokens=1)["created"]
+    assert t0 <= made <= int(time.time())
+
+
 # ----------------------------------------------------------------------------- refusals
 BAD = [
     ({"model": "gpt-9", "prompt": "a"}, 404, "model"),
@@ -163,10 +273,24 @@ BAD = [
     ({"model": PRESET, "prompt": "a", "max_tokens": "5"}, 400, "max_tokens"),
     ({"model": PRESET, "prompt": "a", "temperature": -1}, 400, "temperature"),
     ({"model": PRESET, "prompt": "a", "temperature": float("nan")}, 400, "temperature"),   # Python's json reads NaN
-    ({"model": PRESET, "prompt": "a", "seed": -3}, 400, "seed"),
+    ({"model": PRESET, "prompt": "a", "seed": 2**64}, 400, "seed"),
+    ({"model": PRESET, "prompt": "a", "seed": -2**63 - 1}, 400, "seed"),
     ({"model": PRESET, "prompt": "a", "top_k": 10_000}, 400, "top_k"),
-    ({"model": PRESET, "prompt": "a", "n": 2}, 400, "n"),
-    ({"model": PRESET, "prompt": "a", "stop": ["\n"]}, 400, "stop"),
+    ({"model": PRESET, "prompt": "a", "n": 9}, 400, "n"),
+    ({"model": PRESET, "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"model": PRESET, "prompt": "a", "stop": [""]}, 400, "stop"),
+    ({"model": PRESET, "prompt": "a", "top_p": 0}, 400, "top_p"),
+    ({"model": PRESET, "prompt": "a", "min_p": 1}, 400, "min_p"),
+    ({"model": PRESET, "prompt": "a", "min_tokens": 17}, 400, "min_tokens"),    # past max_tokens (16)
+    ({"model": PRESET, "prompt": "a", "stop_token_ids": [10, 9999]}, 400, "stop_token_ids"),
+    ({"model": PRESET, "prompt": "a", "logprobs": 6}, 400, "logprobs"),
+    ({"model": PRESET, "prompt": "a", "logprobs": True}, 400, "logprobs"),
+    ({"model": PRESET, "prompt": "a", "logit_bias": {"10": 5}}, 400, "logit_bias"),
+    ({"model": PRESET, "prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"model": PRESET, "prompt": "a", "best_of": 3}, 400, "best_of"),
+    ({"model": PRESET, "prompt": "a", "frobnicate": 1}, 400, "frobnicate"),
+    ({"model": PRESET, "prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"model": PRESET, "prompt": "a", "stream": True, "stream_options": {"continuous": True}}, 400, "stream_options"),
     ({"model": PRESET, "prompt": ["a", "b"]}, 400, "prompt"),
     ({"model": PRESET, "prompt": [1, 2, 99999]}, 400, "prompt"),
     ({"model": PRESET, "prompt": "a", "stream": "yes"}, 400, "stream"),
@@ -194,6 +318,9 @@ def test_transport_refusals(servers):
         r = httpx.post(url, json={"model": PRESET, "prompt": "a"}, headers=given)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(servers["chunked"].base_url + "/models").status_code == 401
+    # a load balancer's probe and a Prometheus scrape carry no key: /health and /metrics answer them
+    assert httpx.get(servers["chunked"].url + "/health").status_code == 200
+    assert httpx.get(servers["chunked"].url + "/metrics").status_code == 200
     assert httpx.get(servers["chunked"].url + "/nowhere", headers=h).json()["error"]["message"]
     assert httpx.get(url, headers=h).status_code == 405
 
@@ -251,7 +378,13 @@ def test_paged_server_preempts_shares_prefixes_and_says_so_in_metrics(servers):
     health = httpx.get(servers["chunked"].url + "/health", headers=_headers("chunked")).json()
     kv = health["kv_cache"]
     assert kv["layout"] == "paged" and kv["blocks_free"] == kv["blocks_usable"] == 16 and kv["blocks_used"] == 0
-    assert httpx.get(servers["chunked"].url + "/metrics").status_code == 401   # the key guards it too
+    assert m["vllm:prompt_tokens_total"] >= before["vllm:prompt_tokens_total"] + 2 * len(tokenizer.encode(prompt))
+    assert m["vllm:generation_tokens_total"] >= before["vllm:generation_tokens_total"] + 2 * 140
+    assert m["vllm:request_success_total"] >= before["vllm:request_success_total"] + 2
+    assert 'finished_reason="length"' in page.text
+    for stage in ("queue", "prefill", "decode"):
+        name = f"vllm:request_{stage}_time_seconds_count"
+        assert m[name] >= before[name] + 2, stage
     contiguous = metrics.parse(httpx.get(servers["prefill-first"].url + "/metrics").text)
     assert contiguous["vllm:num_preemptions_total"] == 0 == contiguous["vllm:prefix_cache_queries_total"]
 

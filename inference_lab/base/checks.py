@@ -48,13 +48,13 @@ def flag(name: str, value) -> bool:
     return value
 
 
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**64 - 1
 
 
 def seed(name: str, value) -> int:
-    """A random seed: an integer in 0..2**63 - 1 (what jax.random.key takes)."""
+    """A random seed: an integer in 0..2**64 - 1, every bit of which counts (``generation.seed_key``)."""
     if isinstance(value, bool) or not hasattr(value, "__index__") or not 0 <= value.__index__() <= MAX_SEED:
-        raise ValueError(f"{name}={value!r} must be an integer in 0..2**63 - 1")
+        raise ValueError(f"{name}={value!r} must be an integer in 0..2**64 - 1")
     return value.__index__()
 
 
@@ -128,6 +128,28 @@ def sampling(temperature, top_k, vocab: int):
             raise ValueError(f"top_k={top_k!r} must be None or an integer in 1..{vocab}")
         top_k = top_k.__index__()
     return top_k
+
+
+def probability_cuts(top_p, min_p) -> tuple:
+    """``(top_p, min_p)`` after their checks: None (off), or ``top_p`` in (0, 1] and ``min_p`` in
+    [0, 1) (1 and 0 mean off as well)."""
+    for name, value, ok, bounds in (("top_p", top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+                                    ("min_p", min_p, lambda v: 0 <= v < 1, "in [0, 1)")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                  or not math.isfinite(value) or not ok(value)):
+            raise ValueError(f"{name}={value!r} must be None or a number {bounds}")
+    return (None if top_p is None or top_p == 1 else float(top_p),
+            None if min_p is None or min_p == 0 else float(min_p))
+
+
+MAX_LOGPROBS = 20   # alternatives a token may carry (OpenAI's top_logprobs bound); a step computes this many
+
+
+def logprobs(value) -> int | None:
+    """None (no log-probabilities), or how many alternatives beside the chosen token: 0..MAX_LOGPROBS."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS):
+        raise ValueError(f"logprobs={value!r} must be None or an integer in 0..{MAX_LOGPROBS}")
+    return value
 
 
 def token_ids(name: str, ids, vocab: int) -> list[int]:

@@ -10,6 +10,7 @@ replaces invalid UTF-8 sequences with U+FFFD, so decoding never fails.
 
 from __future__ import annotations
 
+BYTES = 256   # ids 0..BYTES - 1 are bytes
 BOS = 256
 EOS = 257
 PAD = 258
@@ -27,7 +28,7 @@ def encode(text: str, *, bos: bool = True) -> list[int]:
 
 def decode(ids) -> str:
     """Ids -> text: byte ids (0..255) are joined and UTF-8 decoded; every other id is skipped."""
-    data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
+    data = bytes(int(i) for i in ids if 0 <= int(i) < BYTES)
     return data.decode("utf-8", errors="replace")
 
 

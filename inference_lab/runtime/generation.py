@@ -99,17 +99,42 @@ def _check_guesses_jit(params, tokens, lengths, k_caches, v_caches, active, *, c
     return chosen, right, k_caches, v_caches, lengths + jnp.where(active, right + 1, 0)
 
 
-def _sample(logits, key, temperature, top_k):
+def _sample(logits, key, temperature, top_k, top_p=None, min_p=None):
     """float32 logits [B, V] -> int32 tokens [B]: argmax if ``temperature`` is None (greedy),
     else softmax sampling at that (traced) temperature, over the ``top_k`` largest logits
-    when given. Greedy is a separate compiled program so measured decode steps pay for an
-    argmax only, not for drawing random numbers."""
+    when given, then (traced, when given) the tokens at least ``min_p`` times as likely as the
+    likeliest and the smallest set holding ``top_p`` of the probability (vLLM's order:
+    :func:`keep_min_p`, :func:`keep_top_p`). Greedy is a separate compiled program so measured
+    decode steps pay for an argmax only, not for drawing random numbers."""
     if temperature is None:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if top_k is not None:
         kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
-    return jax.random.categorical(key, logits / temperature, axis=-1).astype(jnp.int32)
+    scaled = logits / temperature
+    if min_p is not None:
+        scaled = keep_min_p(scaled, min_p)
+    if top_p is not None:
+        scaled = keep_top_p(scaled, top_p)
+    return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+
+
+def keep_min_p(scaled, min_p):
+    """Logits (already divided by the temperature) [..., V] with every token less than ``min_p``
+    times as likely as the likeliest set to -inf (min-p sampling; ``min_p`` 0 keeps all)."""
+    floor = jnp.max(scaled, axis=-1, keepdims=True) + jnp.log(jnp.asarray(min_p, jnp.float32))
+    return jnp.where(scaled < floor, -jnp.inf, scaled)
+
+
+def keep_top_p(scaled, top_p):
+    """Logits [..., V] keeping the smallest set of the likeliest tokens whose probabilities add up
+    to at least ``top_p`` (nucleus sampling; ``top_p`` 1 keeps all; the likeliest is always kept):
+    sorted ascending, the leading tokens whose running total stays within ``1 - top_p`` go."""
+    ascending = jnp.sort(scaled, axis=-1)
+    total = jnp.cumsum(jax.nn.softmax(ascending, axis=-1), axis=-1)
+    dropped = jnp.sum(total[..., :-1] <= 1 - jnp.asarray(top_p, jnp.float32), axis=-1, keepdims=True)
+    threshold = jnp.take_along_axis(ascending, dropped, axis=-1)
+    return jnp.where(scaled < threshold, -jnp.inf, scaled)
 
 
 MIN_TEMPERATURE = 1e-5   # below this, sampling is greedy: logits / 1e-40 overflow float32 into NaN
@@ -123,7 +148,7 @@ def _temperature(t: float):
 
 @functools.partial(jax.jit, static_argnames=("steps", "top_k", "cfg", "mode", "mesh"),
                    donate_argnames=("k_caches", "v_caches"))
-def _decode_loop_jit(params, tokens, lengths, k_caches, v_caches, key, temperature, *, steps,
+def _decode_loop_jit(params, tokens, lengths, k_caches, v_caches, key, temperature, top_p=None, min_p=None, *, steps,
                      top_k, cfg, mode, mesh=None):
     """``steps`` decode steps in one program. Step i feeds ``tokens`` (i = 0) or the token
     sampled at step i-1 (with key ``fold_in(key, i + 1)``: generate used 0 for the token
@@ -134,7 +159,7 @@ def _decode_loop_jit(params, tokens, lengths, k_caches, v_caches, key, temperatu
     def body(i, carry):
         tok, lens, ks, vs, out = carry
         logits, ks, vs = step(params, tok, lens, ks, vs)
-        nxt = _sample(logits, jax.random.fold_in(key, i + 1), temperature, top_k)
+        nxt = _sample(logits, jax.random.fold_in(key, i + 1), temperature, top_k, top_p, min_p)
         return nxt, lens + 1, ks, vs, out.at[:, i].set(nxt)
 
     out = jnp.zeros((b, steps), jnp.int32)
@@ -146,40 +171,70 @@ def _decode_loop_jit(params, tokens, lengths, k_caches, v_caches, key, temperatu
 _sample_jit = jax.jit(_sample, static_argnames=("top_k",))
 
 
-def sample(logits, key, temperature: float = 0.0, top_k: int | None = None):
+def sample(logits, key, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+           min_p: float | None = None):
     """float32 logits [B, V] -> int32 tokens [B]: greedy (argmax) at ``temperature`` 0, else
-    softmax sampling at that temperature over the ``top_k`` largest logits (all when None), with
-    ``key``. Arguments as :func:`inference_lab.base.checks.sampling` returns them. The same program ``generate`` and
-    ``streaming.stream`` draw with, so they draw the same tokens."""
-    return _sample_jit(logits, key, _temperature(temperature), top_k=top_k)
+    softmax sampling at that temperature over the ``top_k`` largest logits (all when None), then
+    min-p and top-p (None: off), with ``key``. Arguments as :func:`inference_lab.base.checks.sampling`
+    returns them. The same program ``generate`` and ``streaming.stream`` draw with, so they draw
+    the same tokens."""
+    temperature = _temperature(temperature)
+    return _sample_jit(logits, key, temperature, top_k=top_k, top_p=_traced(top_p, temperature),
+                       min_p=_traced(min_p, temperature))
 
 
-def sample_rows(logits, seed_words, index, temperature, top_k):
+def _traced(value, temperature):
+    """A top-p or min-p setting as a traced float32, or None where it does nothing (off, or greedy)."""
+    return None if value is None or temperature is None else jnp.float32(value)
+
+
+def sample_rows(logits, seed_words, index, temperature, top_k, top_p, min_p, banned):
     """float32 logits [R, V] -> int32 tokens [R], every row with its own sampling arrays (traced:
     no setting compiles a program of its own): ``seed_words`` [R, 2] uint32 (:func:`seed_words`),
     ``index`` [R] (which token of its request this is, 0 = the first), ``temperature`` [R] (below
-    :data:`MIN_TEMPERATURE`: greedy), ``top_k`` [R] in 1..V (V: every logit). Row ``r`` draws
+    :data:`MIN_TEMPERATURE`: greedy), ``top_k`` [R] in 1..V (V: every logit), ``top_p`` [R] (1:
+    off), ``min_p`` [R] (0: off), ``banned`` [R, S] token ids that may not be drawn now (a
+    request's end-of-sequence and stop tokens before its ``min_tokens``; V pads). Row ``r`` draws
     exactly what :func:`sample` draws for a one-row batch with ``fold_in(key(seed), index)``, so a
     request served among others gets the tokens ``generate(..., seed=)`` gives it alone: the same
     key, the same shape of draw ([1, V]), the same k-th-largest cut (a sort instead of
-    ``lax.top_k``, whose ``k`` must be static), the same division by the temperature."""
-    def one(row, words, i, t, k):
+    ``lax.top_k``, whose ``k`` must be static), the same division by the temperature, the same
+    min-p and top-p, applied only where they are on."""
+    def one(row, words, i, t, k, p, m, ban):
+        row = row.at[ban].set(-jnp.inf, mode="drop")
         greedy = t < MIN_TEMPERATURE
         kth = jnp.sort(row)[row.shape[0] - k]                   # the k-th largest logit
-        cut = jnp.where(row < kth, -jnp.inf, row)
+        scaled = jnp.where(row < kth, -jnp.inf, row)[None] / jnp.where(greedy, 1.0, t)
+        scaled = jnp.where(m > 0, keep_min_p(scaled, jnp.maximum(m, 1e-30)), scaled)
+        scaled = jnp.where(p < 1, keep_top_p(scaled, p), scaled)
         key = jax.random.fold_in(jax.random.wrap_key_data(words), i)
-        drawn = jax.random.categorical(key, cut[None] / jnp.where(greedy, 1.0, t), axis=-1)[0]
+        drawn = jax.random.categorical(key, scaled, axis=-1)[0]
         return jnp.where(greedy, jnp.argmax(row), drawn).astype(jnp.int32)
 
-    return jax.vmap(one)(logits, seed_words, index, temperature, top_k)
+    return jax.vmap(one)(logits, seed_words, index, temperature, top_k, top_p, min_p, banned)
+
+
+def logprobs(logits, tokens):
+    """The model's log-probabilities (the raw logits' log-softmax, as vLLM reports by default) of
+    ``tokens`` [R] and of the ``checks.MAX_LOGPROBS`` likeliest tokens of each row: (chosen [R],
+    top values [R, N], top ids [R, N])."""
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    top, ids = jax.lax.top_k(lp, min(checks.MAX_LOGPROBS, lp.shape[-1]))
+    return jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0], top, ids.astype(jnp.int32)
 
 
 def seed_words(seed: int) -> np.ndarray:
-    """The two uint32 words of ``jax.random.key(seed)``, computed on the host (no device call per
-    request): the low 32 bits of the seed, and its high 32 only where 64-bit jax is on (otherwise
-    jax keeps the low word alone; tests/test_generation.py checks both against jax)."""
-    high = (int(seed) >> 32) & 0xFFFFFFFF if jax.config.jax_enable_x64 else 0
-    return np.array([high, int(seed) & 0xFFFFFFFF], np.uint32)
+    """The two uint32 words of a 64-bit ``seed`` as a threefry key's data (high, low), computed on
+    the host (no device call per request). Every bit counts, with or without 64-bit jax (whose
+    ``jax.random.key`` would keep the low word alone): :func:`seed_key` makes the same key."""
+    seed = int(seed)
+    return np.array([(seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF], np.uint32)
+
+
+def seed_key(seed: int):
+    """The random key of a 64-bit ``seed``: what ``generate``, ``stream``, ``decode_loop`` and the
+    serving engine draw with (``jax.random.key(seed)`` for seeds below 2**32)."""
+    return jax.random.wrap_key_data(jnp.asarray(seed_words(seed)))
 
 
 # ----------------------------------------------------------------------------- checks
@@ -323,8 +378,9 @@ def check_guesses(model, tokens, cache: KVCache, active=None):
 
 
 def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float = 0.0,
-                top_k: int | None = None, seed: int = 0):
-    """``steps`` decode steps in one jitted ``fori_loop``, each feeding the token it sampled.
+                top_k: int | None = None, seed: int = 0, top_p: float | None = None, min_p: float | None = None):
+    """``steps`` decode steps in one jitted ``fori_loop``, each feeding the token it sampled
+    (sampling as :func:`sample` says).
 
     tokens [B]: the first token of each row. Returns (int32 [B, steps] sampled tokens,
     the cache advanced by ``steps``). The cache is donated.
@@ -337,12 +393,14 @@ def decode_loop(model, tokens, cache: KVCache, steps: int, *, temperature: float
         raise ValueError(f"steps={steps!r} must be a positive integer")
     seed = checks.seed("seed", seed)
     top_k = checks.sampling(temperature, top_k, model.cfg.vocab_size)
+    top_p, min_p = checks.probability_cuts(top_p, min_p)
     _check_room(model, cache, int(steps), f"{steps} steps")
     host = cache.host_lengths + steps
     lengths = cache.lengths
     ks, vs = parallel.place_cache(model.mesh, *cache.donate("decode_loop"))
     out, ks, vs, lengths = _decode_loop_jit(
-        model.params(), jnp.asarray(tokens), lengths, ks, vs, jax.random.key(seed), _temperature(temperature),
+        model.params(), jnp.asarray(tokens), lengths, ks, vs, seed_key(seed), _temperature(temperature),
+        _traced(top_p, _temperature(temperature)), _traced(min_p, _temperature(temperature)),
         steps=int(steps), top_k=top_k, cfg=model.cfg, mode=model.kernels, mesh=model.mesh)
     return out, KVCache(ks, vs, lengths, host_lengths=host)
 
@@ -377,17 +435,20 @@ def padded(rows) -> tuple[np.ndarray, np.ndarray]:
     return tokens, lengths
 
 
-def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0, top_k=None, seed: int = 0):
+def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0, top_k=None, seed: int = 0,
+             top_p: float | None = None, min_p: float | None = None):
     """Continue each prompt by exactly ``max_new_tokens`` tokens (no early stop).
 
     prompts: a list of token-id lists (ragged allowed), or a str / list of str (encoded by
     the byte-level tokenizer, with BOS). Returns lists of new ids, or strs for str input
-    (a single str in, a single str out). Same seed, same output.
+    (a single str in, a single str out). Same seed, same output. Sampling as :func:`sample`
+    says (``top_p``/``min_p`` None: off); the serving engine draws the same tokens.
     """
     rows, as_text, single = prompt_rows(prompts, model.cfg.vocab_size)
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
     top_k = checks.sampling(temperature, top_k, model.cfg.vocab_size)
+    top_p, min_p = checks.probability_cuts(top_p, min_p)
     seed = checks.seed("seed", seed)
     longest = max(len(r) for r in rows)
     if longest + max_new_tokens > model.cfg.max_seq_len:
@@ -397,11 +458,11 @@ def generate(model, prompts, max_new_tokens: int = 16, temperature: float = 0.0,
     tokens, lengths = padded(rows)
     cache = KVCache.create(model.cfg, batch=len(rows), max_len=tokens.shape[1] + int(max_new_tokens))
     logits, cache = prefill(model, tokens, cache, lengths)
-    key = jax.random.key(seed)
-    first = sample(logits, jax.random.fold_in(key, 0), temperature, top_k)
+    key = seed_key(seed)
+    first = sample(logits, jax.random.fold_in(key, 0), temperature, top_k, top_p, min_p)
     if max_new_tokens > 1:
         rest, cache = decode_loop(model, first, cache, int(max_new_tokens) - 1,
-                                  temperature=temperature, top_k=top_k, seed=seed)
+                                  temperature=temperature, top_k=top_k, seed=seed, top_p=top_p, min_p=min_p)
         new = np.concatenate([np.asarray(first)[:, None], np.asarray(rest)], axis=1)
     else:
         new = np.asarray(first)[:, None]

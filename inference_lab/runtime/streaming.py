@@ -59,7 +59,7 @@ def stream(model, prompt: str, max_new_tokens: int = 64, *, temperature: float =
     """
     ids = _check_prompt(model, prompt, max_new_tokens)
     top_k = checks.sampling(temperature, top_k, model.cfg.vocab_size)
-    key = jax.random.key(checks.seed("seed", seed))
+    key = generation.seed_key(checks.seed("seed", seed))
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     cache = KVCache.create(model.cfg, 1, len(ids) + max_new_tokens)
     t0 = time.perf_counter()

@@ -101,6 +101,7 @@ class Engine:
         self.stopped: str | None = None
         self.iterations = 0
         self.proposed = self.accepted = 0       # speculative decoding: guesses checked, guesses kept
+        self.drafts = 0                         # rows that were given guesses (vLLM's num_drafts)
 
     def _budget(self, budget) -> int:
         whole = -(-self.max_len // PIECE) * PIECE          # the longest prompt, in whole pieces
@@ -192,7 +193,7 @@ class Engine:
                if self.kv is None else {"layout": "paged", **self.kv.stats()}}
         if self.speculative is not None:
             out["speculative"] = {"method": "ngram", "num_speculative_tokens": self.speculative[1],
-                                  "proposed": self.proposed, "accepted": self.accepted,
+                                  "drafts": self.drafts, "proposed": self.proposed, "accepted": self.accepted,
                                   "acceptance_rate": self.accepted / self.proposed if self.proposed else None}
         return out
 
@@ -282,25 +283,39 @@ class Engine:
             if inserted is not None:
                 inserted(now() - t0)
 
-    def _deliver(self, step, tokens) -> None:
-        """Send the tokens ``step`` sampled (in order, per request), and end what they finish."""
+    def _deliver(self, step, out) -> None:
+        """Send the tokens ``step`` sampled (in order, per request), and end what they finish.
+        ``out``: (tokens, log-probabilities) as :meth:`DecodeSlots.run` returns them."""
+        tokens, logprobs = out if out is not None else (None, None)
         tokens = np.asarray(tokens) if tokens is not None else None
+        if logprobs is not None and any(seq.request.logprobs is not None for _, seq, _ in step.sampled):
+            logprobs = tuple(np.asarray(x) for x in logprobs)
         for row, seq, index in step.sampled:
             if seq.finished:        # ended meanwhile (a cancel, or an end-of-sequence token a step ago)
                 continue
-            if not self._send(seq, int(tokens[row]), index):
+            if not self._send(seq, int(tokens[row]), index, logprobs, row):
                 continue
             if index == 0 and self.handoff is not None:
                 self.handoff(seq.request, int(tokens[row]), seq.cache_out)
                 seq.cache_out = None
                 self._retire(seq)
 
-    def _send(self, seq: Sequence, token: int, index: int) -> bool:
-        """Token ``index`` of ``seq`` out; True while the request goes on."""
+    def _send(self, seq: Sequence, token: int, index: int, logprobs=None, row: int = 0) -> bool:
+        """Token ``index`` of ``seq`` out, with its log-probabilities where the request asked
+        (``logprobs``: host arrays of :func:`generation.logprobs`, its row ``row``); True while the
+        request goes on."""
         finish = seq.finish_reason(token, index, self.max_len)
         seq.delivered = index + 1
         seq.output.append(token)
-        self._call(seq, TokenEvent(seq.rid, token, index, now(), finish))
+        extra = {}
+        if seq.request.logprobs is not None and logprobs is not None:
+            chosen, top, ids = logprobs
+            n = seq.request.logprobs
+            extra = {"logprob": float(chosen[row]),
+                     "top_logprobs": tuple((int(i), float(v)) for i, v in zip(ids[row, :n], top[row, :n]))}
+        if index == 0:
+            extra["scheduled"] = seq.scheduled
+        self._call(seq, TokenEvent(seq.rid, token, index, now(), finish, **extra))
         if finish is not None:
             self._retire(seq)
             return False
@@ -314,24 +329,31 @@ class Engine:
         starts, guesses = [], []
         for (row, seq, index), at in zip(step.sampled, step.positions):
             room = min(k, seq.last_token(self.max_len) - index, self.max_len - 1 - at)
-            greedy = seq.request.temperature < MIN_TEMPERATURE
+            # guesses for greedy rows only, past their min_tokens (whose stop tokens are banned
+            # from each draw) and without log-probabilities (given for the first token alone)
+            q = seq.request
+            greedy = q.temperature < MIN_TEMPERATURE and index >= q.min_tokens and q.logprobs is None
             if greedy and room > 0 and self.kv is not None:   # guesses only where blocks are free for them
                 if not self.kv.grow(seq.table, at + 1 + room):
                     room = len(seq.table.blocks) * self.kv.block_size - at - 1
                 step.block_table[seq.slot, :len(seq.table.blocks)] = seq.table.blocks
             guesses.append(draft.guess_row(seq.tokens(), room) if greedy and room > 0 else [])
             starts.append(at)
-        chosen, right = self.slots.verify(step.decode_width, step.sampled, starts, guesses, k, step.block_table)
+        chosen, right, logprobs = self.slots.verify(step.decode_width, step.sampled, starts, guesses, k,
+                                                    step.block_table)
+        if any(seq.request.logprobs is not None for _, seq, _ in step.sampled):
+            logprobs = tuple(np.asarray(x) for x in logprobs)
         for (row, seq, index), g in zip(step.sampled, guesses):
             kept = int(right[row])
             self.proposed += len(g)
             self.accepted += kept
+            self.drafts += bool(g)
             if kept:   # the scheduler counted one token; the kept guesses are more
                 seq.produced += kept
                 if seq.produced > seq.last_token(self.max_len):
                     self.scheduler.release(seq)
             for j in range(kept + 1):
-                if seq.finished or not self._send(seq, int(chosen[row, j]), index + j):
+                if seq.finished or not self._send(seq, int(chosen[row, j]), index + j, logprobs if j == 0 else None, row):
                     break
 
     def _call(self, seq: Sequence, event: TokenEvent) -> None:

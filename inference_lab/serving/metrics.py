@@ -12,9 +12,19 @@ name                                   type      what
 ``vllm:num_preemptions_total``         counter   requests preempted (their blocks taken back)
 ``vllm:prefix_cache_queries_total``    counter   prompt tokens looked up in the prefix cache
 ``vllm:prefix_cache_hits_total``       counter   of those, tokens found (not prefilled again)
+``vllm:prompt_tokens_total``           counter   prompt tokens of the requests that got a first token
+``vllm:generation_tokens_total``       counter   tokens generated (every choice's)
+``vllm:request_success_total``         counter   requests finished, label ``finished_reason``
+                                                 (``stop``: a stop token or string; ``length``)
+``vllm:spec_decode_num_drafts_total``  counter   speculative decoding: rows given guesses
+``vllm:spec_decode_num_draft_tokens_total`` counter guesses checked
+``vllm:spec_decode_num_accepted_tokens_total`` counter guesses kept
 ``vllm:time_to_first_token_seconds``   histogram arrival at the server -> first token
 ``vllm:inter_token_latency_seconds``   histogram every gap between two tokens of a request
 ``vllm:e2e_request_latency_seconds``   histogram arrival -> last token
+``vllm:request_queue_time_seconds``    histogram arrival -> its first slot (waiting in the queue)
+``vllm:request_prefill_time_seconds``  histogram its first slot -> first token (the prompt's prefill)
+``vllm:request_decode_time_seconds``   histogram first token -> last token
 ====================================== ========= ===============================================
 
 Every series carries the label ``model_name``. The gauges and counters are read from the engine's
@@ -26,7 +36,7 @@ are a few milliseconds, where vLLM's GPU-sized buckets would put every token in 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -69,6 +79,11 @@ class _EngineState:
                                       labels=["model_name"]), kv.get("prefix_cache_queries", 0))
         yield one(CounterMetricFamily("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                                       labels=["model_name"]), kv.get("prefix_cache_hits", 0))
+        spec = stats.get("speculative") or {}
+        for name, key, doc in (("vllm:spec_decode_num_drafts", "drafts", "Rows given guesses to check."),
+                               ("vllm:spec_decode_num_draft_tokens", "proposed", "Guesses checked."),
+                               ("vllm:spec_decode_num_accepted_tokens", "accepted", "Guesses kept.")):
+            yield one(CounterMetricFamily(name, doc, labels=["model_name"]), spec.get(key, 0))
 
 
 class ServingMetrics:
@@ -84,27 +99,59 @@ class ServingMetrics:
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first token.", LATENCY_BUCKETS)
         self.itl = histogram("vllm:inter_token_latency_seconds", "Gap between two tokens of a request.", GAP_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS)
+        self.queue = histogram("vllm:request_queue_time_seconds", "Arrival to the request's first slot.",
+                               LATENCY_BUCKETS)
+        self.prefill = histogram("vllm:request_prefill_time_seconds", "First slot to first token.", LATENCY_BUCKETS)
+        self.decode = histogram("vllm:request_decode_time_seconds", "First token to last token.", LATENCY_BUCKETS)
 
-    def token(self, arrival: float, previous: float | None, event) -> None:
+        def counter(name, doc, labels=()):
+            return Counter(name, doc, ["model_name", *labels], registry=self.registry)
+
+        self.model_name = model_name
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of requests that got a first token.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
+        self.success = counter("vllm:request_success", "Requests finished, by finish reason.", ["finished_reason"])
+        self.first_times: dict = {}   # each open request's first token's time (its decode time starts there)
+
+    def token(self, arrival: float, previous: float | None, event, prompt_len: int) -> None:
         """Observe one token's event (``arrival``: when the request reached the server; ``previous``:
-        the request's last token's time, None for its first), on the engine's clock."""
+        the request's last token's time, None for its first; ``prompt_len``: its prompt's tokens),
+        on the engine's clock."""
+        self.generation_tokens.labels(self.model_name).inc()
         if previous is None:
             self.ttft.observe(event.time - arrival)
+            self.prompt_tokens.labels(self.model_name).inc(prompt_len)
+            if event.scheduled is not None:
+                self.queue.observe(max(event.scheduled - arrival, 0.0))
+                self.prefill.observe(max(event.time - event.scheduled, 0.0))
+            self.first_times[event.rid] = event.time
         else:
             self.itl.observe(event.time - previous)
         if event.finish in ("length", "stop"):
-            self.e2e.observe(event.time - arrival)
+            self.end(event.rid, event.finish, event.time, arrival)
+
+    def end(self, rid: str, reason: str | None, at: float, arrival: float) -> None:
+        """Request ``rid`` ended at ``at``: ``reason`` "length"/"stop" (a stop string the API found
+        counts as "stop"), or None for a cancel or a failure (counted nowhere)."""
+        first = self.first_times.pop(rid, None)
+        if reason is None:
+            return
+        self.e2e.observe(at - arrival)
+        self.decode.observe(at - (at if first is None else first))
+        self.success.labels(self.model_name, reason).inc()
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
 
 
 def parse(text: str) -> dict:
-    """``{name: value}`` of a ``/metrics`` page with one label set per series (this server's),
-    histogram buckets left out: ``parse(page)["vllm:num_preemptions_total"]``."""
+    """``{name: value}`` of a ``/metrics`` page, histogram buckets left out, a series with several
+    label sets summed over them (``vllm:request_success_total``: every finish reason):
+    ``parse(page)["vllm:num_preemptions_total"]``."""
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#") and 'le="' not in line:
             series, value = line.rsplit(" ", 1)
-            out[series.split("{")[0]] = float(value)
+            name = series.split("{")[0]
+            out[name] = out.get(name, 0.0) + float(value)
     return out

@@ -59,9 +59,19 @@ class QueueFull(Exception):
     """The engine holds as many requests as it may: the server answers 429 rather than queue without bound."""
 
 
+MAX_STOP_TOKEN_IDS = 8    # stop_token_ids a request may name (with EOS, the tokens min_tokens bans)
+
+
 @dataclasses.dataclass
 class Request:
-    """One request as the engine sees it: token ids (with BOS) and how to sample."""
+    """One request as the engine sees it: token ids (with BOS), how to sample and when to stop.
+
+    ``top_p``/``min_p``: nucleus and min-p sampling (1 and 0: off); ``stop_token_ids``: tokens that
+    end the request as end-of-sequence does (finish ``"stop"``); ``min_tokens``: none of those ends it
+    (nor is drawn) before this many tokens; ``logprobs``: None, or how many of the likeliest
+    alternatives each token's event carries beside its own log-probability (0..``checks.MAX_LOGPROBS``);
+    ``after``: another request's id whose prompt this one shares (the choices of one ``n > 1``
+    request): with prefix caching it starts once that one's prompt is scheduled, to share its blocks."""
 
     rid: str
     prompt: list
@@ -70,6 +80,16 @@ class Request:
     top_k: int | None = None
     seed: int = 0
     stop_at_eos: bool = True
+    top_p: float = 1.0
+    min_p: float = 0.0
+    stop_token_ids: tuple = ()
+    min_tokens: int = 0
+    logprobs: int | None = None
+    after: str | None = None
+
+    def stop_tokens(self) -> tuple:
+        """The tokens that end this request: its stop tokens, and end-of-sequence unless ignored."""
+        return tuple(self.stop_token_ids) + ((tokenizer.EOS,) if self.stop_at_eos else ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +98,9 @@ class TokenEvent:
     a system-wide monotonic clock on Linux, so worker processes' stamps compare). ``finish``:
     ``"length"``/``"stop"`` on the last token; ``"abort"`` (a cancel, or the engine stopping) and
     ``"error"`` (the engine failed) end a request without one: ``token`` is then -1 and ``error``
-    says why (empty for a cancel the client asked for)."""
+    says why (empty for a cancel the client asked for). ``logprob`` and ``top_logprobs`` (``((id,
+    logprob), ...)``, likeliest first) where the request asked for log-probabilities; ``scheduled``:
+    on a request's first token, when it got its slot (the end of its time in the queue)."""
 
     rid: str
     token: int
@@ -86,6 +108,9 @@ class TokenEvent:
     time: float
     finish: str | None = None
     error: str = ""
+    logprob: float | None = None
+    top_logprobs: tuple = ()
+    scheduled: float | None = None
 
 
 def now() -> float:
@@ -109,8 +134,21 @@ def check_request(request: Request, *, vocab_size: int, max_len: int) -> None:
         raise ValueError(f"request {rid}: max_tokens={request.max_tokens!r} must be a positive integer")
     try:
         checks.sampling(request.temperature, request.top_k, vocab_size)
+        checks.probability_cuts(request.top_p, request.min_p)
         checks.seed("seed", request.seed)
         checks.flag("stop_at_eos", request.stop_at_eos)
+        stops = request.stop_token_ids
+        if not isinstance(stops, (list, tuple)) or len(stops) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
+        if stops:
+            checks.token_ids("stop_token_ids", stops, vocab_size)
+        if (isinstance(request.min_tokens, bool) or not isinstance(request.min_tokens, int)
+                or not 0 <= request.min_tokens <= request.max_tokens):
+            raise ValueError(f"min_tokens={request.min_tokens!r} must be an integer in 0..max_tokens "
+                             f"({request.max_tokens})")
+        checks.logprobs(request.logprobs)
+        if request.after is not None and not isinstance(request.after, str):
+            raise ValueError(f"after={request.after!r} must be None or a request id")
     except ValueError as err:
         raise ValueError(f"request {rid}: {err}") from None
 
@@ -137,6 +175,7 @@ class Sequence:
     resumed_at: int = 0
     table: BlockTable = dataclasses.field(default_factory=BlockTable)
     order: int = 0
+    scheduled: float | None = None   # when it first got a slot (``now()``): its queue time ends there
 
     @property
     def rid(self) -> str:
@@ -165,8 +204,9 @@ class Sequence:
         return self.prompt_len + self.produced - 1
 
     def finish_reason(self, token: int, index: int, max_len: int) -> str | None:
-        """Why the request ends after its token number ``index`` (0 = the first), or None."""
-        if self.request.stop_at_eos and token == tokenizer.EOS:
+        """Why the request ends after its token number ``index`` (0 = the first), or None: a stop
+        token (end-of-sequence or one of ``stop_token_ids``, once ``min_tokens`` are out), or its length."""
+        if index + 1 >= self.request.min_tokens and token in self.request.stop_tokens():
             return "stop"
         return "length" if index >= self.last_token(max_len) else None
 
@@ -305,6 +345,8 @@ class Scheduler:
     def _place(self, seq: Sequence) -> None:
         seq.slot = self._free.pop(0)
         seq.order = next(self._started)
+        if seq.scheduled is None:
+            seq.scheduled = now()
         self.running[seq.slot] = seq
 
     # -- the paged cache: starting, growing, preempting
@@ -367,6 +409,21 @@ class Scheduler:
                 return False
             self._preempt(max(newer, key=lambda s: s.order))
         return True
+
+    def _next_waiting(self) -> Sequence | None:
+        """The first waiting request that may start now. With prefix caching, a request that shares
+        its prompt with another (``after``: a choice of an ``n > 1`` request) waits while that one's
+        prompt is not all scheduled: then it finds the prompt's blocks in the cache instead of
+        computing them a second time. The requests behind it in the queue are not held up."""
+        sharing = self.kv is not None and self.kv.pool.prefix_caching
+        if not sharing:
+            return self.waiting[0] if self.waiting else None
+        prefilling = {s.rid for s in self.running.values() if s.prefilled < s.prefill_len}
+        prefilling |= {s.rid for s in self.waiting}
+        for seq in self.waiting:
+            if seq.request.after is None or seq.request.after not in prefilling:
+                return seq
+        return None
 
     # -- the plan
     def schedule(self) -> Step | None:
@@ -456,11 +513,11 @@ class Scheduler:
         """Prefill-first: whole prompts of waiting requests, FIFO, within the budget and the free
         slots (and blocks: a paged cache gives a request every block of its prompt before it starts)."""
         pieces = []
-        while self.waiting and self._free:
-            need = pieces_of(self.waiting[0].prefill_len)
+        while self._free and (seq := self._next_waiting()) is not None:
+            need = pieces_of(seq.prefill_len)
             if len(pieces) + need > self.max_pieces:
                 break
-            got = self._start(self.waiting[0], need)
+            got = self._start(seq, need)
             if got is None:
                 break
             pieces += got
@@ -482,8 +539,9 @@ class Scheduler:
                 pieces += self._cut(seq, room - len(pieces))
         # no newcomer in a step that had to preempt (vLLM v1's rule): memory is short, and the one
         # preempted would otherwise start again at once, in the blocks just taken from it
-        while self.waiting and self._free and len(pieces) < room and self.preemptions == preempted:
-            got = self._start(self.waiting[0], room - len(pieces))
+        while self._free and len(pieces) < room and self.preemptions == preempted:
+            seq = self._next_waiting()
+            got = None if seq is None else self._start(seq, room - len(pieces))
             if got is None:
                 break
             pieces += got

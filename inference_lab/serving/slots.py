@@ -41,7 +41,7 @@ import numpy as np
 from inference_lab.base import tokenizer
 from inference_lab.model.transformer import step_forward
 from inference_lab.runtime import generation
-from inference_lab.serving.scheduler import PIECE, Piece, Request, Sequence, Step, decode_widths
+from inference_lab.serving.scheduler import MAX_STOP_TOKEN_IDS, PIECE, Piece, Request, Sequence, Step, decode_widths
 
 
 def prefill_widths(max_len: int) -> list[int]:
@@ -62,26 +62,30 @@ def prefill_width(n_tokens: int, max_len: int) -> int:
 # ----------------------------------------------------------------------------- the programs
 @functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
 def _step_jit(params, k_caches, v_caches, next_token, lengths, active, piece_tokens, piece_slots, piece_starts,
-              head_rows, block_table, write_slots, words, index, temperature, top_k, *, cfg, mode):
-    """One engine step: the forward, the draws, each drawn token written into ``next_token`` at
-    its slot (``write_slots``; ``n_slots`` for a row whose token is thrown away: dropped).
-    ``block_table``: None for contiguous slots."""
+              head_rows, block_table, write_slots, draw, *, cfg, mode):
+    """One engine step: the forward, the draws (``draw``: the sampling arrays of
+    :meth:`DecodeSlots.sampling`), each drawn token written into ``next_token`` at its slot
+    (``write_slots``; ``n_slots`` for a row whose token is thrown away: dropped), and every drawn
+    token's log-probabilities (:func:`generation.logprobs`: computed for every row, so no request's
+    ``logprobs`` compiles a program). ``block_table``: None for contiguous slots."""
     decode_tokens = next_token[:lengths.shape[0]]
     logits, k_caches, v_caches = step_forward(params, decode_tokens, lengths, active, piece_tokens, piece_slots,
                                               piece_starts, head_rows, k_caches, v_caches, cfg=cfg, mode=mode,
                                               block_table=block_table)
-    tokens = generation.sample_rows(logits, words, index, temperature, top_k)
-    return tokens, next_token.at[write_slots].set(tokens, mode="drop"), k_caches, v_caches
+    tokens = generation.sample_rows(logits, *draw)
+    return (tokens, generation.logprobs(logits, tokens), next_token.at[write_slots].set(tokens, mode="drop"),
+            k_caches, v_caches)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
-def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guesses, block_table, write_slots, words,
-                index, temperature, top_k, *, cfg, mode):
+def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guesses, block_table, write_slots, draw,
+                *, cfg, mode):
     """Speculative decoding's check for the first W slots: slot ``i`` feeds its next token and its
     guesses [W, k] as one piece from position ``starts[i]``. Returns (``chosen`` [W, k + 1]: the
-    model's token after each fed one, a sampled row's first drawn by ``sample_rows`` instead;
-    ``right`` [W]: leading guesses equal to it, at most ``n_guesses``; ``next_token`` with each
-    written row's ``chosen[i, right[i]]``; the caches)."""
+    model's token after each fed one, the first drawn by ``sample_rows`` with ``draw`` instead (the
+    argmax of a greedy row, after its banned tokens); ``right`` [W]: leading guesses equal to it, at
+    most ``n_guesses``; the first token's log-probabilities; ``next_token`` with each written row's
+    ``chosen[i, right[i]]``; the caches)."""
     w, k = guesses.shape
     lanes = jnp.concatenate([next_token[:w, None], guesses], axis=1)              # [W, k + 1]
     slots = jnp.arange(w, dtype=jnp.int32)
@@ -91,13 +95,14 @@ def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guess
                                               heads, k_caches, v_caches, cfg=cfg, mode=mode, block_table=block_table)
     logits = logits.reshape(w, k + 1, -1)
     chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)                       # [W, k + 1]
-    drawn = generation.sample_rows(logits[:, 0], words, index, temperature, top_k)
-    greedy = temperature < generation.MIN_TEMPERATURE
-    chosen = chosen.at[:, 0].set(jnp.where(greedy, chosen[:, 0], drawn))
+    drawn = generation.sample_rows(logits[:, 0], *draw)
+    greedy = draw[2] < generation.MIN_TEMPERATURE                                 # (words, index, temperature, ...)
+    chosen = chosen.at[:, 0].set(drawn)
     right = jnp.sum(jnp.cumprod(chosen[:, :-1] == guesses, axis=1), axis=1).astype(jnp.int32)
     right = jnp.where(greedy, jnp.minimum(right, n_guesses), 0)
     last = jnp.take_along_axis(chosen, right[:, None], axis=1)[:, 0]
-    return chosen, right, next_token.at[write_slots].set(last, mode="drop"), k_caches, v_caches
+    return (chosen, right, generation.logprobs(logits[:, 0], drawn), next_token.at[write_slots].set(last, mode="drop"),
+            k_caches, v_caches)
 
 
 @functools.partial(jax.jit, donate_argnames=("k_caches", "v_caches"))
@@ -160,37 +165,48 @@ class DecodeSlots:
                 *self.sampling(step.sampled, wd + n_pieces))
 
     def sampling(self, sampled: list, rows: int) -> tuple:
-        """(write slots, seed words, token index, temperature, top-k), [rows] each: the draw of
-        every head row (rows nobody samples draw greedily and write nowhere)."""
+        """(write slots [rows], the draw: (seed words, token index, temperature, top-k, top-p, min-p
+        [rows] each, banned [rows, MAX_STOP_TOKEN_IDS + 1])): every head row's draw as
+        :func:`generation.sample_rows` takes it (rows nobody samples draw greedily and write
+        nowhere). A request's stop tokens are banned while it has fewer than ``min_tokens``."""
         write = np.full(rows, self.n_slots, np.int32)
         words = np.zeros((rows, 2), np.uint32)
         index = np.zeros(rows, np.int32)
         temperature = np.zeros(rows, np.float32)
         top_k = np.full(rows, self.vocab, np.int32)
+        top_p = np.ones(rows, np.float32)
+        min_p = np.zeros(rows, np.float32)
+        banned = np.full((rows, MAX_STOP_TOKEN_IDS + 1), self.vocab, np.int32)    # the vocabulary's size: no token
         for row, seq, i in sampled:
             q = seq.request
             write[row], index[row], temperature[row] = seq.slot, i, q.temperature
             words[row] = generation.seed_words(q.seed)
             top_k[row] = self.vocab if q.top_k is None else q.top_k
-        return write, words, index, temperature, top_k
+            top_p[row], min_p[row] = q.top_p, q.min_p
+            if i < q.min_tokens:
+                stops = q.stop_tokens()
+                banned[row, :len(stops)] = stops
+        return write, (words, index, temperature, top_k, top_p, min_p, banned)
 
     def run(self, step: Step):
-        """Dispatch ``step`` (it runs while the host goes on); returns its tokens, [head rows] on
-        the device, on their way to the host. Read them with ``np.asarray``."""
+        """Dispatch ``step`` (it runs while the host goes on); returns ``(tokens, logprobs)``: its
+        tokens [head rows] and their log-probabilities (:func:`generation.logprobs`) on the device,
+        on their way to the host. Read them with ``np.asarray``."""
         return self._call(self.arrays(step))
 
     def _call(self, arrays):
         m = self.model
-        tokens, self.next_token, self.k, self.v = _step_jit(
+        tokens, logprobs, self.next_token, self.k, self.v = _step_jit(
             m.params(), self.k, self.v, self.next_token, *arrays, cfg=m.cfg, mode=m.kernels)
         tokens.copy_to_host_async()
-        return tokens
+        return tokens, logprobs
 
     # -- speculative decoding
     def verify(self, width: int, rows: list, starts: list, guesses: list, k: int, block_table=None):
         """Speculative decoding's check of the first ``width`` slots: ``rows`` [(slot, sequence,
         token index)] of the decoding ones, each fed from ``starts`` with its ``guesses`` (at most
-        ``k``; paged: through ``block_table``). Returns (chosen [width, k + 1], right [width]) on the host."""
+        ``k``; paged: through ``block_table``). Returns (chosen [width, k + 1], right [width]) on the
+        host and the first tokens' log-probabilities on the device."""
         start = np.full(width, self.max_len, np.int32)
         guess = np.zeros((width, k), np.int32)
         n_guess = np.zeros(width, np.int32)
@@ -198,10 +214,10 @@ class DecodeSlots:
             start[slot], n_guess[slot] = at, len(g)
             guess[slot, :len(g)] = g
         m = self.model
-        chosen, right, self.next_token, self.k, self.v = _verify_jit(
+        chosen, right, logprobs, self.next_token, self.k, self.v = _verify_jit(
             m.params(), self.k, self.v, self.next_token, start, guess, n_guess, block_table,
             *self.sampling(rows, width), cfg=m.cfg, mode=m.kernels)
-        return np.asarray(chosen), np.asarray(right)
+        return np.asarray(chosen), np.asarray(right), logprobs
 
     # -- the two pools
     def insert(self, slot: int, rows: np.ndarray, first_token: int) -> None:
@@ -260,7 +276,7 @@ class DecodeSlots:
         (the prefill pool) or inserts (the decode pool) of every padded width, a verify of each
         decode width with ``speculative`` guesses."""
         for shape in shapes:
-            np.asarray(self._call(self.synthetic(shape, 1)))
+            np.asarray(self._call(self.synthetic(shape, 1))[0])
         cfg = self.model.cfg
         for w in prefill_widths(self.max_len) if extracts or inserts else ():
             buffer = np.zeros((2, cfg.n_layers, w, cfg.n_kv_heads, cfg.head_dim), cfg.dtype)
