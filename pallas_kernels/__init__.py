@@ -1,6 +1,7 @@
 """Pallas kernels for LLM inference: a matmul, flash attention (prefill), decode attention,
-paged decode attention (the same, through a paged KV cache's block tables) and a quantized
-matmul (int8 or int4 weights, widened in registers; Triton tier only).
+paged decode attention (the same, through a paged KV cache's block tables), ragged paged attention
+(a serving iteration's prompt chunks and decode tokens at once, in place in a paged pool; Triton tier
+only) and a quantized matmul (int8 or int4 weights, widened in registers; Triton tier only).
 
 Two tiers of the same four kernels: the readable Triton-style kernels in
 ``pallas_kernels.triton`` (Ampere and newer, and the ones the lessons show) and the Hopper tier in
@@ -31,6 +32,9 @@ _PUBLIC = {
     "paged_decode_attention": ("pallas_kernels.triton.paged_decode_attention", "paged_decode_attention"),
     "PagedDecodeAttentionConfig": ("pallas_kernels.triton.paged_decode_attention", "PagedDecodeAttentionConfig"),
     "paged_decode_attention_plan": ("pallas_kernels.triton.paged_decode_attention", "plan"),
+    "ragged_paged_attention": ("pallas_kernels.triton.ragged_paged_attention", "ragged_paged_attention"),
+    "RaggedAttentionConfig": ("pallas_kernels.triton.ragged_paged_attention", "RaggedAttentionConfig"),
+    "ragged_paged_attention_plan": ("pallas_kernels.triton.ragged_paged_attention", "plan"),
     "quantized_matmul": ("pallas_kernels.triton.quantized_matmul", "quantized_matmul"),
     "quantized_matmul_plan": ("pallas_kernels.triton.quantized_matmul", "plan"),
 }

@@ -110,3 +110,23 @@ def paged_decode_attention_f64(q, k_pages, v_pages, block_tables, lengths, sm_sc
     rows_k = k[tables].reshape(b, pages * k.shape[1], *k.shape[2:])
     rows_v = v[tables].reshape(b, pages * v.shape[1], *v.shape[2:])
     return decode_attention_f64(q, rows_k, rows_v, lengths, sm_scale)
+
+
+def ragged_paged_attention_f64(q, k_pages, v_pages, block_tables, query_start, context_lens,
+                               sm_scale=None) -> np.ndarray:
+    """Ragged paged attention's ground truth, request by request: its blocks gathered in NumPy, its
+    tokens at the last positions of its context, causal (:func:`flash_attention_f64` with offsets);
+    zeros for the tokens past ``query_start[R]``."""
+    q, tables = f64(q), np.asarray(block_tables)
+    starts, lens = np.asarray(query_start), np.asarray(context_lens)
+    k, v = f64(k_pages), f64(v_pages)
+    out = np.zeros_like(q)
+    for i in range(tables.shape[0]):
+        a, b = int(starts[i]), int(starts[i + 1])
+        if a == b:
+            continue
+        rows_k = k[tables[i]].reshape(-1, *k.shape[2:])[None, :lens[i]]
+        rows_v = v[tables[i]].reshape(-1, *v.shape[2:])[None, :lens[i]]
+        out[a:b] = flash_attention_f64(q[None, a:b], rows_k, rows_v, sm_scale=sm_scale,
+                                       q_offsets=[lens[i] - (b - a)])[0]
+    return out

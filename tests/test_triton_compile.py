@@ -43,6 +43,10 @@ def _paged(q, k, v, t, n):
     return pk.paged_decode_attention(q, k, v, t, n, mode="triton")
 
 
+def _ragged(q, k, v, t, s, n):
+    return pk.ragged_paged_attention(q, k, v, t, s, n, mode="triton")
+
+
 def _matmul(a, b):
     return pk.matmul(a, b, mode="triton")
 
@@ -65,6 +69,10 @@ CASES = {
        for d in (64, 128)},
     **{f"paged decode attention D{d}": (_paged, (S((4, 32, d), BF16), S((513, 16, 8, d), BF16),
                                                   S((513, 16, 8, d), BF16), S((4, 128), jnp.int32), S((4,), jnp.int32)))
+       for d in (64, 128)},
+    **{f"ragged paged attention D{d}": (_ragged, (S((64, 32, d), BF16), S((513, 16, 8, d), BF16),
+                                                  S((513, 16, 8, d), BF16), S((8, 64), jnp.int32), S((9,), jnp.int32),
+                                                  S((8,), jnp.int32)))
        for d in (64, 128)},
     "decode attention over an int8 cache D128": (_decode_int8, (S((4, 32, 128), BF16), S((4, 2048, 8, 128), jnp.int8),
                                                              S((4, 2048, 8, 128), jnp.int8), S((4,), jnp.int32),

@@ -56,6 +56,11 @@ def masked_load(ref, mask):
     return plgpu.load(ref, mask=mask, other=0)
 
 
+def masked_store(ref, value, mask):
+    """Store a block; where ``mask`` is False nothing is written (and memory there is never touched)."""
+    plgpu.store(ref, value, mask=mask)
+
+
 def block_mask(row_ok, col_ok, shape):
     """Combine optional row/column validity vectors into a full block mask (or None)."""
     if row_ok is None and col_ok is None:
