@@ -160,50 +160,79 @@ def paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
 RAGGED_CHUNK = 256   # key positions a ragged step's reference reads per loop iteration
 
 
-def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_scale=None):
+def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_scale=None,
+                           max_query_len=None):
     """One serving iteration's attention (``pk.ragged_paged_attention``): q [T, Hq, D], request ``i``'s
     tokens ``query_start[i]:query_start[i + 1]`` at the last positions of its ``context_lens[i]``,
     causal, over the pool k_pages, v_pages [N, block_size, Hkv, D] through block_tables [R, P] ->
-    [T, Hq, D], zeros past ``query_start[R]``.
+    [T, Hq, D], zeros past ``query_start[R]``. ``max_query_len``: no request has more tokens (static;
+    None: T).
 
-    Each token reads its request's blocks where they are, :data:`RAGGED_CHUNK` positions at a time
-    (a loop with an online softmax, as the kernel walks its pages): no request's row is gathered
-    into a copy, and no chunk past the iteration's longest context is read. The gather of a chunk
-    of blocks feeds the multiply-then-sum directly (decode attention's form, which XLA:CPU fuses);
-    the probabilities are cast to V's dtype before they weigh V, as the kernel's dot takes them."""
+    The tokens are laid out by request, ``[R, max_query_len]``, and each request's keys are read
+    where they are, through its table, :data:`RAGGED_CHUNK` positions at a time (a loop with an online
+    softmax, as the kernel walks its pages; no chunk past the iteration's longest context is read,
+    and no request's whole row is gathered at once). With one token a request (decode) the scores
+    are decode attention's multiply-then-sum over the keys' stored layout; with more, flash
+    attention's batched dots. The probabilities are cast to V's dtype before they weigh V, as the
+    kernel's dot takes them."""
     t, hq, d = q.shape
     _, block_size, hkv, _ = k_pages.shape
     r, pages = block_tables.shape
+    lq = t if max_query_len is None else int(max_query_len)
+    g = hq // hkv
     sm_scale = d ** -0.5 if sm_scale is None else sm_scale
     f32 = jnp.float32
-    token = jnp.arange(t, dtype=jnp.int32)
-    req = jnp.minimum(jnp.searchsorted(query_start[1:], token, side="right"), r - 1)
     n = query_start[1:] - query_start[:-1]
-    real = token < query_start[r]
-    pos = jnp.where(real, context_lens[req] - n[req] + token - query_start[req], 0)   # padding sees key 0 only
-    qg = q.reshape(t, hkv, hq // hkv, d).astype(f32) * sm_scale                       # [T, Hkv, G, D]
+    j = jnp.arange(lq)
+    token = query_start[:r, None] + j                                                  # [R, Lq]
+    valid = j[None, :] < n[:, None]
+    pos = jnp.where(valid, context_lens[:, None] - n[:, None] + j, 0)                 # others see key 0 only
+    qr = q[jnp.clip(token, 0, t - 1)].reshape(r, lq, hkv, g, d)
     per_chunk = max(1, RAGGED_CHUNK // block_size)
-    tables = jnp.pad(block_tables, ((0, 0), (0, (-pages) % per_chunk)))[req]          # [T, P'] (null block past P)
+    tables = jnp.pad(block_tables, ((0, 0), (0, (-pages) % per_chunk)))              # null block past P
+    decode = lq == 1
+    # the running softmax, in each form's own layout: decode [R, Hkv, G] (+ D); chunks [R, Hkv, G, Lq] (+ D)
+    stat = (r, hkv, g) if decode else (r, hkv, g, lq)
+    if decode:
+        qf = qr[:, 0].astype(f32) * sm_scale                                           # [R, Hkv, G, D]
+    visible_pos = pos[:, 0] if decode else pos                                        # [R] or [R, Lq]
 
     def chunk(c, carry):
         m, l, acc = carry
         cols = c * per_chunk + jnp.arange(per_chunk)
-        blocks = lax.dynamic_slice_in_dim(tables, c * per_chunk, per_chunk, axis=1)   # [T, per_chunk]
-        k = k_pages[blocks].reshape(t, per_chunk * block_size, hkv, 1, d).astype(f32)
-        v = v_pages[blocks].reshape(t, per_chunk * block_size, hkv, 1, d)
-        s = jnp.sum(qg[:, None] * k, axis=-1)                                          # [T, C, Hkv, G]
-        key_pos = (cols[:, None] * block_size + jnp.arange(block_size)).reshape(-1)
-        s = jnp.where((key_pos[None, :] <= pos[:, None])[:, :, None, None], s, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        alpha = jnp.exp(m - m_new)
-        p = jnp.exp(s - m_new[:, None])
-        l = l * alpha + jnp.sum(p, axis=1)
-        acc = acc * alpha[..., None] + jnp.sum(p.astype(v.dtype).astype(f32)[..., None] * v.astype(f32), axis=1)
-        return m_new, l, acc
+        where = lax.dynamic_slice_in_dim(tables, c * per_chunk, per_chunk, axis=1)    # [R, per_chunk]
+        k = k_pages[where].reshape(r, per_chunk * block_size, hkv, d)
+        v = v_pages[where].reshape(r, per_chunk * block_size, hkv, d)
+        key_pos = (cols[:, None] * block_size + jnp.arange(block_size)).reshape(-1)   # [C]
+        if decode:    # [R, C, Hkv, G], summed over D in the cache's layout (no transposed copy)
+            s = jnp.sum(qf[:, None] * k[:, :, :, None, :].astype(f32), axis=-1)
+            s = jnp.where((key_pos[None, :] <= visible_pos[:, None])[:, :, None, None], s, -jnp.inf)
+            m_new = jnp.maximum(m, jnp.max(s, axis=1))
+            alpha = jnp.exp(m - m_new)
+            p = jnp.exp(s - m_new[:, None])
+            l = l * alpha + jnp.sum(p, axis=1)
+            pv = p.astype(v.dtype).astype(f32)
+            upd = jnp.sum(pv[..., None] * v[:, :, :, None, :].astype(f32), axis=1)    # [R, Hkv, G, D]
+        else:         # [R, Hkv, G, Lq, C], flash attention's batched dots
+            s = jnp.einsum("rqhgd,rchd->rhgqc", qr, k, precision=_HIGHEST, preferred_element_type=f32) * sm_scale
+            s = jnp.where((key_pos[None, None, :] <= visible_pos[:, :, None])[:, None, None], s, -jnp.inf)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            alpha = jnp.exp(m - m_new)
+            p = jnp.exp(s - m_new[..., None])
+            l = l * alpha + jnp.sum(p, axis=-1)
+            upd = jnp.einsum("rhgqc,rchd->rhgqd", p.astype(v.dtype), v, precision=_HIGHEST,
+                             preferred_element_type=f32)
+        return m_new, l, acc * alpha[..., None] + upd
 
-    g = hq // hkv
-    init = (jnp.full((t, hkv, g), -jnp.inf, f32), jnp.zeros((t, hkv, g), f32), jnp.zeros((t, hkv, g, d), f32))
-    n_chunks = (jnp.max(pos) + 1 + per_chunk * block_size - 1) // (per_chunk * block_size)
-    _, l, acc = lax.fori_loop(0, n_chunks, chunk, init)
-    out = (acc / l[..., None]).reshape(t, hq, d)
-    return jnp.where(real[:, None, None], out, 0).astype(q.dtype)
+    init = (jnp.full(stat, -jnp.inf, f32), jnp.zeros(stat, f32), jnp.zeros((*stat, d), f32))
+    span = per_chunk * block_size
+    if pages * block_size <= span:    # the whole table is one chunk: no loop (a loop costs XLA:CPU per layer)
+        _, l, acc = chunk(0, init)
+    else:
+        n_chunks = (jnp.max(jnp.where(valid, pos, -1)) + span) // span
+        _, l, acc = lax.fori_loop(0, n_chunks, chunk, init)
+    out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+    rows = out[:, None] if decode else out.transpose(0, 3, 1, 2, 4)                   # [R, Lq, Hkv, G, D]
+    rows = rows.reshape(r, lq, hq, d)
+    full = jnp.zeros((t, hq, d), f32).at[jnp.where(valid, token, t)].set(rows, mode="drop")
+    return full.astype(q.dtype)

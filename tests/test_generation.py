@@ -304,6 +304,25 @@ def test_relayout_counter():
         assert hlo.count_cache_copies(jax.jit(f).lower(c).compile().as_text(), c.size) >= 1
 
 
+def test_lowered_copy_finder_follows_views_and_updates_and_sees_reads_that_copy():
+    """hlo.lowered_cache_copies on small programs: a reshape and a scatter keep the cache itself,
+    a kernel-free read of rows (gather), a slice or arithmetic on it makes a new array."""
+    c = jax.ShapeDtypeStruct((2, 64, 4, 32), jnp.float32)
+    i = jax.ShapeDtypeStruct((3,), jnp.int32)
+    kind = "tensor<2x64x4x32xf32>"
+
+    def copies(f):
+        return hlo.lowered_cache_copies(jax.jit(f).lower(c, i).as_text(), kind)
+
+    assert copies(lambda c, i: c.reshape(128, 4, 32).at[i].set(1.0).reshape(c.shape)) == {}
+    assert copies(lambda c, i: (c.reshape(128, 4, 32).at[i].set(1.0), c.reshape(-1)[i])) != {}   # a gather after
+    assert "stablehlo.gather" in copies(lambda c, i: c[i])
+    assert "stablehlo.slice" in copies(lambda c, i: c[:1])
+    assert "stablehlo.multiply" in copies(lambda c, i: c * 2.0)
+    with pytest.raises(ValueError, match="no argument of type"):
+        hlo.lowered_cache_copies(jax.jit(lambda c, i: c).lower(c, i).as_text(), "tensor<9xf32>")
+
+
 @pytest.mark.parametrize("steps", [None, 4])
 def test_no_cache_sized_copies_and_every_cache_aliased(model, steps):
     """The compiled decode step (and the jitted loop) update the donated cache in place: no
@@ -316,6 +335,36 @@ def test_no_cache_sized_copies_and_every_cache_aliased(model, steps):
     assert cache_params <= hlo.aliased_parameters(txt)
     assert hlo.count_all_reduces(txt) == 0
     assert not cache.consumed
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_the_serving_step_writes_no_row_sized_buffer(paged):
+    """The serving engine's step (transformer.step_forward, XLA path, compiled for this CPU) over
+    8 rows of a 4,096-position cache, 8 decode rows and 4 prompt pieces: the new K/V go into the
+    donated cache in place and attention reads it where it is, so nothing in the program writes a
+    buffer as large as one request's row of one layer's cache (the cache itself updated in place
+    aside). Before the ragged attention each piece gathered its row whole (and scored all of it),
+    12 or more such buffers here."""
+    from inference_lab.model import transformer as M
+
+    cfg = TINY.replace(n_layers=2, max_seq_len=4096)
+    params = Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params()
+    rows, context, pieces, block = 8, 4096, 4, 16
+    shape = ((rows * context // block + 1, block) if paged else (rows, context)) + (cfg.n_kv_heads, cfg.head_dim)
+    cache = [jax.ShapeDtypeStruct(shape, jnp.float32)] * cfg.n_layers
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    table = i32(rows, context // block) if paged else None
+
+    def step(p, tokens, lengths, active, piece_tokens, slots, starts, heads, k, v, table):
+        return M.step_forward(p, tokens, lengths, active, piece_tokens, slots, starts, heads, k, v, cfg=cfg,
+                              mode="reference", block_table=table)
+
+    args = (params, i32(rows), i32(rows), jax.ShapeDtypeStruct((rows,), jnp.bool_), i32(pieces, 16), i32(pieces),
+            i32(pieces), i32(rows + pieces), cache, cache, table)
+    text = jax.jit(step, donate_argnums=(8, 9)).lower(*args).compile().as_text()
+    row = context * cfg.n_kv_heads * cfg.head_dim
+    assert hlo.count_cache_copies(text, row) == 0
+    assert hlo.parameters_shaped(text, shape) <= hlo.aliased_parameters(text)
 
 
 def test_kernel_counter_counts_per_layer():

@@ -97,10 +97,10 @@ def test_pallas_mode_picks_the_mosaic_tier_on_hopper(abstract_h200):
 @pytest.mark.parametrize("tier,decode_rows", [("triton", 8), ("triton", 0), ("pallas", 8)])
 def test_the_serving_step_lowers_for_cuda(abstract_h200, tier, decode_rows):
     """The serving engine's one forward (transformer.step_forward): 8 slots' decode rows and 4
-    prompt pieces of 16 tokens over a 2048-position cache. Per layer: the four matmuls, decode
-    attention for the rows and flash attention (with q_offsets) for the pieces; then the head.
-    On Hopper ("pallas") the pieces' attention runs on the Triton tier (the Mosaic flash
-    attention takes no q_offsets), everything else on the Mosaic tier."""
+    prompt pieces of 16 tokens over a 2048-position cache. Per layer: the four matmuls and the
+    ragged paged attention twice, once for the decode rows and once for the pieces (the contiguous
+    rows read as a pool); then the head. On Hopper ("pallas") the matmuls run on the Mosaic tier;
+    the ragged attention has a Triton tier only."""
     cfg = ModelConfig.preset("base", n_layers=2)
     params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
     cache = [S((8, 2048, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
@@ -111,23 +111,22 @@ def test_the_serving_step_lowers_for_cuda(abstract_h200, tier, decode_rows):
     def step(p, tokens, lengths, active, pieces, slots, starts, heads, k, v):
         return M.step_forward(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, cfg=cfg, mode=tier)
 
-    launches = _launches_by_tier(_lowered(abstract_h200, step, *args))
-    per_layer = 4 + (decode_rows > 0) + 1
+    text = _lowered(abstract_h200, step, *args)
+    launches = _launches_by_tier(text)
+    attentions = 1 + (decode_rows > 0)
+    assert "ragged_paged_attention" in text
     if tier == "triton":
-        assert launches == {"triton": per_layer * cfg.n_layers + 1}
+        assert launches == {"triton": (4 + attentions) * cfg.n_layers + 1}
     else:
-        assert launches == {"triton": cfg.n_layers,                    # the pieces' attention, per layer
-                            "mosaic": (per_layer - 1) * cfg.n_layers + 1}
+        assert launches == {"triton": attentions * cfg.n_layers, "mosaic": 4 * cfg.n_layers + 1}
 
 
 @pytest.mark.parametrize("tier,block", [("triton", 16), ("pallas", 16), ("pallas", 64)])
 def test_the_paged_serving_step_lowers_for_cuda(abstract_h200, tier, block):
     """The same step over a paged cache (a pool of blocks, block tables): per layer the four
-    matmuls, paged decode attention for the rows and flash attention for the pieces over their
-    gathered blocks; then the head. On Hopper ("pallas") the matmuls run on the Mosaic tier, and
-    the paged attention too where blocks hold 64 positions or more (blocks of 16 run it on the
-    Triton tier); the pieces' attention stays on the Triton tier (the Mosaic flash attention takes
-    no q_offsets)."""
+    matmuls and the ragged paged attention for the decode rows and for the pieces, both reading
+    the pool through the table; then the head. On Hopper ("pallas") the matmuls run on the Mosaic
+    tier, the attention on the Triton tier whatever the block size."""
     cfg = ModelConfig.preset("base", n_layers=2)
     params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
     pool = [S((8 * 2048 // block + 1, block, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
@@ -141,14 +140,37 @@ def test_the_paged_serving_step_lowers_for_cuda(abstract_h200, tier, block):
 
     text = _lowered(abstract_h200, step, *args)
     launches = _launches_by_tier(text)
+    assert "ragged_paged_attention" in text
     if tier == "triton":
-        assert "paged_decode_attention" in text and launches == {"triton": 6 * cfg.n_layers + 1}
-    elif block == 16:
-        assert launches == {"triton": 2 * cfg.n_layers,                   # both attentions, per layer
-                            "mosaic": 4 * cfg.n_layers + 1}
+        assert launches == {"triton": 6 * cfg.n_layers + 1}
     else:
-        assert launches == {"triton": cfg.n_layers,                       # the pieces' attention alone
-                            "mosaic": 5 * cfg.n_layers + 1}
+        assert launches == {"triton": 2 * cfg.n_layers, "mosaic": 4 * cfg.n_layers + 1}
+
+
+@pytest.mark.parametrize("tier", ["triton", "pallas"])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_the_serving_step_copies_no_cache_on_cuda(abstract_h200, tier, paged):
+    """The serving step lowered for an H200 on both tiers (8 decode rows and 4 prompt pieces over a
+    4,096-position cache): the caches go only through views, the one scatter of the new K/V (in
+    place) and the attention kernels that read them where they are; nothing gathers, slices or
+    converts them (hlo.lowered_cache_copies). Before the ragged attention each piece's row was
+    gathered whole, per layer."""
+    cfg = ModelConfig.preset("base", n_layers=2, max_seq_len=4096)
+    params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
+    rows, context, block = 8, 4096, 16
+    shape = ((rows * context // block + 1, block) if paged else (rows, context)) + (cfg.n_kv_heads, cfg.head_dim)
+    cache = [S(shape, jnp.dtype(cfg.dtype))] * cfg.n_layers
+    i32 = jnp.int32
+    args = (params, S((rows,), i32), S((rows,), i32), S((rows,), jnp.bool_), S((4, 16), i32), S((4,), i32),
+            S((4,), i32), S((rows + 4,), i32), cache, cache, S((rows, context // block), i32) if paged else None)
+
+    def step(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, table):
+        return M.step_forward(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, cfg=cfg, mode=tier,
+                              block_table=table)
+
+    text = _lowered(abstract_h200, step, *args)
+    cache_type = "tensor<" + "x".join(map(str, shape)) + "xbf16>"
+    assert hlo.lowered_cache_copies(text, cache_type) == {}
 
 
 # ------------------------------------------------------------------ one compile per distinct kernel

@@ -215,5 +215,5 @@ def test_base_model_kernels_compile(target):
     cases = triton_report.model_cases(presets=("base",), shapes=((64, 512),), n_layers=1)
     result = tc.report(cases, [target])
     rows = result["targets"][target]
-    assert {r.kernel.name for r in rows} == {"matmul", "flash_attention", "decode_attention", "paged_decode_attention"}
+    assert {r.kernel.name for r in rows} == {"matmul", "flash_attention", "decode_attention", "ragged_paged_attention"}
     assert not tc.failures(result), tc.failures(result)

@@ -231,69 +231,35 @@ def verify_attention(p, h, kc, vc, *, lengths, cfg, mode):
 def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, piece_starts, cfg, mode,
                    block_table=None):
     """A serving iteration's attention: h [Wd + P * C, D] holds one decode token for each of the
-    first Wd rows of the caches, then P prompt pieces of C tokens (piece ``i`` belongs to row
-    ``piece_slots[i]`` and starts at its position ``piece_starts[i]``). Q, K and V of every token come
-    out of one matmul, and every new K/V goes into the caches at once: a decode token's at
-    ``decode_lengths`` of its row (only where ``decode_active``: a free or still-prefilling row
-    rides along in the decode batch and writes nothing), a piece's from ``piece_starts`` of its row
-    (positions past the cache are dropped: a prompt's last piece may be partly padding). Then the
-    decode tokens attend as in :func:`decode_attention`, and each piece attends to its row with
-    ``pk.flash_attention``, its queries placed at ``piece_starts`` by ``q_offsets``: it sees what
-    earlier iterations' pieces wrote, the pieces before it in this one (several pieces of one
-    prompt can run together) and itself, causally.
+    first Wd rows of the cache, then P prompt pieces of C tokens (piece ``i`` belongs to row
+    ``piece_slots[i]`` and starts at its position ``piece_starts[i]``; a piece starting at or past
+    the context pads the compiled shape). Q, K and V of every token come out of one matmul, and
+    every new K/V goes into the cache at once, in one scatter, in place: a decode token's at
+    ``decode_lengths`` of its row (only where ``decode_active``: a free or still-prefilling row rides
+    along in the decode batch and writes nothing), a piece's from ``piece_starts`` of its row
+    (positions past the context are dropped: a prompt's last piece may be partly padding).
 
-    With ``block_table`` [rows, P] the caches are a paged pool kc, vc [N, block_size, Hkv, Dh]
-    (:func:`paged_step_attention`)."""
-    if block_table is not None:
-        return paged_step_attention(p, h, kc, vc, decode_lengths=decode_lengths, decode_active=decode_active,
-                                    piece_slots=piece_slots, piece_starts=piece_starts, block_table=block_table,
-                                    cfg=cfg, mode=mode)
-    wd, n_pieces = decode_lengths.shape[0], piece_starts.shape[0]
-    c = (h.shape[0] - wd) // max(n_pieces, 1)
-    piece_positions = piece_starts[:, None] + jnp.arange(c, dtype=jnp.int32)        # [P, C]
-    positions = jnp.concatenate([decode_lengths, piece_positions.reshape(-1)])
-    q, k, v = _qkv(p, h, positions, cfg, mode)                                     # [N,Hq,Dh], [N,Hkv,Dh]
-    # Every new K/V first, in one scatter per cache: rows (a decode token's row, each piece's row
-    # per token) and positions; a passenger's decode write goes past the cache and is dropped.
-    # Writing first and reading after keeps XLA:CPU from copying the donated caches whole, and a
-    # step of the first Wd rows alone works on those rows and writes them back, for the same reason.
-    part = n_pieces == 0 and wd < kc.shape[0]
-    rows_k, rows_v = (kc[:wd], vc[:wd]) if part else (kc, vc)
-    rows = jnp.concatenate([jnp.arange(wd, dtype=jnp.int32), jnp.repeat(piece_slots, c)])
-    at = jnp.concatenate([jnp.where(decode_active, decode_lengths, kc.shape[1]), piece_positions.reshape(-1)])
-    rows_k = rows_k.at[rows, at].set(k.astype(kc.dtype), mode="drop")
-    rows_v = rows_v.at[rows, at].set(v.astype(vc.dtype), mode="drop")
-    kc = jax.lax.dynamic_update_slice(kc, rows_k, (0, 0, 0, 0)) if part else rows_k
-    vc = jax.lax.dynamic_update_slice(vc, rows_v, (0, 0, 0, 0)) if part else rows_v
-    outs = []
-    if wd:
-        outs.append(pk.decode_attention(q[:wd], rows_k[:wd], rows_v[:wd], decode_lengths + 1, mode=mode))
-    if n_pieces:
-        hq, dh = q.shape[1], k.shape[2]
-        attn = pk.flash_attention(q[wd:].reshape(n_pieces, c, hq, dh), kc[piece_slots], vc[piece_slots],
-                                  q_offsets=piece_starts, mode=mode)              # [P, C, Hq, Dh]
-        outs.append(attn.reshape(n_pieces * c, hq, dh))
-    return _attention_out(p, jnp.concatenate(outs) if len(outs) > 1 else outs[0], mode), kc, vc
+    Then ``pk.ragged_paged_attention`` for every token: each decode token and each piece is a run of
+    queries at the end of its row's context, reading its row's keys where they are (no row gathered
+    into a copy). It sees what earlier iterations wrote, the pieces before it in this one (several
+    pieces of one prompt can run together) and itself, causally.
 
-
-def paged_step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, piece_starts, block_table,
-                         cfg, mode):
-    """:func:`step_attention` over a paged cache: kc, vc [N, block_size, Hkv, Dh] are a pool of
-    blocks, and row ``r``'s position ``j`` lives in block ``block_table[r, j // block_size]``
-    (:mod:`inference_lab.serving.blocks`). Every new K/V goes to its block in one scatter over the
-    pool seen flat (a write that has no place, a passenger row's or a padding piece's past the
-    context, lands past the pool and is dropped); the decode rows attend with
-    ``pk.paged_decode_attention``, reading through the table; each piece attends with
-    ``pk.flash_attention`` over its row's blocks gathered in order (a prompt piece is compute-bound:
-    the copy is small beside its matmuls)."""
+    The cache is a paged pool kc, vc [N, block_size, Hkv, Dh] read through ``block_table`` [rows,
+    pages] (:mod:`inference_lab.serving.blocks`), or contiguous rows [rows, S, Hkv, Dh], which are
+    the same to the kernel: a pool of each row's blocks in order (:func:`contiguous_pool`)."""
+    contiguous = block_table is None
+    if contiguous:
+        block_table = contiguous_table(kc)
+        kc, vc = contiguous_pool(kc), contiguous_pool(vc)
     wd, n_pieces = decode_lengths.shape[0], piece_starts.shape[0]
     n_blocks, bs = kc.shape[:2]
+    context = block_table.shape[1] * bs
     c = (h.shape[0] - wd) // max(n_pieces, 1)
     piece_positions = piece_starts[:, None] + jnp.arange(c, dtype=jnp.int32)        # [P, C]
     positions = jnp.concatenate([decode_lengths, piece_positions.reshape(-1)])
     q, k, v = _qkv(p, h, positions, cfg, mode)                                     # [N,Hq,Dh], [N,Hkv,Dh]
     rows = jnp.concatenate([jnp.arange(wd, dtype=jnp.int32), jnp.repeat(piece_slots, c)])
-    valid = jnp.concatenate([decode_active, jnp.ones((n_pieces * c,), bool)]) & (positions < block_table.shape[1] * bs)
+    valid = jnp.concatenate([decode_active, jnp.ones((n_pieces * c,), bool)]) & (positions < context)
     block = block_table.at[rows, positions // bs].get(mode="fill", fill_value=n_blocks)
     at = jnp.where(valid, block * bs + positions % bs, n_blocks * bs)             # flat position in the pool
     k_new, v_new = k.astype(kc.dtype), v.astype(vc.dtype)
@@ -306,18 +272,52 @@ def paged_step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_s
     flat = (n_blocks * bs, *kc.shape[2:])
     kc = kc.reshape(flat).at[at].set(k_new, mode="drop").reshape(kc.shape)
     vc = vc.reshape(flat).at[at].set(v_new, mode="drop").reshape(vc.shape)
+    # Two calls of the one kernel, as FlashInfer's decode and prefill wrappers split an iteration:
+    # the decode rows (a run of 1 query each), then the pieces (a run of C queries each, padding at
+    # the end of a prompt's last). A piece that pads the shape (or a verify lane that checks nothing)
+    # attends to its row's first C positions instead: answers nobody reads, at a place that exists.
     outs = []
     if wd:
-        outs.append(pk.paged_decode_attention(q[:wd], kc, vc, block_table[:wd], decode_lengths + 1, mode=mode))
+        starts = jnp.arange(wd + 1, dtype=jnp.int32)
+        outs.append(pk.ragged_paged_attention(q[:wd], kc, vc, block_table[:wd], starts,
+                                              (decode_lengths + 1).astype(jnp.int32), max_query_len=1, mode=mode))
     if n_pieces:
-        hq, dh = q.shape[1], k.shape[2]
-        tables = block_table[piece_slots]                                           # [P, pages]
-        k_rows = kc[tables].reshape(n_pieces, -1, *kc.shape[2:])                    # [P, pages * bs, Hkv, Dh]
-        v_rows = vc[tables].reshape(n_pieces, -1, *vc.shape[2:])
-        attn = pk.flash_attention(q[wd:].reshape(n_pieces, c, hq, dh), k_rows, v_rows, q_offsets=piece_starts,
-                                  mode=mode)                                        # [P, C, Hq, Dh]
-        outs.append(attn.reshape(n_pieces * c, hq, dh))
-    return _attention_out(p, jnp.concatenate(outs) if len(outs) > 1 else outs[0], mode), kc, vc
+        starts = jnp.arange(n_pieces + 1, dtype=jnp.int32) * c
+        ends = jnp.where(piece_starts < context, piece_starts + c, c).astype(jnp.int32)
+        outs.append(pk.ragged_paged_attention(q[wd:], kc, vc, block_table[piece_slots], starts, ends,
+                                              max_query_len=c, mode=mode))
+    attn = jnp.concatenate(outs) if len(outs) > 1 else outs[0]
+    if contiguous:
+        kc, vc = kc.reshape(-1, context, *kc.shape[2:]), vc.reshape(-1, context, *vc.shape[2:])
+    return _attention_out(p, attn, mode), kc, vc
+
+
+CONTIGUOUS_BLOCK = 64   # positions a contiguous row's "block" holds when the ragged kernel reads it as a pool
+
+
+def _contiguous_block(context: int) -> int:
+    """The largest power of two up to :data:`CONTIGUOUS_BLOCK` that divides the row (at least 16:
+    the kernel's dot reads 16 keys or more at a time)."""
+    for b in (CONTIGUOUS_BLOCK, 32, 16):
+        if context % b == 0:
+            return b
+    raise ValueError(f"a contiguous cache row of {context} positions cannot be read as blocks of 16 or more: "
+                     "make the cache length a multiple of 16")
+
+
+def contiguous_pool(cache):
+    """Contiguous rows [rows, S, Hkv, Dh] seen as a pool of blocks [rows * S / b, b, Hkv, Dh] (a
+    reshape: no copy), row ``r``'s blocks in order from ``r * S / b``."""
+    rows, context = cache.shape[:2]
+    b = _contiguous_block(context)
+    return cache.reshape(rows * (context // b), b, *cache.shape[2:])
+
+
+def contiguous_table(cache):
+    """The block table of :func:`contiguous_pool`: row ``r`` owns blocks ``r * P .. r * P + P - 1``."""
+    rows, context = cache.shape[:2]
+    pages = context // _contiguous_block(context)
+    return jnp.arange(rows * pages, dtype=jnp.int32).reshape(rows, pages)
 
 
 # ----------------------------------------------------------------------------- the block and forwards
@@ -399,7 +399,7 @@ def step_forward(params, decode_tokens, decode_lengths, decode_active, piece_tok
     the tokens at ``head_rows`` [R] only, indices into the decode tokens then the pieces' tokens in
     order: the head runs where a token is sampled, not at every prompt position; k_caches,
     v_caches); no length is advanced here. With ``block_table`` [rows, P] the caches are pools of
-    blocks (a paged cache: :func:`paged_step_attention`)."""
+    blocks (a paged cache: :func:`step_attention`)."""
     _float_cache_only(cfg, "the serving engine's step")
     tokens = jnp.concatenate([decode_tokens, piece_tokens.reshape(-1)])
     x = _embed(params, tokens, cfg)                               # [Wd + P * C, D]

@@ -169,16 +169,7 @@ def gpu_kernel_launches(lowered_text: str) -> dict:
     A kernel written once in a function that the program calls 16 times counts 16 launches, so
     ``sum(...values())`` is the launches of one run of the program and ``len(...)`` the kernels a
     GPU compiles for it. Loop bodies count once (a decode loop's step)."""
-    bodies, current = {}, None
-    for line in lowered_text.splitlines():
-        m = _FUNC.match(line)
-        if m:
-            current = bodies.setdefault(m.group(1), [])
-        elif line.startswith("  }"):
-            current = None
-        elif current is not None:
-            current.append(line)
-
+    bodies = _lowered_functions(lowered_text)
     launches: dict = {}
 
     def count(name: str, times: int, path: tuple) -> None:
@@ -196,6 +187,67 @@ def gpu_kernel_launches(lowered_text: str) -> dict:
         raise ValueError("no @main function: pass the text of a lowered program (.lower(...).as_text())")
     count("main", 1, ())
     return launches
+
+
+def _lowered_functions(lowered_text: str) -> dict:
+    """{function name: its body's lines} of a lowered (StableHLO) module."""
+    bodies, current = {}, None
+    for line in lowered_text.splitlines():
+        m = _FUNC.match(line)
+        if m:
+            current = bodies.setdefault(m.group(1), [])
+        elif line.startswith("  }"):
+            current = None
+        elif current is not None:
+            current.append(line)
+    return bodies
+
+
+# One top-level operation of a lowered function: its results ("%12" or "%12:2") and its op name
+# (stablehlo.reshape, "stablehlo.scatter", stablehlo.custom_call @target, call @fn, return).
+_LOWERED_OP = re.compile(r'^    (?:(%[\w]+)(?::\d+)? = )?"?([\w.]+)"?(?: @([\w.$\-]+))?')
+_VALUE = re.compile(r"%[\w]+")
+# What a cache may go through without being copied: a view, an update in place (as the operand
+# updated), a kernel that reads it, the function's return.
+_CACHE_VIEWS = {"stablehlo.reshape", "stablehlo.bitcast_convert"}
+_CACHE_UPDATES = {"stablehlo.scatter", "stablehlo.dynamic_update_slice"}
+
+
+def lowered_cache_copies(lowered_text: str, cache_type: str) -> dict:
+    """``{operation: uses}`` of the cache arguments of a lowered program's ``@main`` (those of
+    type ``cache_type``, such as ``"tensor<2049x16x8x64xbf16>"``) by anything that makes a new
+    array out of them: a gather of a request's rows, a slice, a transpose, a convert, a call into
+    a function. Followed through views (reshape) and in-place updates (scatter, dynamic update
+    slice, as the operand updated), whose results are the cache again; a Pallas kernel reading it
+    (a custom call) and the return are no copy. Empty for a step that reads and writes its cache
+    in place, on the program as lowered (before XLA's passes: a copy XLA adds to keep a donated
+    buffer alive shows in the compiled program, :func:`count_cache_copies`)."""
+    main = _lowered_functions(lowered_text).get("main")
+    if main is None:
+        raise ValueError("no @main function: pass the text of a lowered program (.lower(...).as_text())")
+    header = next(line for line in lowered_text.splitlines() if _FUNC.match(line) and "@main(" in line)
+    cache = set(re.findall(r"(%arg\d+): " + re.escape(cache_type), header))
+    if not cache:
+        raise ValueError(f"@main takes no argument of type {cache_type}")
+    copies: dict = {}
+    for line in main:
+        m = _LOWERED_OP.match(line)
+        if not m:
+            continue                                          # inside a region (a scatter's update)
+        result, op, target = m.groups()
+        operands = line[m.end():]
+        for end in (" {", " <{", " : ", ") : "):
+            if end in operands:
+                operands = operands[:operands.index(end) + 1]
+        used = [v for v in _VALUE.findall(operands) if v in cache]
+        if not used:
+            continue
+        if op in _CACHE_VIEWS or (op in _CACHE_UPDATES and _VALUE.findall(operands)[0] in cache):
+            cache.add(result)
+        elif op not in ("stablehlo.custom_call", "return", "func.return", "stablehlo.return"):
+            name = f"{op} @{target}" if target else op
+            copies[name] = copies.get(name, 0) + len(used)
+    return copies
 
 
 def aliased_parameters(hlo_text: str) -> set:

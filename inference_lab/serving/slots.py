@@ -137,6 +137,9 @@ class DecodeSlots:
         self.n_slots = int(n_slots)
         self.max_len = int(max_len or cfg.max_seq_len)
         self.blocks = blocks
+        if blocks is None and self.max_len % 16:
+            raise ValueError(f"a contiguous cache of {self.max_len} positions a row: the step's attention reads rows "
+                             "as blocks of 16 positions, so serve a model whose max_seq_len is a multiple of 16")
         shape = (self.n_slots, self.max_len) if blocks is None else tuple(blocks)
         shape += (cfg.n_kv_heads, cfg.head_dim)
         self.k = [jnp.zeros(shape, cfg.dtype) for _ in range(cfg.n_layers)]

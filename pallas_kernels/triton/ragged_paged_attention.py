@@ -24,7 +24,7 @@ Rows, grid and why
   rows are contiguous (a copy of the iteration's queries: kilobytes), and the output back.
 - A request of ``n_i`` tokens is ``ceil(n_i / block_q)`` *query blocks*; the grid is
   ``(query blocks, Hkv)``, sized for the worst case (``ceil(T / block_q) + R``): which request
-  and which tokens a query block holds is computed on the XLA side (:func:`query_blocks`), and a
+  and which tokens a query block holds is computed on the XLA side (``reference.query_blocks``), and a
   program past the last real block does nothing.
 - A program walks its request's pages from the first to the one holding its last query's
   position: pages every key of which its first row sees unmasked, the rest masked causally per
@@ -74,7 +74,8 @@ def ragged_paged_attention_kernel(qb_req_ref, qb_first_ref, qb_count_ref, qb_pos
         q_rows = q_ref.at[h, pl.ds(first * group_rows, rows), :]
         q = common.masked_load(q_rows, common.block_mask(row_ok, None, (rows, d)))   # [rows, D]
         last_pos = first_pos + count - 1
-        n_pages = pl.cdiv(last_pos + 1, block_size)
+        # (a query past the table, a speculative lane's unchecked guess, sees the keys that exist)
+        n_pages = jnp.minimum(pl.cdiv(last_pos + 1, block_size), tables_ref.shape[1])
         n_full = (first_pos + 1) // block_size                   # pages every row sees whole
 
         def step(page, carry, masked):
@@ -98,40 +99,40 @@ def ragged_paged_attention_kernel(qb_req_ref, qb_first_ref, qb_count_ref, qb_pos
 
 
 # ----------------------------------------------------------------------------- launcher and entry points
-def query_blocks(query_start, context_lens, n_tokens: int, block_q: int):
-    """Which tokens each program of the grid serves, on the XLA side: for query block ``b`` of
-    ``ceil(n_tokens / block_q) + R`` (the most an iteration can need), its request, its first token,
-    how many tokens it holds (0: no work) and its first token's position. Returns four int32 ``[QB]``."""
+def query_blocks(query_start, context_lens, n_blocks: int, block_q: int):
+    """Which tokens each of the grid's ``n_blocks`` query blocks serves, on the XLA side: a request of
+    ``n`` tokens is ``ceil(n / block_q)`` blocks, in order; for each block its request, its first
+    token, how many tokens it holds (0: none, past the last real block) and its first token's
+    position. Returns four int32 ``[n_blocks]``."""
     r = context_lens.shape[0]
     n = query_start[1:] - query_start[:-1]                        # [R] tokens per request
     per_req = (n + block_q - 1) // block_q
     ends = jnp.cumsum(per_req)
     starts = ends - per_req
-    b = jnp.arange(cdiv(n_tokens, block_q) + r, dtype=jnp.int32)
+    b = jnp.arange(n_blocks, dtype=jnp.int32)
     req = jnp.minimum(jnp.searchsorted(ends, b, side="right"), r - 1).astype(jnp.int32)
     local = b - starts[req]
-    real = b < ends[r - 1]
     first = query_start[req] + local * block_q
-    count = jnp.where(real, jnp.minimum(block_q, n[req] - local * block_q), 0)
+    count = jnp.where(b < ends[r - 1], jnp.minimum(block_q, n[req] - local * block_q), 0)
     pos = context_lens[req] - n[req] + local * block_q
     return req, first.astype(jnp.int32), count.astype(jnp.int32), pos.astype(jnp.int32)
 
 
 def launch(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_scale, interpret: bool,
-           config: RaggedAttentionConfig | None = None):
+           config: RaggedAttentionConfig | None = None, max_query_len: int | None = None):
     """Run :func:`ragged_paged_attention_kernel` on checked operands: Q in the ``[Hkv, T * G, D]``
     row layout, the query blocks' bookkeeping, the grid (query blocks, Hkv), the output back to
     ``[T, Hq, D]`` with padding tokens zero."""
     t, hq, d = q.shape
     block_size, hkv = k_pages.shape[1], k_pages.shape[2]
     groups = hq // hkv
-    p = plan(t, block_tables.shape[0], groups, hkv, config=config)
+    p = plan(t, block_tables.shape[0], groups, hkv, config=config, max_query_len=max_query_len)
     gp = p.group_rows
     q4 = q.reshape(t, hkv, groups, d)
     if gp != groups:
         q4 = jnp.pad(q4, ((0, 0), (0, 0), (0, gp - groups), (0, 0)))
     q_rows = q4.transpose(1, 0, 2, 3).reshape(hkv, t * gp, d)
-    blocks = query_blocks(query_start, context_lens, t, p.config.block_q)
+    blocks = query_blocks(query_start, context_lens, p.grid[0], p.config.block_q)
     kernel = functools.partial(ragged_paged_attention_kernel, groups=groups, group_rows=gp, block_q=p.config.block_q,
                                block_size=block_size, scale_log2=sm_scale * LOG2E)
     out = common.call(kernel, out_shape=jax.ShapeDtypeStruct(q_rows.shape, q.dtype), grid=p.grid,
@@ -143,26 +144,29 @@ def launch(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_s
 
 
 def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_scale=None,
-                           mode: str = "auto", config: RaggedAttentionConfig | None = None):
+                           max_query_len: int | None = None, mode: str = "auto",
+                           config: RaggedAttentionConfig | None = None):
     """One serving iteration's attention: the tokens ``q [T, Hq, D]`` of ``R`` requests (request
     ``i``: tokens ``query_start[i]:query_start[i + 1]``, ``query_start [R + 1]`` int32) over their
     keys and values in the pool ``k_pages``, ``v_pages`` ``[N, block_size, Hkv, D]`` through
     ``block_tables [R, P]``, each request holding ``context_lens[i]`` positions after this iteration
     (its tokens are the last ones, causal) -> ``[T, Hq, D]``, zeros for tokens past
-    ``query_start[R]``. ``sm_scale`` defaults to ``D ** -0.5``. ``mode``: see :mod:`pallas_kernels.mode`
-    (no Mosaic GPU tier: ``"pallas"`` runs the Triton tier). ``config``: a :class:`RaggedAttentionConfig`
-    instead of the one :func:`plan` picks."""
+    ``query_start[R]``. ``sm_scale`` defaults to ``D ** -0.5``. ``max_query_len`` (static): no request
+    has more tokens than this (1: a decode batch; None: T). It sizes the work: the grid, and the
+    reference's ``[R, max_query_len]`` layout. ``mode``: see :mod:`pallas_kernels.mode` (no Mosaic GPU
+    tier: ``"pallas"`` runs the Triton tier). ``config``: a :class:`RaggedAttentionConfig` instead of
+    the one :func:`plan` picks."""
     q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale = check(
-        q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale)
+        q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale, max_query_len)
     tier = choose_tier(mode, config, triton_config=RaggedAttentionConfig, mosaic=None, mosaic_problem=None)
     if tier.name == "reference":
         return reference.ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, context_lens,
-                                                sm_scale=sm_scale)
+                                                sm_scale=sm_scale, max_query_len=max_query_len)
     return launch(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale=sm_scale,
-                  interpret=tier.interpret, config=config)
+                  interpret=tier.interpret, config=config, max_query_len=max_query_len)
 
 
-def check(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale):
+def check(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale, max_query_len=None):
     """The operands as arrays after every check (one-line errors; the bookkeeping's values when concrete)."""
     q, k_pages, v_pages, sm_scale = checks.attention_operands(
         q, k_pages, v_pages, q_rank=3, q_layout="[T, Hq, D]", k_name="k_pages", v_name="v_pages",
@@ -183,12 +187,17 @@ def check(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale
             raise ValueError(f"{name} has shape {tuple(x.shape)} and dtype {x.dtype}; it must be {list(shape)} int32 "
                              f"(R = {r} requests, the rows of block_tables)")
     t = q.shape[0]
+    if max_query_len is not None and (isinstance(max_query_len, bool) or not isinstance(max_query_len, int)
+                                      or not 1 <= max_query_len <= max(t, 1)):
+        raise ValueError(f"max_query_len={max_query_len!r} must be None or a static integer in 1..T = {t}")
     most = block_tables.shape[1] * block_size
     if checks.is_concrete(query_start) and checks.is_concrete(context_lens):
         starts, lens = [int(x) for x in query_start], [int(x) for x in context_lens]
         n = [b - a for a, b in zip(starts, starts[1:])]
         if starts[0] != 0 or min(n) < 0 or starts[-1] > t:
             raise ValueError(f"query_start must start at 0, never decrease and end at most at T = {t}; got {starts}")
+        if max_query_len is not None and max(n) > max_query_len:
+            raise ValueError(f"a request has {max(n)} tokens, more than max_query_len={max_query_len}")
         bad = [i for i in range(r) if n[i] and not n[i] <= lens[i] <= most]
         if bad:
             i = bad[0]
@@ -233,15 +242,23 @@ MIN_ROWS = 16     # Triton's smallest dot
 ROWS = 32         # rows a program aims for: a decode token's heads, or a chunk's tokens times its heads
 
 
-def plan(n_tokens: int, n_requests: int, groups: int, hkv: int, *,
-         config: RaggedAttentionConfig | None = None) -> RaggedAttentionPlan:
-    """The config and grid for ``n_tokens`` tokens of at most ``n_requests`` requests, ``groups``
-    query heads per KV head. ``block_q`` = ``ROWS / G`` tokens by default (at least enough for 16 rows)."""
+def plan(n_tokens: int, n_requests: int, groups: int, hkv: int, *, config: RaggedAttentionConfig | None = None,
+         max_query_len: int | None = None) -> RaggedAttentionPlan:
+    """The config and grid for ``n_tokens`` tokens of at most ``n_requests`` requests (none with more
+    than ``max_query_len``), ``groups`` query heads per KV head. ``block_q`` = ``ROWS / G`` tokens by
+    default (at least enough for 16 rows; no more than ``max_query_len`` rounded up to a power of
+    two). The grid holds the most query blocks the iteration can need."""
     gp = next_pow2(groups)
     if config is None:
-        config = RaggedAttentionConfig(block_q=max(1, max(ROWS, MIN_ROWS) // gp))
+        block_q = max(1, max(ROWS, MIN_ROWS) // gp)
+        if max_query_len is not None:
+            block_q = max(min(block_q, next_pow2(max_query_len)), -(-MIN_ROWS // gp))
+        config = RaggedAttentionConfig(block_q=block_q)
     checks.check_config(config, RaggedAttentionConfig)
     if config.block_q * gp < MIN_ROWS:
         raise ValueError(f"block_q={config.block_q} x {gp} query heads per KV head is {config.block_q * gp} rows; "
                          f"Triton's dot needs at least {MIN_ROWS}: raise block_q")
-    return RaggedAttentionPlan(config, gp, (cdiv(n_tokens, config.block_q) + n_requests, hkv))
+    most = cdiv(n_tokens, config.block_q) + n_requests
+    if max_query_len is not None:
+        most = min(most, n_requests * cdiv(max_query_len, config.block_q))
+    return RaggedAttentionPlan(config, gp, (most, hkv))
