@@ -30,7 +30,7 @@ from pallas_kernels import triton_compile as tc
 PRESETS = ("base", "llama3_8b")
 SHAPES = ((1, 2048), (64, 512))      # (batch, prompt tokens); the cache holds prompt + DECODE_ROOM
 DECODE_ROOM = 64
-SERVING = (8, 2048, 4)               # the serving engine's step: slots, positions per slot, prompt pieces
+SERVING = (8, 2048, 4)               # the serving engine's step: slots, positions per slot, prompt chunks (16 tokens each)
 PAGED_BLOCK = 16                     # its paged cache's block size (the serve default)
 
 
@@ -41,9 +41,9 @@ def abstract_params(cfg: ModelConfig) -> dict:
 
 def model_cases(presets=PRESETS, shapes=SHAPES, *, n_layers: int | None = None) -> list[tuple[str, Callable, tuple]]:
     """``(context, fn, abstract args)`` for prefill and one decode step of each preset and shape,
-    and the serving engine's step (:data:`SERVING`: every slot's decode row and prompt pieces of
-    16 tokens in one forward, the pieces' flash attention with ``q_offsets``), over contiguous slots
-    and over a paged cache (the rows' attention through block tables).
+    and the serving engine's step (:data:`SERVING`: every slot's decode row and prompt chunks of
+    16 tokens in one forward, both through the ragged paged attention), over contiguous slots and
+    over a paged cache.
 
     ``n_layers`` overrides the presets' depth (every layer has the same kernels; tests use 1).
     """
@@ -68,29 +68,29 @@ def model_cases(presets=PRESETS, shapes=SHAPES, *, n_layers: int | None = None) 
                           (params, S((batch, prompt), jnp.int32), lengths, cache, cache)))
             cases.append((f"{ctx} decode ctx{prompt + DECODE_ROOM}", decode,
                           (params, S((batch,), jnp.int32), lengths, cache, cache)))
-        slots, positions, pieces = SERVING
+        slots, positions, chunks = SERVING
         cache = [S((slots, positions, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
         i32 = jnp.int32
+        chunk_args = (S((16 * chunks,), i32), S((chunks + 1,), i32), S((chunks,), i32), S((chunks,), i32))
 
-        def step(p, tokens, n, active, piece_tokens, piece_slots, starts, heads, k, v, cfg=cfg):
-            return M.step_forward(p, tokens, n, active, piece_tokens, piece_slots, starts, heads, k, v,
+        def step(p, tokens, n, active, chunk_tokens, bounds, chunk_slots, starts, heads, k, v, cfg=cfg):
+            return M.step_forward(p, tokens, n, active, chunk_tokens, bounds, chunk_slots, starts, heads, k, v,
                                   cfg=cfg, mode="triton")
 
-        cases.append((f"{preset} serving step {slots} rows + {pieces} pieces ctx{positions}", step,
-                      (params, S((slots,), i32), S((slots,), i32), S((slots,), jnp.bool_), S((pieces, 16), i32),
-                       S((pieces,), i32), S((pieces,), i32), S((slots + pieces,), i32), cache, cache)))
+        cases.append((f"{preset} serving step {slots} rows + {chunks} chunks ctx{positions}", step,
+                      (params, S((slots,), i32), S((slots,), i32), S((slots,), jnp.bool_), *chunk_args,
+                       S((slots + chunks,), i32), cache, cache)))
         # the same step over a paged cache: the pool holds every slot's positions in blocks of 16
         pool = [S((slots * positions // PAGED_BLOCK + 1, PAGED_BLOCK, cfg.n_kv_heads, cfg.head_dim),
                   jnp.dtype(cfg.dtype))] * cfg.n_layers
 
-        def paged_step(p, tokens, n, active, piece_tokens, piece_slots, starts, heads, k, v, table, cfg=cfg):
-            return M.step_forward(p, tokens, n, active, piece_tokens, piece_slots, starts, heads, k, v,
+        def paged_step(p, tokens, n, active, chunk_tokens, bounds, chunk_slots, starts, heads, k, v, table, cfg=cfg):
+            return M.step_forward(p, tokens, n, active, chunk_tokens, bounds, chunk_slots, starts, heads, k, v,
                                   cfg=cfg, mode="triton", block_table=table)
 
-        cases.append((f"{preset} paged serving step {slots} rows + {pieces} pieces ctx{positions}", paged_step,
-                      (params, S((slots,), i32), S((slots,), i32), S((slots,), jnp.bool_), S((pieces, 16), i32),
-                       S((pieces,), i32), S((pieces,), i32), S((slots + pieces,), i32), pool, pool,
-                       S((slots, positions // PAGED_BLOCK), i32))))
+        cases.append((f"{preset} paged serving step {slots} rows + {chunks} chunks ctx{positions}", paged_step,
+                      (params, S((slots,), i32), S((slots,), i32), S((slots,), jnp.bool_), *chunk_args,
+                       S((slots + chunks,), i32), pool, pool, S((slots, positions // PAGED_BLOCK), i32))))
     return cases
 
 

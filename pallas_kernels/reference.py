@@ -160,6 +160,35 @@ def paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
 RAGGED_CHUNK = 256   # key positions a ragged step's reference reads per loop iteration
 
 
+def query_blocks(query_start, context_lens, n_blocks: int, block_q: int):
+    """A ragged batch's tokens cut into ``n_blocks`` query blocks of up to ``block_q`` tokens, each
+    within one request (a request of ``n`` tokens is ``ceil(n / block_q)`` blocks, in order; the
+    blocks past the last real one hold nothing). For each block: its request, its first token, how
+    many tokens it holds and its first token's position. Four int32 ``[n_blocks]``; what the
+    ragged kernel's grid and this reference both walk."""
+    r = context_lens.shape[0]
+    n = query_start[1:] - query_start[:-1]                        # [R] tokens per request
+    per_req = (n + block_q - 1) // block_q
+    ends = jnp.cumsum(per_req)
+    starts = ends - per_req
+    b = jnp.arange(n_blocks, dtype=jnp.int32)
+    req = jnp.minimum(jnp.searchsorted(ends, b, side="right"), r - 1).astype(jnp.int32)
+    local = b - starts[req]
+    first = query_start[req] + local * block_q
+    count = jnp.where(b < ends[r - 1], jnp.minimum(block_q, n[req] - local * block_q), 0)
+    pos = context_lens[req] - n[req] + local * block_q
+    return req, first.astype(jnp.int32), count.astype(jnp.int32), pos.astype(jnp.int32)
+
+
+def ragged_query_block(n_tokens: int, n_requests: int, max_query_len: int) -> int:
+    """The reference's query block for a ragged batch: the mean request's tokens rounded up to a
+    power of two, at least 16, at most ``max_query_len``'s: one block per request when they are
+    alike, and never more than about twice the tokens' rows however they are spread."""
+    mean = -(-n_tokens // max(n_requests, 1))
+    pow2 = lambda n: 1 << max(int(n) - 1, 0).bit_length()  # noqa: E731
+    return min(pow2(max_query_len), max(16, pow2(mean)))
+
+
 def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_scale=None,
                            max_query_len=None):
     """One serving iteration's attention (``pk.ragged_paged_attention``): q [T, Hq, D], request ``i``'s
@@ -168,13 +197,14 @@ def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, conte
     [T, Hq, D], zeros past ``query_start[R]``. ``max_query_len``: no request has more tokens (static;
     None: T).
 
-    The tokens are laid out by request, ``[R, max_query_len]``, and each request's keys are read
-    where they are, through its table, :data:`RAGGED_CHUNK` positions at a time (a loop with an online
-    softmax, as the kernel walks its pages; no chunk past the iteration's longest context is read,
-    and no request's whole row is gathered at once). With one token a request (decode) the scores
-    are decode attention's multiply-then-sum over the keys' stored layout; with more, flash
-    attention's batched dots. The probabilities are cast to V's dtype before they weigh V, as the
-    kernel's dot takes them."""
+    With one token a request (decode) the tokens are laid out by request, and the scores are decode
+    attention's multiply-then-sum over the keys' stored layout. With more, they are laid out in query
+    blocks ``[B, block_q]`` (:func:`query_blocks`, :func:`ragged_query_block`), and each block's
+    scores are flash attention's batched dots. Either way each request's keys are read where they
+    are, through its table, :data:`RAGGED_CHUNK` positions at a time (a loop with an online softmax,
+    as the kernel walks its pages; no chunk past the iteration's longest context is read, and no
+    request's whole row is gathered at once). The probabilities are cast to V's dtype before they
+    weigh V, as the kernel's dot takes them."""
     t, hq, d = q.shape
     _, block_size, hkv, _ = k_pages.shape
     r, pages = block_tables.shape
@@ -182,29 +212,39 @@ def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, conte
     g = hq // hkv
     sm_scale = d ** -0.5 if sm_scale is None else sm_scale
     f32 = jnp.float32
-    n = query_start[1:] - query_start[:-1]
-    j = jnp.arange(lq)
-    token = query_start[:r, None] + j                                                  # [R, Lq]
-    valid = j[None, :] < n[:, None]
-    pos = jnp.where(valid, context_lens[:, None] - n[:, None] + j, 0)                 # others see key 0 only
-    qr = q[jnp.clip(token, 0, t - 1)].reshape(r, lq, hkv, g, d)
-    per_chunk = max(1, RAGGED_CHUNK // block_size)
-    tables = jnp.pad(block_tables, ((0, 0), (0, (-pages) % per_chunk)))              # null block past P
     decode = lq == 1
-    # the running softmax, in each form's own layout: decode [R, Hkv, G] (+ D); chunks [R, Hkv, G, Lq] (+ D)
-    stat = (r, hkv, g) if decode else (r, hkv, g, lq)
+    if decode:        # request i's token is token i (or none)
+        b, bq = r, 1
+        tables = block_tables
+        first = query_start[:r]
+        count = query_start[1:] - query_start[:-1]
+        first_pos = context_lens - count
+    else:
+        bq = ragged_query_block(t, r, lq)
+        b = min(-(-t // bq) + r, r * -(-lq // bq))
+        req, first, count, first_pos = query_blocks(query_start, context_lens, b, bq)
+        tables = block_tables[req]                                                     # [B, P]
+    j = jnp.arange(bq)
+    token = first[:, None] + j                                                         # [B, bq]
+    valid = j[None, :] < count[:, None]
+    pos = jnp.where(valid, first_pos[:, None] + j, 0)                                 # others see key 0 only
+    qr = q[jnp.clip(token, 0, t - 1)].reshape(b, bq, hkv, g, d)
+    per_chunk = max(1, RAGGED_CHUNK // block_size)
+    tables = jnp.pad(tables, ((0, 0), (0, (-pages) % per_chunk)))                      # null block past P
+    # the running softmax, in each form's own layout: decode [B, Hkv, G] (+ D); blocks [B, Hkv, G, bq] (+ D)
+    stat = (b, hkv, g) if decode else (b, hkv, g, bq)
     if decode:
-        qf = qr[:, 0].astype(f32) * sm_scale                                           # [R, Hkv, G, D]
-    visible_pos = pos[:, 0] if decode else pos                                        # [R] or [R, Lq]
+        qf = qr[:, 0].astype(f32) * sm_scale                                           # [B, Hkv, G, D]
+    visible_pos = pos[:, 0] if decode else pos                                        # [B] or [B, bq]
 
     def chunk(c, carry):
         m, l, acc = carry
         cols = c * per_chunk + jnp.arange(per_chunk)
-        where = lax.dynamic_slice_in_dim(tables, c * per_chunk, per_chunk, axis=1)    # [R, per_chunk]
-        k = k_pages[where].reshape(r, per_chunk * block_size, hkv, d)
-        v = v_pages[where].reshape(r, per_chunk * block_size, hkv, d)
+        where = lax.dynamic_slice_in_dim(tables, c * per_chunk, per_chunk, axis=1)    # [B, per_chunk]
+        k = k_pages[where].reshape(b, per_chunk * block_size, hkv, d)
+        v = v_pages[where].reshape(b, per_chunk * block_size, hkv, d)
         key_pos = (cols[:, None] * block_size + jnp.arange(block_size)).reshape(-1)   # [C]
-        if decode:    # [R, C, Hkv, G], summed over D in the cache's layout (no transposed copy)
+        if decode:    # [B, C, Hkv, G], summed over D in the cache's layout (no transposed copy)
             s = jnp.sum(qf[:, None] * k[:, :, :, None, :].astype(f32), axis=-1)
             s = jnp.where((key_pos[None, :] <= visible_pos[:, None])[:, :, None, None], s, -jnp.inf)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
@@ -212,15 +252,15 @@ def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, conte
             p = jnp.exp(s - m_new[:, None])
             l = l * alpha + jnp.sum(p, axis=1)
             pv = p.astype(v.dtype).astype(f32)
-            upd = jnp.sum(pv[..., None] * v[:, :, :, None, :].astype(f32), axis=1)    # [R, Hkv, G, D]
-        else:         # [R, Hkv, G, Lq, C], flash attention's batched dots
-            s = jnp.einsum("rqhgd,rchd->rhgqc", qr, k, precision=_HIGHEST, preferred_element_type=f32) * sm_scale
+            upd = jnp.sum(pv[..., None] * v[:, :, :, None, :].astype(f32), axis=1)    # [B, Hkv, G, D]
+        else:         # [B, Hkv, G, bq, C], flash attention's batched dots
+            s = jnp.einsum("bqhgd,bchd->bhgqc", qr, k, precision=_HIGHEST, preferred_element_type=f32) * sm_scale
             s = jnp.where((key_pos[None, None, :] <= visible_pos[:, :, None])[:, None, None], s, -jnp.inf)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             alpha = jnp.exp(m - m_new)
             p = jnp.exp(s - m_new[..., None])
             l = l * alpha + jnp.sum(p, axis=-1)
-            upd = jnp.einsum("rhgqc,rchd->rhgqd", p.astype(v.dtype), v, precision=_HIGHEST,
+            upd = jnp.einsum("bhgqc,bchd->bhgqd", p.astype(v.dtype), v, precision=_HIGHEST,
                              preferred_element_type=f32)
         return m_new, l, acc * alpha[..., None] + upd
 
@@ -232,7 +272,7 @@ def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, conte
         n_chunks = (jnp.max(jnp.where(valid, pos, -1)) + span) // span
         _, l, acc = lax.fori_loop(0, n_chunks, chunk, init)
     out = acc / jnp.where(l > 0, l, 1.0)[..., None]
-    rows = out[:, None] if decode else out.transpose(0, 3, 1, 2, 4)                   # [R, Lq, Hkv, G, D]
-    rows = rows.reshape(r, lq, hq, d)
+    rows = out[:, None] if decode else out.transpose(0, 3, 1, 2, 4)                   # [B, bq, Hkv, G, D]
+    rows = rows.reshape(b, bq, hq, d)
     full = jnp.zeros((t, hq, d), f32).at[jnp.where(valid, token, t)].set(rows, mode="drop")
     return full.astype(q.dtype)

@@ -146,7 +146,7 @@ def test_cancel_mid_prefill_frees_the_slot(model, expected, policy, cache):
     listen = Listener()
 
     def act(step):
-        if any(p.seq.rid == "long" for p in step.pieces):
+        if any(c.seq.rid == "long" for c in step.chunks):
             engine.cancel("long")
 
     StepWatch(engine, act)

@@ -193,18 +193,18 @@ class PagedDevice:
         table = step.block_table
         assert table.shape == (sched.n_slots, self.kv.blocks_per_seq)
         # Every write first, then every read (the step scatters all new K/V before attending: a
-        # piece sees the pieces of its prompt before it in the same step, and a request that hit a
-        # block another request's piece fills in this very step reads it filled). A write that
+        # chunk sees what its prompt wrote before, and a request that hit a block another request's
+        # chunk fills in this very step reads it filled). A write that
         # changed what another request holds would show in that request's reads.
         writes, reads = [], []
         for seq, p in zip(step.decode, step.positions):   # fed at p: its last output token
             row = table[seq.slot]
             writes.append((row, p, (seq, p - seq.prompt_len)))
             reads.append((seq, row, p))
-        for piece in step.pieces:
-            row = table[piece.seq.slot]
-            writes += [(row, piece.start + j, tok) for j, tok in enumerate(piece.tokens)]
-            reads.append((piece.seq, row, piece.start))
+        for chunk in step.chunks:
+            row = table[chunk.seq.slot]
+            writes += [(row, chunk.start + j, tok) for j, tok in enumerate(chunk.tokens)]
+            reads.append((chunk.seq, row, chunk.start))
         for row, p, tok in writes:
             block = row[p // self.kv.block_size]
             assert block != NULL_BLOCK, "a write into the null block"
@@ -251,7 +251,10 @@ def _serve_paged(policy, kv, n_requests, rng, *, cancel=0.0, n_slots=8, budget=6
             if todo:
                 sched.add(todo.pop(0))
         if cancel and rng.random() < cancel:
-            live = [s for s in seqs if not s.finished and s.rid not in ended and (s in sched.waiting or s.slot >= 0)]
+            # held by the scheduler: waiting or running (a request whose last token a step planned has
+            # left it already, and a cancel then finds nothing to take out, as in the engine)
+            live = [s for s in seqs if not s.finished and s.rid not in ended
+                    and (s in sched.waiting or sched.running.get(s.slot) is s)]
             if live:
                 victim = rng.choice(live)
                 assert sched.remove(victim.rid) is victim

@@ -107,10 +107,11 @@ def test_the_heavy_trace_loads_a_fast_machine_as_much_as_a_slow_one():
 
     def costs(scale):
         return serving_engine.StepCosts(decode={1: 6e-3 * scale, 8: 11e-3 * scale},
-                                        prefill={p: (6e-3 + 4e-3 * p) * scale for p in (1, 2, 4, 8, 12, 16)}, mixed={})
+                                        prefill={16 * p: (6e-3 + 4e-3 * p) * scale for p in (1, 2, 4, 8, 12, 16)},
+                                        mixed={})
     slow, fast = (serving_engine.traces(costs=costs(s))["heavy"] for s in (1.0, 0.5))
     rate = lambda r: len(r) / float(r.arrival[-1])
     # the same requests, arriving twice as fast where every step costs half: the same share of the time
     assert (slow.prompt_len == fast.prompt_len).all() and rate(fast) / rate(slow) == pytest.approx(2.0, rel=1e-6)
-    prefill = costs(1.0).pieces(costs(1.0).prefill, 12)
+    prefill = costs(1.0).tokens(costs(1.0).prefill, 190)
     assert 0.2 < rate(slow) * prefill < 0.8        # sample_requests' Poisson arrivals around the set share

@@ -97,19 +97,20 @@ def test_pallas_mode_picks_the_mosaic_tier_on_hopper(abstract_h200):
 @pytest.mark.parametrize("tier,decode_rows", [("triton", 8), ("triton", 0), ("pallas", 8)])
 def test_the_serving_step_lowers_for_cuda(abstract_h200, tier, decode_rows):
     """The serving engine's one forward (transformer.step_forward): 8 slots' decode rows and 4
-    prompt pieces of 16 tokens over a 2048-position cache. Per layer: the four matmuls and the
-    ragged paged attention twice, once for the decode rows and once for the pieces (the contiguous
+    prompt chunks in 64 tokens over a 2048-position cache. Per layer: the four matmuls and the
+    ragged paged attention twice, once for the decode rows and once for the chunks (the contiguous
     rows read as a pool); then the head. On Hopper ("pallas") the matmuls run on the Mosaic tier;
     the ragged attention has a Triton tier only."""
     cfg = ModelConfig.preset("base", n_layers=2)
     params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
     cache = [S((8, 2048, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
     i32 = jnp.int32
-    args = (params, S((decode_rows,), i32), S((decode_rows,), i32), S((decode_rows,), jnp.bool_), S((4, 16), i32),
-            S((4,), i32), S((4,), i32), S((decode_rows + 4,), i32), cache, cache)
+    args = (params, S((decode_rows,), i32), S((decode_rows,), i32), S((decode_rows,), jnp.bool_), S((64,), i32),
+            S((5,), i32), S((4,), i32), S((4,), i32), S((decode_rows + 4,), i32), cache, cache)
 
-    def step(p, tokens, lengths, active, pieces, slots, starts, heads, k, v):
-        return M.step_forward(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, cfg=cfg, mode=tier)
+    def step(p, tokens, lengths, active, chunks, bounds, slots, starts, heads, k, v):
+        return M.step_forward(p, tokens, lengths, active, chunks, bounds, slots, starts, heads, k, v, cfg=cfg,
+                              mode=tier)
 
     text = _lowered(abstract_h200, step, *args)
     launches = _launches_by_tier(text)
@@ -124,19 +125,19 @@ def test_the_serving_step_lowers_for_cuda(abstract_h200, tier, decode_rows):
 @pytest.mark.parametrize("tier,block", [("triton", 16), ("pallas", 16), ("pallas", 64)])
 def test_the_paged_serving_step_lowers_for_cuda(abstract_h200, tier, block):
     """The same step over a paged cache (a pool of blocks, block tables): per layer the four
-    matmuls and the ragged paged attention for the decode rows and for the pieces, both reading
+    matmuls and the ragged paged attention for the decode rows and for the chunks, both reading
     the pool through the table; then the head. On Hopper ("pallas") the matmuls run on the Mosaic
     tier, the attention on the Triton tier whatever the block size."""
     cfg = ModelConfig.preset("base", n_layers=2)
     params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
     pool = [S((8 * 2048 // block + 1, block, cfg.n_kv_heads, cfg.head_dim), jnp.dtype(cfg.dtype))] * cfg.n_layers
     i32 = jnp.int32
-    args = (params, S((8,), i32), S((8,), i32), S((8,), jnp.bool_), S((4, 16), i32), S((4,), i32), S((4,), i32),
-            S((12,), i32), pool, pool, S((8, 2048 // block), i32))
+    args = (params, S((8,), i32), S((8,), i32), S((8,), jnp.bool_), S((64,), i32), S((5,), i32), S((4,), i32),
+            S((4,), i32), S((12,), i32), pool, pool, S((8, 2048 // block), i32))
 
-    def step(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, table):
-        return M.step_forward(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, cfg=cfg, mode=tier,
-                              block_table=table)
+    def step(p, tokens, lengths, active, chunks, bounds, slots, starts, heads, k, v, table):
+        return M.step_forward(p, tokens, lengths, active, chunks, bounds, slots, starts, heads, k, v, cfg=cfg,
+                              mode=tier, block_table=table)
 
     text = _lowered(abstract_h200, step, *args)
     launches = _launches_by_tier(text)
@@ -150,23 +151,23 @@ def test_the_paged_serving_step_lowers_for_cuda(abstract_h200, tier, block):
 @pytest.mark.parametrize("tier", ["triton", "pallas"])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 def test_the_serving_step_copies_no_cache_on_cuda(abstract_h200, tier, paged):
-    """The serving step lowered for an H200 on both tiers (8 decode rows and 4 prompt pieces over a
+    """The serving step lowered for an H200 on both tiers (8 decode rows and 4 prompt chunks over a
     4,096-position cache): the caches go only through views, the one scatter of the new K/V (in
     place) and the attention kernels that read them where they are; nothing gathers, slices or
-    converts them (hlo.lowered_cache_copies). Before the ragged attention each piece's row was
-    gathered whole, per layer."""
+    converts them (hlo.lowered_cache_copies). Before the ragged attention each 16-token piece's row
+    was gathered whole, per layer."""
     cfg = ModelConfig.preset("base", n_layers=2, max_seq_len=4096)
     params = jax.eval_shape(lambda: M.Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params())
     rows, context, block = 8, 4096, 16
     shape = ((rows * context // block + 1, block) if paged else (rows, context)) + (cfg.n_kv_heads, cfg.head_dim)
     cache = [S(shape, jnp.dtype(cfg.dtype))] * cfg.n_layers
     i32 = jnp.int32
-    args = (params, S((rows,), i32), S((rows,), i32), S((rows,), jnp.bool_), S((4, 16), i32), S((4,), i32),
-            S((4,), i32), S((rows + 4,), i32), cache, cache, S((rows, context // block), i32) if paged else None)
+    args = (params, S((rows,), i32), S((rows,), i32), S((rows,), jnp.bool_), S((64,), i32), S((5,), i32),
+            S((4,), i32), S((4,), i32), S((rows + 4,), i32), cache, cache, S((rows, context // block), i32) if paged else None)
 
-    def step(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, table):
-        return M.step_forward(p, tokens, lengths, active, pieces, slots, starts, heads, k, v, cfg=cfg, mode=tier,
-                              block_table=table)
+    def step(p, tokens, lengths, active, chunks, bounds, slots, starts, heads, k, v, table):
+        return M.step_forward(p, tokens, lengths, active, chunks, bounds, slots, starts, heads, k, v, cfg=cfg,
+                              mode=tier, block_table=table)
 
     text = _lowered(abstract_h200, step, *args)
     cache_type = "tensor<" + "x".join(map(str, shape)) + "xbf16>"

@@ -106,7 +106,7 @@ def test_the_prefix_verdict_fails_when_the_cache_saves_nothing():
 
 def test_the_gain_is_predicted_again_with_the_runs_recompute():
     timed = lesson.StepCosts(decode={1: 3e-3, 2: 3.4e-3, 4: 4e-3, 8: 5e-3}, prefill={1: 2e-3},
-                             mixed={1: 7e-3, 3: 11e-3})
+                             mixed={16: 7e-3, 48: 11e-3})
     sim = {"contiguous": _run("c", 1.9, 500).trace, "paged": _run("p", 5.8, 1000).trace}
     paged = _run("paged", 5.8, 900)
     ratio = sim["paged"].output_tokens_per_s / sim["contiguous"].output_tokens_per_s

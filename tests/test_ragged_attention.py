@@ -72,6 +72,25 @@ def test_ragged_paged_attention_matches_float64(mode, tokens, contexts, hq, hkv,
 
 
 @pytest.mark.parametrize("mode", ["interpret", "reference"])
+@pytest.mark.parametrize("tokens,contexts", [
+    ([40, 1, 3, 70, 2, 0], [300, 600, 3, 70, 520, 0]),     # a spread: the reference cuts blocks of 32
+    ([200, 1], [530, 9]),                                  # one long chunk over three of its loop's reads
+    ([3] * 9, [3, 40, 290, 3, 3, 17, 260, 5, 512]),         # many short ones
+])
+def test_max_query_len_and_ragged_spreads(mode, tokens, contexts):
+    """With ``max_query_len`` the tightest bound, the grid (kernel) and the query blocks (reference)
+    are sized for it; every spread of tokens over requests still matches float64, past the
+    reference's 256-position reads too."""
+    rng = np.random.default_rng(sum(tokens))
+    args = _problem(rng, tokens, contexts, hq=8, hkv=2, d=32, bs=16, dtype=F32, pad=5)
+    want = testing.ragged_paged_attention_f64(*args)
+    with testing.poisoned_outputs():
+        out = pk.ragged_paged_attention(*args, max_query_len=max(tokens), mode=mode)
+    out = np.asarray(out, np.float64)
+    assert np.all(out[sum(tokens):] == 0) and testing.rel_err(out, want) <= 1e-5, testing.rel_err(out, want)
+
+
+@pytest.mark.parametrize("mode", ["interpret", "reference"])
 def test_each_token_sees_only_its_own_request_causally(mode):
     """Moving a block of one request changes only that request's rows; a key written past a
     token's position (later in its own chunk) changes nothing for it."""

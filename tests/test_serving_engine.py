@@ -495,18 +495,20 @@ def test_two_pools_claim_can_fail():
 
 
 def test_step_costs_are_the_engine_steps_by_shape():
-    """The lesson's cost model reads the engine's steps by shape: prompts in whole pieces, the
-    smallest compiled count that holds them (in proportion past the largest), decode rows at the
-    smallest compiled width; the predicted stall is a decode step plus the longest prompt's
-    pieces alone, against a chunked iteration with every slot decoding and 3 pieces."""
-    timed = {(1, 0): 0.005, (2, 0): 0.006, (4, 0): 0.007, (8, 0): 0.010, (0, 1): 0.011, (0, 4): 0.020,
-             (0, 8): 0.035, (0, 16): 0.070, (8, 1): 0.013, (8, 3): 0.020, (8, 4): 0.024}
+    """The lesson's cost model reads the engine's steps by shape: prompts in tokens, the smallest
+    compiled count of chunk tokens that holds them (in proportion past the largest), decode rows at
+    the smallest compiled width; the predicted stall is a decode step plus the longest prompt
+    alone, against a chunked iteration with every slot decoding and the tokens beside them."""
+    timed = {(1, 0): 0.005, (2, 0): 0.006, (4, 0): 0.007, (8, 0): 0.010, (0, 16): 0.011, (0, 64): 0.020,
+             (0, 128): 0.035, (0, 256): 0.070, (8, 16): 0.013, (8, 48): 0.020, (8, 64): 0.024}
     costs = lesson.step_costs(timed)
-    assert costs.decode == {1: 0.005, 2: 0.006, 4: 0.007, 8: 0.010} and costs.mixed == {1: 0.013, 3: 0.020, 4: 0.024}
-    assert costs.step(3) == 0.007 and costs.pieces(costs.prefill, 5) == 0.035 and costs.pieces(costs.prefill, 32) == 0.140
+    assert costs.decode == {1: 0.005, 2: 0.006, 4: 0.007, 8: 0.010} and costs.mixed == {16: 0.013, 48: 0.020, 64: 0.024}
+    assert costs.step(3) == 0.007 and costs.tokens(costs.prefill, 65) == 0.035
+    assert costs.tokens(costs.prefill, 512) == 0.140
     phases = costs.phases(kv_bytes_per_token=8192)
-    assert phases.prefill_seconds([20, 30]) == 0.020          # 2 + 2 pieces
-    assert phases.iteration_seconds(8, 0, [(40, 0)]) == 0.020   # 3 pieces beside the decode rows
+    assert phases.prefill_seconds([20, 30]) == 0.020          # 50 tokens: the 64-token step
+    assert phases.iteration_seconds(8, 0, [(40, 0)]) == 0.020   # 40 tokens beside the decode rows: the 48-token step
     assert phases.iteration_seconds(5, 0) == 0.010              # decode rows alone: the 8-wide step
     heavy = Requests(np.zeros(2), np.array([100, 219]), np.array([30, 30]))
-    assert lesson.predicted_stall(costs, heavy) == pytest.approx((0.010 + 0.070) / 0.020)
+    # 219 tokens alone: the 256-token step; beside 8 rows, 64 - 8 = 56 tokens: the 64-token step
+    assert lesson.predicted_stall(costs, heavy) == pytest.approx((0.010 + 0.070) / 0.024)

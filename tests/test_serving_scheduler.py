@@ -2,7 +2,7 @@
 roles, and the bookkeeping an engine relies on, checked on random traffic.
 
 A tiny stand-in for the device replays each plan: it keeps each slot's contents as token
-positions, writes what every piece and decode row writes, and checks what a step reads is what
+positions, writes what every chunk and decode row writes, and checks what a step reads is what
 the request wrote there, in order, exactly once. Every plan's shape must be one the warm-up
 compiles (``Scheduler.shapes``).
 """
@@ -15,7 +15,7 @@ import pytest
 
 from inference_lab.base import tokenizer
 from inference_lab.serving.scheduler import (PIECE, Request, Scheduler, Sequence, TokenEvent, check_request,
-                                             decode_widths, piece_counts)
+                                             chunk_rows, decode_widths, piece_counts, token_counts)
 
 MAX_LEN = 256
 
@@ -32,21 +32,23 @@ class Device:
 
     def run(self, step, sched):
         assert step.shape in sched.shapes(), f"{step.shape} is not compiled at warm-up"
-        wd, count = step.shape
-        assert len(step.pieces) <= count and all(s.slot < wd for s in step.decode)
-        if sched.policy == "chunked":
-            assert len(step.decode) + PIECE * len(step.pieces) <= sched.budget
-        slots = [s.slot for s in step.decode] + [p.seq.slot for p in step.pieces]
+        wd, n_tokens = step.shape
+        assert step.prompt_tokens <= n_tokens and all(s.slot < wd for s in step.decode)
+        assert len(step.chunks) <= (chunk_rows(n_tokens, sched.n_slots) if n_tokens else 0)
+        assert all(c.tokens for c in step.chunks), "an empty chunk"
+        assert len(step.decode) + step.prompt_tokens <= sched.budget, "the budget counts real tokens"
+        slots = [s.slot for s in step.decode] + [c.seq.slot for c in step.chunks]
         assert len({s.slot for s in step.decode}) == len(step.decode)
+        assert len({c.seq.slot for c in step.chunks}) == len(step.chunks), "two chunks of one request"
         for seq, at in zip(step.decode, step.positions):      # a decode row reads all before it
             row = self.rows[seq.slot]
             assert all(row.get(j) == (seq.rid, j) for j in range(at)), f"{seq.rid} reads a hole or a stranger"
             row[at] = (seq.rid, at)
-        for piece in step.pieces:
-            row = self.rows[piece.seq.slot]
-            assert all(row.get(j) == (piece.seq.rid, j) for j in range(piece.start)), "a piece before its prompt"
-            for j in range(len(piece.tokens)):
-                row[piece.start + j] = (piece.seq.rid, piece.start + j)
+        for chunk in step.chunks:
+            row = self.rows[chunk.seq.slot]
+            assert all(row.get(j) == (chunk.seq.rid, j) for j in range(chunk.start)), "a chunk before its prompt"
+            for j in range(len(chunk.tokens)):
+                row[chunk.start + j] = (chunk.seq.rid, chunk.start + j)
         return slots
 
 
@@ -68,9 +70,9 @@ def _serve(policy, n_slots, budget, seqs, rng, finish_early=0.0):
             continue
         steps += 1
         # a slot given to a new request holds nothing it can read: forget what was there
-        for piece in step.pieces:
-            if piece.start == 0:
-                device.rows[piece.seq.slot] = {}
+        for chunk in step.chunks:
+            if chunk.start == 0:
+                device.rows[chunk.seq.slot] = {}
         device.run(step, sched)
         for row, seq, index in step.sampled:
             assert index == len(sampled[seq.rid]), "tokens sampled out of order"
@@ -103,23 +105,38 @@ def test_an_end_of_sequence_token_frees_the_slot_and_the_rest_goes_on():
     assert all(sampled[s.rid] for s in seqs) and not sched.running
 
 
-def test_chunked_budget_and_pieces():
+def test_chunked_budget_counts_real_tokens():
     sched = Scheduler("chunked", n_slots=8, max_len=MAX_LEN, budget=64)
-    long = _seq("long", 192, 5)     # 12 pieces
+    long = _seq("long", 150, 5)
     sched.add(long)
     step = sched.schedule()
-    assert step.shape == (8, 4) and [p.start for p in step.pieces] == [0, 16, 32, 48] and not step.sampled
+    assert step.shape == (8, 64) and [(c.start, len(c.tokens)) for c in step.chunks] == [(0, 64)] and not step.sampled
     for i in range(7):
-        s = _seq(i, 3, 50)
-        sched.add(s)
-    step = sched.schedule()   # 64 tokens = 4 pieces: the long prompt goes on first, newcomers wait
-    assert [p.seq.rid for p in step.pieces] == ["long"] * 4
-    step = sched.schedule()   # its last 4 pieces, the last of which samples its first token
-    assert [(p.seq.rid, p.samples) for p in step.pieces] == [("long", False)] * 3 + [("long", True)]
-    step = sched.schedule()   # long decodes; three of the short prompts get the 3 pieces beside it
-    assert step.decode == [long] and [p.seq.rid for p in step.pieces] == ["0", "1", "2"]
+        sched.add(_seq(i, 3, 50))
+    step = sched.schedule()   # the long prompt goes on first and takes the whole budget: newcomers wait
+    assert [(c.seq.rid, c.start, len(c.tokens)) for c in step.chunks] == [("long", 64, 64)]
+    step = sched.schedule()   # its last 22 tokens sample its first; newcomers get chunks beside it, as
+    # many as the largest shape holds (64 places: 4 chunks), though their 3 tokens each would fit more
+    assert [(c.seq.rid, len(c.tokens), c.samples) for c in step.chunks] == (
+        [("long", 22, True)] + [(str(i), 3, True) for i in range(3)])
+    assert step.shape == (8, 64) and step.prompt_tokens == 31
+    step = sched.schedule()   # 4 rows decode, the next 4 newcomers prefill
+    assert [s.rid for s in step.decode] == ["long", "0", "1", "2"]
+    assert [c.seq.rid for c in step.chunks] == ["3", "4", "5", "6"]
+
+
+def test_a_chunk_takes_what_the_budget_has_left_beside_the_decode_rows():
+    sched = Scheduler("chunked", n_slots=4, max_len=MAX_LEN, budget=40)
+    a = _seq("a", 2, 20)
+    sched.add(a)
+    sched.schedule()                                   # a's prompt, 2 tokens
+    b = _seq("b", 100, 5)
+    sched.add(b)
+    step = sched.schedule()                            # a decodes; b gets 40 - 1 tokens, real ones
+    assert step.decode == [a] and [(c.seq.rid, len(c.tokens)) for c in step.chunks] == [("b", 39)]
+    assert step.shape == (4, 48)                       # the smallest compiled count that holds 39
     step = sched.schedule()
-    assert [s.rid for s in step.decode] == ["long", "0", "1", "2"] and [p.seq.rid for p in step.pieces] == ["3", "4", "5"]
+    assert [(c.start, len(c.tokens)) for c in step.chunks] == [(39, 39)]
 
 
 def test_prefill_first_batches_whole_prompts_and_decodes_apart():
@@ -127,13 +144,17 @@ def test_prefill_first_batches_whole_prompts_and_decodes_apart():
     seqs = [_seq(i, n, 10) for i, n in enumerate([30, 20, 100, 90, 5])]
     for s in seqs:
         sched.add(s)
-    step = sched.schedule()   # 2 + 2 + 7 + 6 = 17 pieces: the fifth does not fit beside 16
-    assert step.decode == [] and [p.seq.rid for p in step.pieces if p.samples] == ["0", "1", "2"]
-    assert step.shape == (0, 12)
+    step = sched.schedule()   # 30 + 20 + 100 + 90 = 240 tokens: the fifth (5) still fits 256
+    assert step.decode == [] and [c.seq.rid for c in step.chunks if c.samples] == ["0", "1", "2", "3", "4"]
+    assert step.shape == (0, 256) and step.prompt_tokens == 245
     step = sched.schedule()
-    assert step.decode == [] and {p.seq.rid for p in step.pieces} == {"3", "4"}
-    step = sched.schedule()
-    assert not step.pieces and [s.rid for s in step.decode] == ["0", "1", "2", "3", "4"] and step.decode_width == 8
+    assert not step.chunks and [s.rid for s in step.decode] == ["0", "1", "2", "3", "4"] and step.decode_width == 8
+    more = [_seq(i, n, 10) for i, n in zip("abc", [200, 60, 3])]
+    sched2 = Scheduler("prefill-first", n_slots=8, max_len=MAX_LEN, budget=256)
+    for s in more:
+        sched2.add(s)
+    step = sched2.schedule()  # 200 + 60 is past the budget: the second waits (FIFO, no skipping ahead)
+    assert [c.seq.rid for c in step.chunks] == ["a"] and step.shape == (0, 256)
 
 
 def test_decode_width_follows_the_highest_busy_slot():
@@ -155,10 +176,10 @@ def test_the_pools_roles():
     for s in (a, b, c):
         pre.add(s)
     step = pre.schedule()
-    assert step.decode == [] and {p.seq.rid for p in step.pieces if p.samples} == {"a", "b"}
+    assert step.decode == [] and {c.seq.rid for c in step.chunks if c.samples} == {"a", "b"}
     assert pre.schedule() is None and set(pre.running) == {0, 1}   # held until handed on; c waits
     pre.release(a)
-    assert [p.seq.rid for p in pre.schedule().pieces] == ["c"] * 3 and c.slot == 0
+    assert [(ch.seq.rid, len(ch.tokens)) for ch in pre.schedule().chunks] == [("c", 40)] and c.slot == 0
 
     dec = Scheduler("decode-only", n_slots=2, max_len=MAX_LEN, budget=256)
     x = _seq("x", 40, 3)
@@ -174,6 +195,8 @@ def test_shapes_are_few():
     assert piece_counts(1) == [1] and piece_counts(20) == [1, 2, 3, 4, 6, 8, 12, 16, 20]
     counts = piece_counts(64)
     assert all(b <= a * 1.5 for a, b in zip(counts[1:], counts[2:]))   # a step pads at most half again
+    assert token_counts(64) == [16, 32, 48, 64] and token_counts(40) == [16, 32, 48]
+    assert [chunk_rows(t, 8) for t in (16, 48, 64, 128, 256)] == [1, 3, 4, 8, 8]
     assert len(Scheduler("chunked", n_slots=8, max_len=256, budget=64).shapes()) == 8
 
 

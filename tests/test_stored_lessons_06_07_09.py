@@ -131,10 +131,10 @@ def test_times_wording():
 
 def test_step_cost_line_words_the_measured_ratios():
     costs = engine.StepCosts(decode={1: 0.006, 2: 0.007, 4: 0.009, 8: 0.0103}, prefill={1: 0.01},
-                             mixed={1: 0.015, 2: 0.02, 3: 0.02, 4: 0.023})
+                             mixed={16: 0.015, 32: 0.02, 48: 0.02, 64: 0.023})
     line = engine.step_cost_line(costs)
     assert "costs more than, but under twice, a step of one (x1.72" in line
-    assert "cost more than, but under twice, the 8 rows alone (x1.94" in line
+    assert "8 decode rows with 56 prompt tokens beside them cost a few times the 8 rows alone (x2.23" in line
 
 
 def _fifo(arrival, alone, slowdown):
@@ -147,9 +147,9 @@ def _fifo(arrival, alone, slowdown):
 
 
 def test_ttft_parts_recovers_the_queue_and_the_slowdown():
-    costs = engine.StepCosts(decode={1: 0.005}, prefill={11: 0.040, 12: 0.045, 14: 0.050}, mixed={})
+    costs = engine.StepCosts(decode={1: 0.005}, prefill={176: 0.040, 192: 0.045, 224: 0.050}, mixed={})
     plen = np.array([170, 190, 220, 175, 200])
-    alone = np.array([costs.pieces(costs.prefill, -(-int(n) // 16)) for n in plen])
+    alone = np.array([costs.tokens(costs.prefill, int(n)) for n in plen])
     arrival = np.array([0.0, 0.01, 0.02, 0.2, 0.5])
     first = _fifo(arrival, alone, 1.5)
     reqs = Requests(arrival, plen, np.full(5, 3))

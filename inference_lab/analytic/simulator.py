@@ -199,9 +199,9 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
     ``max_prefill_tokens``: prompt tokens one prefill-only iteration takes (at least one
     prompt, however long). ``chunk_tokens``: the chunked mode's token budget per iteration.
     ``chunk_unit``: the budget is spent in whole units of this many prompt tokens (an engine
-    whose compiled shapes hold prompt pieces of 16 tokens, as the lab's does, passes 16: the
-    room beside the decode rows is rounded down to whole pieces, and a prompt's last, partial
-    piece takes a whole one); 1 is token by token.
+    whose compiled shapes hold prompt pieces of 16 tokens passes 16: the room beside the decode
+    rows is rounded down to whole pieces, and a prompt's last, partial piece takes a whole one);
+    1 is token by token, as the lab's engine and vLLM count their budgets.
     A disaggregated request moves ``prompt_len x kv_bytes_per_token`` bytes over
     ``interconnect_bandwidth`` (bytes/s one way) plus ``transfer_latency_s``. ``slo``: the
     targets goodput counts against (also settable later with ``result.with_slo``). ``kv``: each

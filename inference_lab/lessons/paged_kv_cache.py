@@ -32,7 +32,6 @@ from inference_lab.lessons.claims import Verdict, decide, log_midpoint
 from inference_lab.lessons.serving_engine import StepCosts, step_costs
 from inference_lab.serving.blocks import WATERMARK
 from inference_lab.serving.load import drive_engine, prompt_texts
-from inference_lab.serving.scheduler import PIECE
 
 PRESET = "shakespeare_large"
 CONTEXTS = 2              # the budget: the KV memory of this many full contexts
@@ -188,19 +187,19 @@ def spread(runs: list) -> float:
 def simulated(requests: Requests, timed: StepCosts, cfg, *, layout: str, budget: int, n_slots: int,
               cached_prompt=None) -> ServingTrace:
     """The simulator's run of ``requests`` on this machine's step costs, with the budget as
-    ``layout`` memory (chunked prefill, the engine's budget, prompts in whole pieces)."""
+    ``layout`` memory (chunked prefill, the engine's budget counted in tokens)."""
     per_token = costs.kv_bytes_per_token(cfg)
     kv = KVMemory(int(budget // per_token), layout=layout, block_size=BLOCK,
                   reserve=cfg.max_seq_len if layout == "contiguous" else None)
     return simulate_requests(requests, timed.phases(per_token), mode="chunked", chunk_tokens=BUDGET_TOKENS,
-                             chunk_unit=PIECE, max_batch=n_slots, kv=kv, cached_prompt=cached_prompt)
+                             max_batch=n_slots, kv=kv, cached_prompt=cached_prompt)
 
 
 def recompute_seconds(timed: StepCosts, tokens: int) -> float:
     """What computing ``tokens`` prompt positions again costs on this machine: the largest mixed
-    step's pieces over what the same step costs without them, per token, times ``tokens``."""
+    step's chunk tokens over what the same step costs without them, per token, times ``tokens``."""
     most = max(timed.mixed)
-    per_token = (timed.mixed[most] - timed.step(PAGED_SLOTS)) / (most * PIECE)
+    per_token = (timed.mixed[most] - timed.step(PAGED_SLOTS)) / most
     return tokens * max(per_token, 0.0)
 
 
@@ -341,7 +340,7 @@ def mix_with_prompts(prompt_len: int, seed: int = 0) -> Requests:
 
 def budget_rows(requests: Requests, timed: StepCosts, cfg, budgets=BUDGETS) -> list[dict]:
     """The simulator's run of ``requests`` at each budget, both layouts, on one set of step costs
-    (a step costs what its batch and pieces cost, whichever layout feeds it: docs/benchmarks.md)."""
+    (a step costs what its batch and chunk tokens cost, whichever layout feeds it: docs/benchmarks.md)."""
     rows = []
     for contexts in budgets:
         budget = budget_bytes(cfg, contexts)

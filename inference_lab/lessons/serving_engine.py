@@ -29,7 +29,6 @@ from inference_lab.analytic.workload import Requests, sample_requests
 from inference_lab.base.progress import bar as progress_bar
 from inference_lab.lessons.claims import Verdict, all_hold, decide, log_midpoint
 from inference_lab.serving.load import drive_engine
-from inference_lab.serving.scheduler import PIECE, pieces_of
 
 PRESET = "shakespeare_large"
 N_SLOTS = 8
@@ -91,8 +90,8 @@ def traces(seed: int = 0, costs: "StepCosts | None" = None) -> dict[str, Request
     light = sample_requests(4, 1000.0, prompt_len=16, output_len=40, seed=seed)
     rate = 8.0
     if costs is not None:
-        prompt = pieces_of(int(sum(HEAVY_PROMPTS) / 2))
-        rate = HEAVY_PREFILL_SHARE / costs.pieces(costs.prefill, prompt)
+        prompt = int(sum(HEAVY_PROMPTS) / 2)
+        rate = HEAVY_PREFILL_SHARE / costs.tokens(costs.prefill, prompt)
     heavy = sample_requests(24, rate, prompt_len=HEAVY_PROMPTS, output_len=(24, 40), seed=seed + 1)
     return {"light": light, "heavy": heavy}
 
@@ -125,9 +124,10 @@ def ratio_in_words(ratio: float) -> str:
 @dataclasses.dataclass
 class StepCosts:
     """This machine's measured engine step costs (seconds), by what one forward holds: a decode
-    step per compiled batch width (``decode``); prompt pieces alone, per piece count (``prefill``:
-    prefill-first's prompt iterations, the prefill pool's); every slot's decode row and prompt
-    pieces together, per piece count (``mixed``: chunked prefill's iterations)."""
+    step per compiled batch width (``decode``); prompt chunks alone, per compiled count of chunk
+    tokens (``prefill``: prefill-first's prompt iterations, the prefill pool's); every slot's decode
+    row and prompt chunks together, per count of chunk tokens (``mixed``: chunked prefill's
+    iterations)."""
 
     decode: dict
     prefill: dict
@@ -138,21 +138,22 @@ class StepCosts:
         return self.decode[next((w for w in sorted(self.decode) if w >= batch), max(self.decode))]
 
     @staticmethod
-    def pieces(table: dict, n: int) -> float:
-        """A step of ``n`` pieces: the smallest compiled count that holds them (past the largest,
-        in proportion)."""
+    def tokens(table: dict, n: int) -> float:
+        """A step of ``n`` prompt tokens: the smallest compiled count of chunk tokens that holds
+        them (past the largest, in proportion)."""
         fits = [c for c in sorted(table) if c >= n]
         return table[fits[0]] if fits else table[max(table)] * n / max(table)
 
     def phases(self, kv_bytes_per_token: float) -> PhaseModel:
-        """A :class:`PhaseModel` for the simulator from these costs (prompts counted in pieces)."""
+        """A :class:`PhaseModel` for the simulator from these costs (prompts counted in tokens, as
+        the engine's budget counts them)."""
         def prefill_seconds(prompt_lens):
-            return self.pieces(self.prefill, sum(pieces_of(n) for n in prompt_lens))
+            return self.tokens(self.prefill, int(sum(prompt_lens)))
 
         def mixed_seconds(batch, total_context, chunks=()):
             if not chunks:
                 return self.step(batch)
-            return self.pieces(self.mixed, sum(pieces_of(c) for c, _ in chunks))
+            return self.tokens(self.mixed, int(sum(c for c, _ in chunks)))
 
         return PhaseModel(prefill_seconds=prefill_seconds, decode_seconds=lambda b, c: self.step(b),
                           kv_bytes_per_token=kv_bytes_per_token, mixed_seconds=mixed_seconds,
@@ -161,7 +162,7 @@ class StepCosts:
 
 def step_costs(timed: dict, n_slots: int = N_SLOTS) -> StepCosts:
     """:class:`StepCosts` from step times by shape (``DecodeSlots.time_shapes``: {(decode rows,
-    pieces): seconds}, from one engine or several)."""
+    chunk tokens): seconds}, from one engine or several)."""
     return StepCosts(decode={w: t for (w, p), t in timed.items() if p == 0},
                      prefill={p: t for (w, p), t in timed.items() if w == 0 and p},
                      mixed={p: t for (w, p), t in timed.items() if w == n_slots and p})
@@ -169,7 +170,7 @@ def step_costs(timed: dict, n_slots: int = N_SLOTS) -> StepCosts:
 
 def measure_step_costs(engines: dict, repeats: int = 5, context: int = 128) -> StepCosts:
     """Time each engine's own compiled steps (after its warm-up, before it serves), as when its
-    decode rows hold ``context`` tokens: every shape of prefill-first's (decode widths, pieces
+    decode rows hold ``context`` tokens: every shape of prefill-first's (decode widths, chunks
     alone) and chunked's mixed steps."""
     timed = engines["prefill-first"].slots.time_shapes(engines["prefill-first"].scheduler.shapes(),
                                                        context=context, repeats=repeats)
@@ -188,14 +189,14 @@ def pool_costs(two_pools, costs: StepCosts) -> StepCosts:
 def simulated(requests: Requests, costs: StepCosts, mode: str, *, kv_bytes_per_token: float,
               transfer_bytes_per_s: float | None = None, n_slots: int = N_SLOTS) -> ServingTrace:
     """The simulator's run of ``requests`` on step costs measured here (``mode`` as there; for
-    ``"disaggregated"`` pass :func:`pool_costs`), the budgets spent in whole pieces as the engine's
+    ``"disaggregated"`` pass :func:`pool_costs`), the budgets spent in tokens as the engine's
     are. ``n_slots`` past the engine's own: decode steps wider than it cost what its widest does
     (a floor: the what-if of an engine with more slots)."""
     phases = costs.phases(kv_bytes_per_token)
     kw = {"chunk_tokens": CHUNK_TOKENS} if mode == "chunked" else {"max_prefill_tokens": PREFILL_TOKENS}
     if mode == "disaggregated":
         kw |= {"prefill_gpus": 1, "decode_gpus": 1, "interconnect_bandwidth": transfer_bytes_per_s or 1e9}
-    return simulate_requests(requests, phases, mode=mode, max_batch=n_slots, chunk_unit=PIECE, **kw)
+    return simulate_requests(requests, phases, mode=mode, max_batch=n_slots, **kw)
 
 
 def run_policies(engines: dict, trace_set: dict) -> dict:
@@ -232,7 +233,7 @@ def wave_jump(trace: ServingTrace, n_slots: int = N_SLOTS) -> tuple[float, float
     median TTFT step between neighbours inside a wave), users ranked by TTFT: all arrived at once,
     so the rank is the order the engine took them. With more users than slots, user ``n_slots + 1``
     waits for a slot, so for a whole answer of the first wave; inside a wave each waits only for
-    its neighbour's prefill pieces. A uniform slowdown (a busy machine, HTTP) scales both alike."""
+    its neighbour's prefill chunks. A uniform slowdown (a busy machine, HTTP) scales both alike."""
     ttft = np.sort(trace.ttft)
     steps = np.diff(ttft)
     at_boundary = np.arange(1, len(ttft)) % n_slots == 0      # step i goes from rank i - 1 to rank i
@@ -335,21 +336,20 @@ def start_engines(seed: int = 0):
 def predicted_stall(costs: StepCosts, requests: Requests) -> float:
     """How much longer prefill-first's worst gap should be than chunked prefill's: a decode step
     plus the longest prompt's whole prefill, against one chunked iteration with every slot
-    decoding and the most pieces that fit beside them."""
-    whole = costs.pieces(costs.prefill, pieces_of(int(requests.prompt_len.max())))
-    beside_full_slots = (CHUNK_TOKENS - N_SLOTS) // PIECE
-    return (costs.step(N_SLOTS) + whole) / costs.pieces(costs.mixed, beside_full_slots)
+    decoding and the prompt tokens that fit beside them."""
+    whole = costs.tokens(costs.prefill, int(requests.prompt_len.max()))
+    return (costs.step(N_SLOTS) + whole) / costs.tokens(costs.mixed, CHUNK_TOKENS - N_SLOTS)
 
 
 def step_cost_line(costs: StepCosts) -> str:
-    """What a wider decode step, and prompt pieces beside a full one, cost on this machine, each
+    """What a wider decode step, and prompt tokens beside a full one, cost on this machine, each
     comparison worded from the measured ratio (on a GPU both are close to free at these sizes)."""
     one, full = costs.step(1), costs.step(N_SLOTS)
-    beside = (CHUNK_TOKENS - N_SLOTS) // PIECE
-    mixed = costs.pieces(costs.mixed, beside)
+    beside = CHUNK_TOKENS - N_SLOTS
+    mixed = costs.tokens(costs.mixed, beside)
     return (f"here a decode step of {N_SLOTS} rows costs {ratio_in_words(full / one)} a step of one "
             f"(x{full / one:.2f}: {1e3 * full:.1f} vs {1e3 * one:.1f} ms), and {N_SLOTS} decode rows with {beside} "
-            f"prompt pieces beside them cost {ratio_in_words(mixed / full)} the {N_SLOTS} rows alone "
+            f"prompt tokens beside them cost {ratio_in_words(mixed / full)} the {N_SLOTS} rows alone "
             f"(x{mixed / full:.2f}: {1e3 * mixed:.1f} ms)")
 
 
@@ -430,7 +430,7 @@ def ttft_parts(trace: ServingTrace, prefill_costs: StepCosts) -> TtftParts:
     plen = trace.requests.prompt_len[ok][order]
     free = np.concatenate([[-np.inf], np.maximum.accumulate(first)[:-1]])   # worker free from
     start = np.maximum(arrival, free)
-    alone = np.array([prefill_costs.pieces(prefill_costs.prefill, pieces_of(int(n))) for n in plen])
+    alone = np.array([prefill_costs.tokens(prefill_costs.prefill, int(n)) for n in plen])
     return TtftParts(wait=start - arrival, alone=alone, extra=first - start - alone)
 
 

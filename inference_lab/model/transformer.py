@@ -228,21 +228,22 @@ def verify_attention(p, h, kc, vc, *, lengths, cfg, mode):
     return _attention_out(p, attn.reshape(b, t, *attn.shape[1:]), mode), kc, vc
 
 
-def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, piece_starts, cfg, mode,
+def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, chunk_bounds, chunk_slots, chunk_starts, cfg, mode,
                    block_table=None):
-    """A serving iteration's attention: h [Wd + P * C, D] holds one decode token for each of the
-    first Wd rows of the cache, then P prompt pieces of C tokens (piece ``i`` belongs to row
-    ``piece_slots[i]`` and starts at its position ``piece_starts[i]``; a piece starting at or past
-    the context pads the compiled shape). Q, K and V of every token come out of one matmul, and
-    every new K/V goes into the cache at once, in one scatter, in place: a decode token's at
-    ``decode_lengths`` of its row (only where ``decode_active``: a free or still-prefilling row rides
-    along in the decode batch and writes nothing), a piece's from ``piece_starts`` of its row
-    (positions past the context are dropped: a prompt's last piece may be partly padding).
+    """A serving iteration's attention: h [Wd + T, D] holds one decode token for each of the first
+    Wd rows of the cache, then the iteration's prompt chunks back to back in T token places: chunk
+    ``i`` is tokens ``chunk_bounds[i]:chunk_bounds[i + 1]`` of them ([R + 1], non-decreasing; an
+    empty chunk and the places past ``chunk_bounds[R]`` pad the compiled shape), it belongs to row
+    ``chunk_slots[i]`` and starts at its position ``chunk_starts[i]``. Q, K and V of every token come
+    out of one matmul, and every new K/V goes into the cache at once, in one scatter, in place: a
+    decode token's at ``decode_lengths`` of its row (only where ``decode_active``: a free or
+    still-prefilling row rides along in the decode batch and writes nothing), a chunk's from
+    ``chunk_starts`` of its row (positions past the context are dropped).
 
-    Then ``pk.ragged_paged_attention`` for every token: each decode token and each piece is a run of
+    Then ``pk.ragged_paged_attention`` for every token: each decode token and each chunk is a run of
     queries at the end of its row's context, reading its row's keys where they are (no row gathered
-    into a copy). It sees what earlier iterations wrote, the pieces before it in this one (several
-    pieces of one prompt can run together) and itself, causally.
+    into a copy). It sees what earlier iterations wrote, the chunks before it in this one and
+    itself, causally.
 
     The cache is a paged pool kc, vc [N, block_size, Hkv, Dh] read through ``block_table`` [rows,
     pages] (:mod:`inference_lab.serving.blocks`), or contiguous rows [rows, S, Hkv, Dh], which are
@@ -251,41 +252,41 @@ def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, piece_slots, 
     if contiguous:
         block_table = contiguous_table(kc)
         kc, vc = contiguous_pool(kc), contiguous_pool(vc)
-    wd, n_pieces = decode_lengths.shape[0], piece_starts.shape[0]
+    wd, r = decode_lengths.shape[0], chunk_slots.shape[0]
+    t = h.shape[0] - wd
     n_blocks, bs = kc.shape[:2]
     context = block_table.shape[1] * bs
-    c = (h.shape[0] - wd) // max(n_pieces, 1)
-    piece_positions = piece_starts[:, None] + jnp.arange(c, dtype=jnp.int32)        # [P, C]
-    positions = jnp.concatenate([decode_lengths, piece_positions.reshape(-1)])
+    place = jnp.arange(t, dtype=jnp.int32)
+    owner = jnp.clip(jnp.searchsorted(chunk_bounds[1:], place, side="right"), 0, max(r - 1, 0))   # [T] its chunk
+    chunk_positions = chunk_starts[owner] + place - chunk_bounds[owner]
+    positions = jnp.concatenate([decode_lengths, chunk_positions])
     q, k, v = _qkv(p, h, positions, cfg, mode)                                     # [N,Hq,Dh], [N,Hkv,Dh]
-    rows = jnp.concatenate([jnp.arange(wd, dtype=jnp.int32), jnp.repeat(piece_slots, c)])
-    valid = jnp.concatenate([decode_active, jnp.ones((n_pieces * c,), bool)]) & (positions < context)
+    rows = jnp.concatenate([jnp.arange(wd, dtype=jnp.int32), chunk_slots[owner]])
+    real = jnp.concatenate([decode_active, place < chunk_bounds[r]])
+    valid = real & (positions < context)
     block = block_table.at[rows, positions // bs].get(mode="fill", fill_value=n_blocks)
     at = jnp.where(valid, block * bs + positions % bs, n_blocks * bs)             # flat position in the pool
     k_new, v_new = k.astype(kc.dtype), v.astype(vc.dtype)
-    if at.shape[0] == 1:
-        # XLA turns a one-row scatter into a dynamic-update-slice, and then (XLA:CPU) copies every
-        # donated pool whole, each layer, each step (5x the step, measured): a second write, past
-        # the pool and dropped, keeps it a scatter
-        at = jnp.concatenate([at, jnp.full((1,), n_blocks * bs, at.dtype)])
-        k_new, v_new = jnp.concatenate([k_new, k_new]), jnp.concatenate([v_new, v_new])
+    # Every new K/V first, in one scatter per cache over the pool seen flat (a write with no place
+    # lands past it and is dropped), then the reads: XLA updates the donated pool in place and no
+    # kernel reads a stale copy.
     flat = (n_blocks * bs, *kc.shape[2:])
     kc = kc.reshape(flat).at[at].set(k_new, mode="drop").reshape(kc.shape)
     vc = vc.reshape(flat).at[at].set(v_new, mode="drop").reshape(vc.shape)
     # Two calls of the one kernel, as FlashInfer's decode and prefill wrappers split an iteration:
-    # the decode rows (a run of 1 query each), then the pieces (a run of C queries each, padding at
-    # the end of a prompt's last). A piece that pads the shape (or a verify lane that checks nothing)
-    # attends to its row's first C positions instead: answers nobody reads, at a place that exists.
+    # the decode rows (a run of 1 query each), then the chunks (a run of any length each). A chunk
+    # past the context (a verify lane that checks nothing) attends to its row's first positions
+    # instead: answers nobody reads, at a place that exists.
     outs = []
     if wd:
         starts = jnp.arange(wd + 1, dtype=jnp.int32)
         outs.append(pk.ragged_paged_attention(q[:wd], kc, vc, block_table[:wd], starts,
                                               (decode_lengths + 1).astype(jnp.int32), max_query_len=1, mode=mode))
-    if n_pieces:
-        starts = jnp.arange(n_pieces + 1, dtype=jnp.int32) * c
-        ends = jnp.where(piece_starts < context, piece_starts + c, c).astype(jnp.int32)
-        outs.append(pk.ragged_paged_attention(q[wd:], kc, vc, block_table[piece_slots], starts, ends,
-                                              max_query_len=c, mode=mode))
+    if r:
+        n = chunk_bounds[1:] - chunk_bounds[:-1]
+        ends = jnp.where(chunk_starts + n <= context, chunk_starts + n, n).astype(jnp.int32)
+        outs.append(pk.ragged_paged_attention(q[wd:], kc, vc, block_table[chunk_slots], chunk_bounds, ends,
+                                              max_query_len=t, mode=mode))
     attn = jnp.concatenate(outs) if len(outs) > 1 else outs[0]
     if contiguous:
         kc, vc = kc.reshape(-1, context, *kc.shape[2:]), vc.reshape(-1, context, *vc.shape[2:])
@@ -388,24 +389,25 @@ def verify_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
     return _logits(params, x.reshape(b * t, -1), cfg, mode).reshape(b, t, -1), new_k, new_v
 
 
-def step_forward(params, decode_tokens, decode_lengths, decode_active, piece_tokens, piece_slots, piece_starts,
-                 head_rows, k_caches, v_caches, *, cfg, mode, block_table=None):
+def step_forward(params, decode_tokens, decode_lengths, decode_active, chunk_tokens, chunk_bounds, chunk_slots,
+                 chunk_starts, head_rows, k_caches, v_caches, *, cfg, mode, block_table=None):
     """One iteration of a serving engine in one forward (vLLM v1's token-budget step): decode
     tokens [Wd] for the first Wd rows of the caches at positions ``decode_lengths`` [Wd] (rows
-    whose ``decode_active`` [Wd] is False ride along, their work dropped), and P prompt pieces
-    ``piece_tokens`` [P, C] written into rows ``piece_slots`` [P] from positions ``piece_starts``
-    [P] (:func:`step_attention`). Either group may be empty (Wd = 0 or P = 0).
-    Every weight is read once for all ``Wd + P * C`` tokens. Returns (float32 logits [R, V] for
-    the tokens at ``head_rows`` [R] only, indices into the decode tokens then the pieces' tokens in
-    order: the head runs where a token is sampled, not at every prompt position; k_caches,
-    v_caches); no length is advanced here. With ``block_table`` [rows, P] the caches are pools of
-    blocks (a paged cache: :func:`step_attention`)."""
+    whose ``decode_active`` [Wd] is False ride along, their work dropped), and R prompt chunks of
+    any lengths back to back in ``chunk_tokens`` [T]: chunk ``i`` is tokens ``chunk_bounds[i] :
+    chunk_bounds[i + 1]`` ([R + 1]), written into row ``chunk_slots[i]`` from position
+    ``chunk_starts[i]`` ([R] each; :func:`step_attention`). Either group may be empty (Wd = 0 or
+    T = R = 0). Every weight is read once for all ``Wd + T`` tokens. Returns (float32 logits [H, V]
+    for the tokens at ``head_rows`` [H] only, indices into the decode tokens then the chunk tokens:
+    the head runs where a token is sampled, not at every prompt position; k_caches, v_caches); no
+    length is advanced here. With ``block_table`` [rows, P] the caches are pools of blocks (a paged
+    cache)."""
     _float_cache_only(cfg, "the serving engine's step")
-    tokens = jnp.concatenate([decode_tokens, piece_tokens.reshape(-1)])
-    x = _embed(params, tokens, cfg)                               # [Wd + P * C, D]
+    tokens = jnp.concatenate([decode_tokens, chunk_tokens])
+    x = _embed(params, tokens, cfg)                               # [Wd + T, D]
     attention = functools.partial(step_attention, decode_lengths=decode_lengths, decode_active=decode_active,
-                                  piece_slots=piece_slots, piece_starts=piece_starts, cfg=cfg, mode=mode,
-                                  block_table=block_table)
+                                  chunk_bounds=chunk_bounds, chunk_slots=chunk_slots, chunk_starts=chunk_starts,
+                                  cfg=cfg, mode=mode, block_table=block_table)
     x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
     return _logits(params, x[head_rows], cfg, mode), new_k, new_v
 

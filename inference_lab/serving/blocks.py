@@ -62,8 +62,8 @@ def parse_bytes(text, name: str = "kv_cache_memory") -> int:
 
 def check_block_size(block_size, max_len: int, *, smallest: int) -> int:
     """``block_size`` as an int after the paged cache's rules: a power of two (blocks tile the
-    kernel's loads), at least ``smallest`` (a prompt piece: a piece then fills whole blocks, and the
-    Triton dot needs 16 keys), dividing ``max_len`` (the table of a full-length request is whole)."""
+    kernel's loads), at least ``smallest`` (16: the ragged attention's dot reads 16 keys
+    or more at a time), dividing ``max_len`` (the table of a full-length request is whole)."""
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
         raise ValueError(f"block_size={block_size!r} must be an integer (a power of two such as 16)")
     b = int(block_size)

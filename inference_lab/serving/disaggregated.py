@@ -21,7 +21,7 @@ a whole slot's K and V (``2 x layers x max_len x KV heads x head_dim``). The pre
 a finished prompt's cache from its device into a free buffer and sends a small message (the
 request, its first token, the buffer, the padded width) down a pipe; the decode worker copies the
 buffer onto its device and hands the buffer back. One copy out of the prefill device, one into the
-decode device, no pickling of the arrays. A cache travels at a padded width (whole pieces, a few
+decode device, no pickling of the arrays. A cache travels at a padded width (multiples of 16, a few
 compiled widths: :func:`inference_lab.serving.slots.prefill_widths`). Every transfer is counted
 (:meth:`TwoPoolEngine.stats`): its bytes, its seconds (the copy out, the message, the copy in) and,
 apart, how long it then waited for a free decode slot (queueing, not transfer).

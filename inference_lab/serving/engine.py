@@ -11,7 +11,7 @@ One iteration (vLLM v1's EngineCore, JetStream's orchestrator in one thread):
 
 1. take in what other threads sent (submissions, cancels, a stop);
 2. ask the :class:`~inference_lab.serving.scheduler.Scheduler` for the next step (decode rows and
-   prompt pieces within the token budget) and **dispatch** it to the device
+   prompt chunks within the token budget) and **dispatch** it to the device
    (:meth:`~inference_lab.serving.slots.DecodeSlots.run`: one compiled forward, the sampling inside);
 3. **then** read the tokens of the step before it and send them out. While the host does this
    (reading, sending events, scheduling the next step) the device is already computing, so with
@@ -104,14 +104,14 @@ class Engine:
         self.drafts = 0                         # rows that were given guesses (vLLM's num_drafts)
 
     def _budget(self, budget) -> int:
-        whole = -(-self.max_len // PIECE) * PIECE          # the longest prompt, in whole pieces
+        whole = self.max_len - 1                            # the longest prompt
         if budget is None:
             budget = DEFAULT_BUDGET if self.policy == "chunked" else whole
         if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
             raise ValueError(f"max_num_batched_tokens={budget!r} must be an integer")
         if self.policy == "chunked" and budget < self.n_slots + PIECE:
-            raise ValueError(f"max_num_batched_tokens={budget} leaves no room for a prompt piece ({PIECE} tokens) "
-                             f"beside {self.n_slots} decode rows: make it at least {self.n_slots + PIECE}")
+            raise ValueError(f"max_num_batched_tokens={budget} leaves under {PIECE} prompt tokens beside "
+                             f"{self.n_slots} decode rows: make it at least {self.n_slots + PIECE}")
         if self.policy in ("prefill-first", "prefill-only") and budget < whole:
             raise ValueError(f"max_num_batched_tokens={budget} cannot hold a whole prompt of up to {self.max_len - 1} "
                              f"tokens, which prefill-first never cuts: make it at least {whole}, or use 'chunked'")
@@ -215,7 +215,7 @@ class Engine:
             while self._drain(wait):
                 step = None
                 step = self.scheduler.schedule()
-                if step is not None and self.speculative and step.decode and not step.pieces:
+                if step is not None and self.speculative and step.decode and not step.chunks:
                     if pending is not None:
                         self._deliver(*pending)
                         pending = None
@@ -223,11 +223,11 @@ class Engine:
                     self._speculate(step)
                 elif step is not None:
                     self._insert(step)
-                    tokens = self.slots.run(step) if step.decode or step.pieces else None
+                    tokens = self.slots.run(step) if step.decode or step.chunks else None
                     if self.handoff is not None:   # each finished prompt's cache, queued behind its step
-                        for piece in step.pieces:
-                            if piece.samples:
-                                piece.seq.cache_out = self.slots.extract(piece.seq.slot, piece.seq.prompt_len)
+                        for chunk in step.chunks:
+                            if chunk.samples:
+                                chunk.seq.cache_out = self.slots.extract(chunk.seq.slot, chunk.seq.prompt_len)
                     if pending is not None:
                         self._deliver(*pending)
                     pending = (step, tokens)
@@ -389,7 +389,7 @@ class Engine:
         seqs = self.scheduler.held()
         for step in (pending[0] if pending is not None else None, failed):
             if step is not None:
-                seqs += [seq for _, seq, _ in step.sampled] + [piece.seq for piece in step.pieces]
+                seqs += [seq for _, seq, _ in step.sampled] + [chunk.seq for chunk in step.chunks]
         with self._lock:
             if self.error is None and self.stopped is None:
                 self.stopped = reason

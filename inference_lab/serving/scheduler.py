@@ -2,18 +2,20 @@
 only (no jax), so it is read, and tested, without a model.
 
 Every iteration of the engine is **one forward** over a token budget (vLLM v1's scheduler,
-``max_num_batched_tokens``): a row for each request that is decoding (one token each) and
-**pieces** of prompts (:data:`PIECE` tokens each, the last one of a prompt padded), packed into
-one compiled program of a few bucketed shapes (:func:`piece_counts`, :func:`decode_widths`).
-A piece writes its K/V into its request's slot and attends to what the slot holds, so a prompt
-can be prefilled a piece at a time over several iterations, or whole in one.
+``max_num_batched_tokens``, counted in real tokens): a row for each request that is decoding (one
+token each) and **chunks** of prompts, each of any length, packed back to back into the step's
+chunk tokens. A chunk writes its K/V into its request's cache and attends to what the cache
+holds, so a prompt can be prefilled a chunk at a time over several iterations, or whole in one.
+A step is one compiled program of a few bucketed shapes: the decode rows (:func:`decode_widths`)
+and the chunk tokens, a multiple of :data:`PIECE` (:func:`token_counts`), which holds up to
+:func:`chunk_rows` chunks; only the end of the chunk tokens is padding.
 
 Policies:
 
 * ``"chunked"`` (Sarathi-Serve, vLLM's default): each iteration every decoding request takes one
-  token of the budget; the rest, in whole pieces, goes to prompts, oldest first: those already
-  being prefilled, then waiting requests that get a free slot, each as many pieces as its
-  remaining prompt needs. No iteration grows past the budget, so no inter-token gap grows past
+  token of the budget; the rest goes to prompts, oldest first: those already being prefilled,
+  then waiting requests that get a free slot, each a chunk of as much of its remaining prompt as
+  the budget has left. No iteration grows past the budget, so no inter-token gap grows past
   one budget-sized iteration.
 * ``"prefill-first"`` (vLLM's first scheduler): when requests wait and slots are free, an
   iteration prefills whole prompts, as many as fit the budget and the free slots, and decodes
@@ -31,11 +33,11 @@ tokens: only an end-of-sequence token is news afterwards, and the engine drops t
 **The paged cache** (``kv=``, a :class:`~inference_lab.serving.blocks.PagedKV`): a slot is then only
 a decode row, and memory is blocks. A request starts only when the pool could hold its whole
 prompt (less what the prefix cache gave it) and still keep a block free per running request, for
-their answers to grow into; it takes blocks as its pieces come, and each step grows the tables of
+their answers to grow into; it takes blocks as its chunks come, and each step grows the tables of
 the requests it writes. When a decode row needs a block and none is free, the **newest** running request is
 **preempted** (vLLM v1's recompute preemption): its blocks go back, and it returns to the front of
 the queue to prefill its prompt and the tokens it had so far again, then goes on where it stopped;
-a piece of a prompt may preempt only requests newer than its own. The oldest request can always
+a chunk of a prompt may preempt only requests newer than its own. The oldest request can always
 preempt the others, and the pool holds one request of the full context, so every request finishes.
 """
 
@@ -51,7 +53,7 @@ from inference_lab.serving.blocks import BlockTable, PagedKV
 
 POLICIES = ("prefill-first", "chunked", "disaggregated")
 ROLES = ("prefill-only", "decode-only")   # the two pools' schedulers (serving.disaggregated)
-PIECE = 16                # prompt tokens per piece: Triton's smallest dot, and the unit of the budget
+PIECE = 16                # the unit of a step's chunk tokens (and of the paged cache's blocks): Triton's smallest dot
 DEFAULT_BUDGET = 64       # chunked: tokens per iteration, sized for the shipped models' 256-token context
 
 
@@ -217,9 +219,10 @@ class Sequence:
 
 
 @dataclasses.dataclass
-class Piece:
-    """``len(tokens)`` (<= PIECE) prompt tokens of ``seq``, written from position ``start``;
-    ``samples``: the prompt's last piece, whose last token's logits give the first output token."""
+class Chunk:
+    """``len(tokens)`` prompt tokens of ``seq`` (any number from 1), written from position
+    ``start``; ``samples``: the prompt's last chunk, whose last token's logits give the first
+    output token."""
 
     seq: Sequence
     start: int
@@ -231,26 +234,31 @@ class Piece:
 class Step:
     """One forward: decode rows for the slots ``0 .. decode_width - 1`` (``decode``: the
     sequences decoding among them; the other rows ride along and their work is dropped) and
-    ``pieces``, padded to ``piece_count`` for the compiled shape; ``positions``: where each decode
-    row's token is written (its request's cache length before the step). ``sampled`` lists, in head-row
-    order, ``(head row, sequence, token index)`` for every token this step samples (head rows:
-    ``0 .. decode_width - 1`` are the decode rows by slot, ``decode_width + i`` is piece ``i``'s
+    ``chunks``, their tokens back to back in ``chunk_tokens`` token places (the compiled shape;
+    the places past the last chunk pad it); ``positions``: where each decode row's token is
+    written (its request's cache length before the step). ``sampled`` lists, in head-row order,
+    ``(head row, sequence, token index)`` for every token this step samples (head rows:
+    ``0 .. decode_width - 1`` are the decode rows by slot, ``decode_width + i`` is chunk ``i``'s
     last token). ``arrivals``: decode-only sequences placed in their slots before this step.
     ``block_table``: with a paged cache, every slot's blocks ``[n_slots, blocks per request]``."""
 
     decode_width: int
     decode: list
     positions: list
-    pieces: list
-    piece_count: int
+    chunks: list
+    chunk_tokens: int
     sampled: list
     arrivals: list = dataclasses.field(default_factory=list)
     block_table: object = None
 
     @property
     def shape(self) -> tuple[int, int]:
-        """What selects the compiled program: (decode rows, pieces)."""
-        return self.decode_width, self.piece_count
+        """What selects the compiled program: (decode rows, chunk tokens)."""
+        return self.decode_width, self.chunk_tokens
+
+    @property
+    def prompt_tokens(self) -> int:   # the real prompt tokens it computes: the budget counts these
+        return sum(len(c.tokens) for c in self.chunks)
 
 
 def decode_widths(n_slots: int) -> list[int]:
@@ -263,9 +271,8 @@ def decode_widths(n_slots: int) -> list[int]:
 
 
 def piece_counts(most: int) -> list[int]:
-    """The piece counts a step compiles for, up to ``most``: 1, 2, 3, 4, then each a half or a
-    third more than the last (6, 8, 12, 16, 24, 32, ...): a step computes at most half again the
-    pieces it holds, with a few programs."""
+    """1, 2, 3, 4, then each a half or a third more than the last (6, 8, 12, 16, 24, 32, ...), up
+    to ``most``: with a few programs, a step computes at most half again what it holds."""
     counts, n = [], 1
     while n < most:
         counts.append(n)
@@ -274,7 +281,20 @@ def piece_counts(most: int) -> list[int]:
 
 
 def pieces_of(n_tokens: int) -> int:
-    return -(-int(n_tokens) // PIECE)
+    return -(-int(n_tokens) // PIECE)    # whole PIECE units that hold n_tokens
+
+
+def token_counts(most: int) -> list[int]:
+    """The chunk tokens a step compiles for, up to ``most`` rounded up to a :data:`PIECE`: 16, 32,
+    48, 64, 96, 128, 192, 256, ... (:func:`piece_counts` pieces): chunks fill them back to back, so
+    only the end of the largest bucket a step needs is padding, at most a third of it."""
+    return [PIECE * c for c in piece_counts(pieces_of(most))]
+
+
+def chunk_rows(chunk_tokens: int, n_slots: int) -> int:
+    """How many chunks a step of ``chunk_tokens`` holds: one per :data:`PIECE` of them, at most one
+    per slot (the attention's work grows with the chunks a step is compiled for, not only its tokens)."""
+    return max(1, min(n_slots, chunk_tokens // PIECE))
 
 
 class Scheduler:
@@ -290,7 +310,7 @@ class Scheduler:
         if kv is not None and policy in ROLES:
             raise ValueError("the two pools hand on contiguous caches: a paged cache serves 'prefill-first' or 'chunked'")
         self.policy, self.n_slots, self.max_len, self.budget, self.kv = policy, n_slots, max_len, budget, kv
-        self.max_pieces = budget // PIECE
+        self.max_chunk_tokens = token_counts(budget)[-1]
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[int, Sequence] = {}          # slot -> sequence (prefilling or decoding)
         self._free = list(range(n_slots))               # lowest first: running requests stay packed
@@ -350,12 +370,12 @@ class Scheduler:
         self.running[seq.slot] = seq
 
     # -- the paged cache: starting, growing, preempting
-    def _start(self, seq: Sequence, n_pieces: int) -> list[Piece] | None:
-        """The first ``n_pieces`` pieces (or fewer) of the waiting request ``seq``, placed in a free
-        slot. With a paged cache, after the prefix cache gave it the blocks it holds, and only if the
-        pool could hold its whole prompt and keep :attr:`PagedKV.watermark` blocks free (vLLM v0's
+    def _start(self, seq: Sequence, n_tokens: int) -> Chunk | None:
+        """The first chunk, of up to ``n_tokens`` tokens, of the waiting request ``seq``, placed in a
+        free slot. With a paged cache, after the prefix cache gave it the blocks it holds, and only if
+        the pool could hold its whole prompt and keep :attr:`PagedKV.watermark` blocks free (vLLM v0's
         rule: the running requests' answers grow into those, so a newcomer is not preempted as soon
-        as it starts); it takes the blocks of its first pieces now, the rest as its pieces come.
+        as it starts); it takes the blocks of its first chunk now, the rest as its chunks come.
         Else None, nothing taken: it waits."""
         if self.kv is not None:
             if seq.delivered < seq.produced:   # preempted with tokens still on their way: its prefill needs them
@@ -363,15 +383,15 @@ class Scheduler:
             tokens = seq.prefill_tokens()
             seq.prefilled = self.kv.match(seq.table, tokens)
             room = self.kv.pool.num_free - (self.kv.blocks_for(len(tokens)) - len(seq.table.blocks))
-            if room < max(self.kv.watermark, len(self.running)) or not self.kv.grow(seq.table, min(seq.prefilled + n_pieces * PIECE,
-                                                                           len(tokens))):
+            first = min(seq.prefilled + n_tokens, len(tokens))
+            if room < max(self.kv.watermark, len(self.running)) or not self.kv.grow(seq.table, first):
                 self.kv.free(seq.table)
                 seq.prefilled = 0
                 return None
             self.kv.count_lookup(len(tokens), seq.prefilled)
         self.waiting.remove(seq)
         self._place(seq)
-        return self._cut(seq, n_pieces)
+        return self._cut(seq, n_tokens)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: ``seq`` gives back its slot and blocks and waits at the front of the
@@ -400,15 +420,18 @@ class Scheduler:
                 self.kv.filled(seq.table, known, min(seq.cache_length(), len(known)))
         return [s for s in rows if s.slot >= 0]
 
-    def _grow_newest_first(self, seq: Sequence, n_positions: int) -> bool:
+    def _grow_newest_first(self, seq: Sequence, n_positions: int) -> int:
         """Blocks for ``seq``'s first ``n_positions``, preempting requests newer than it while the
-        pool is short; False when there is none left to preempt."""
+        pool is short; when none is left to preempt, as many as the pool has. Returns the positions
+        ``seq``'s blocks then hold (``n_positions``, or fewer)."""
         while not self.kv.grow(seq.table, n_positions):
             newer = [s for s in self.running.values() if s.order > seq.order]
             if not newer:
-                return False
+                held = (len(seq.table.blocks) + self.kv.pool.num_free) * self.kv.block_size
+                self.kv.grow(seq.table, held)    # every free block (held < n_positions: this cannot fail)
+                return held
             self._preempt(max(newer, key=lambda s: s.order))
-        return True
+        return n_positions
 
     def _next_waiting(self) -> Sequence | None:
         """The first waiting request that may start now. With prefix caching, a request that shares
@@ -456,17 +479,27 @@ class Scheduler:
         if not rows:
             return None
         width = next(w for w in decode_widths(self.n_slots) if w > rows[-1].slot)
-        return self._step(width, rows, [], 0)
+        return self._step(width, rows, [])
 
-    def _step(self, width: int, rows: list[Sequence], pieces: list[Piece], count: int) -> Step:
-        """The step of these rows and pieces. Its block table is read before the requests whose last
+    def _chunk_tokens(self, chunks: list[Chunk]) -> int:
+        """The compiled chunk tokens that hold ``chunks``: their tokens, and a :data:`PIECE` each."""
+        need = max(sum(len(c.tokens) for c in chunks), PIECE * len(chunks))
+        return next(t for t in token_counts(self.max_chunk_tokens) if t >= need)
+
+    def _fits(self, chunks: list[Chunk], used: int) -> bool:
+        """Whether one more chunk fits a compiled shape (:func:`chunk_rows`) beside ``chunks`` (``used`` tokens)."""
+        return len(chunks) < self.n_slots and PIECE * (len(chunks) + 1) <= self.max_chunk_tokens and used < self.budget
+
+    def _step(self, width: int, rows: list[Sequence], chunks: list[Chunk]) -> Step:
+        """The step of these rows and chunks. Its block table is read before the requests whose last
         token it samples give their blocks back: this step reads them, only the next may reuse them."""
         positions = [s.cache_length() for s in rows]
         table = None
         if self.kv is not None:
             table = self.kv.tables({slot: s.table for slot, s in self.running.items()}, self.n_slots)
-        sampled = self._advance(rows) + self._piece_rows(pieces, width)
-        return Step(width, rows, positions, pieces, count, sampled, block_table=table)
+        sampled = self._advance(rows) + self._chunk_rows(chunks, width)
+        return Step(width, rows, positions, chunks, self._chunk_tokens(chunks) if chunks else 0, sampled,
+                    block_table=table)
 
     def _advance(self, rows: list[Sequence]) -> list:
         """Each decode row samples its request's next token; the requests whose last token that
@@ -479,30 +512,28 @@ class Scheduler:
                 self.release(seq)
         return sampled
 
-    def _cut(self, seq: Sequence, n_pieces: int) -> list[Piece]:
-        """The next ``n_pieces`` pieces of ``seq``'s prefill (fewer if it needs fewer). With a paged
-        cache each piece needs its blocks: where the pool has none, a request newer than ``seq`` is
-        preempted, and if there is none, ``seq`` goes on in a later step."""
-        out = []
+    def _cut(self, seq: Sequence, n_tokens: int) -> Chunk | None:
+        """The next chunk of ``seq``'s prefill: up to ``n_tokens`` tokens (fewer if it needs fewer).
+        With a paged cache the chunk needs its blocks: where the pool has too few, requests newer
+        than ``seq`` are preempted, and if none is left the chunk is what the pool holds (None:
+        nothing; ``seq`` goes on in a later step)."""
         tokens = seq.prefill_tokens()
-        for _ in range(n_pieces):
-            if seq.prefilled >= len(tokens):
-                break
-            start = seq.prefilled
-            piece = tokens[start:start + PIECE]
-            if self.kv is not None and not self._grow_newest_first(seq, start + len(piece)):
-                break
-            seq.prefilled += len(piece)
-            out.append(Piece(seq, start, piece, samples=seq.prefilled == len(tokens)))
+        start = seq.prefilled
+        end = min(start + max(int(n_tokens), 0), len(tokens))
+        if self.kv is not None and end > start:
+            end = min(end, self._grow_newest_first(seq, end))
+        if end <= start:
+            return None
+        seq.prefilled = end
         if self.kv is not None:
             self.kv.filled(seq.table, tokens, seq.prefilled)
-        return out
+        return Chunk(seq, start, tokens[start:end], samples=end == len(tokens))
 
-    def _piece_rows(self, pieces: list[Piece], width: int) -> list:
+    def _chunk_rows(self, chunks: list[Chunk], width: int) -> list:
         sampled = []
-        for i, piece in enumerate(pieces):
-            if piece.samples:
-                seq = piece.seq
+        for i, chunk in enumerate(chunks):
+            if chunk.samples:
+                seq = chunk.seq
                 sampled.append((width + i, seq, seq.resumed_at))
                 seq.produced = seq.resumed_at + 1
                 if seq.produced > seq.last_token(self.max_len) and self.policy != "prefill-only":
@@ -512,55 +543,58 @@ class Scheduler:
     def _whole_prompts(self) -> Step | None:
         """Prefill-first: whole prompts of waiting requests, FIFO, within the budget and the free
         slots (and blocks: a paged cache gives a request every block of its prompt before it starts)."""
-        pieces = []
-        while self._free and (seq := self._next_waiting()) is not None:
-            need = pieces_of(seq.prefill_len)
-            if len(pieces) + need > self.max_pieces:
+        chunks, used = [], 0
+        while self._free and (seq := self._next_waiting()) is not None and self._fits(chunks, used):
+            need = seq.prefill_len
+            if used + need > self.budget:
                 break
             got = self._start(seq, need)
             if got is None:
                 break
-            pieces += got
-        if not pieces:
+            chunks.append(got)
+            used += len(got.tokens)
+        if not chunks:
             return None
-        count = next(c for c in piece_counts(self.max_pieces) if c >= len(pieces))
-        return self._step(0, [], pieces, count)
+        return self._step(0, [], chunks)
 
     def _budget_step(self) -> Step | None:
-        """Chunked: every decoding request's row, then pieces of prompts with what is left."""
+        """Chunked: every decoding request's row, then chunks of prompts with the tokens left."""
         preempted = self.preemptions
         rows = self._make_room(self._decoding())
-        room = (self.budget - len(rows)) // PIECE
-        pieces = []
+        room = self.budget - len(rows)
+        chunks, used = [], 0
         prefilling = sorted((s for s in self.running.values() if s.prefilled < s.prefill_len),
                             key=lambda s: s.order)   # started earlier: continue them first
         for seq in prefilling:
-            if seq.slot >= 0:   # (not preempted by an older one's piece meanwhile)
-                pieces += self._cut(seq, room - len(pieces))
+            if seq.slot >= 0 and used < room and self._fits(chunks, used):   # (not preempted by an older one's chunk)
+                got = self._cut(seq, room - used)
+                if got is not None:
+                    chunks.append(got)
+                    used += len(got.tokens)
         # no newcomer in a step that had to preempt (vLLM v1's rule): memory is short, and the one
         # preempted would otherwise start again at once, in the blocks just taken from it
-        while self._free and len(pieces) < room and self.preemptions == preempted:
+        while self._free and used < room and self._fits(chunks, used) and self.preemptions == preempted:
             seq = self._next_waiting()
-            got = None if seq is None else self._start(seq, room - len(pieces))
+            got = None if seq is None else self._start(seq, room - used)
             if got is None:
                 break
-            pieces += got
-        rows = [s for s in rows if s.slot >= 0]     # a piece may have preempted a newer decoding request
-        pieces = [p for p in pieces if p.seq.slot >= 0]
-        if not pieces:
+            chunks.append(got)
+            used += len(got.tokens)
+        rows = [s for s in rows if s.slot >= 0]     # a chunk may have preempted a newer decoding request
+        chunks = [c for c in chunks if c.seq.slot >= 0]
+        if not chunks:
             return self._decode_step()
-        count = next(c for c in piece_counts(self.max_pieces) if c >= len(pieces))
-        width = self.n_slots   # with pieces, every slot rides along: one program per piece count
-        return self._step(width, rows, pieces, count)
+        width = self.n_slots   # with chunks, every slot rides along: one program per chunk-token count
+        return self._step(width, rows, chunks)
 
     def shapes(self) -> list[tuple[int, int]]:
-        """Every (decode rows, pieces) shape this policy's steps can take: what warm-up compiles."""
+        """Every (decode rows, chunk tokens) shape this policy's steps can take: what warm-up compiles."""
         decode = [(w, 0) for w in decode_widths(self.n_slots)]
-        pieces = piece_counts(self.max_pieces)
+        chunks = token_counts(self.max_chunk_tokens)
         if self.policy == "chunked":
-            return decode + [(self.n_slots, c) for c in pieces]
+            return decode + [(self.n_slots, t) for t in chunks]
         if self.policy == "prefill-first":
-            return decode + [(0, c) for c in pieces]
+            return decode + [(0, t) for t in chunks]
         if self.policy == "prefill-only":
-            return [(0, c) for c in pieces]
+            return [(0, t) for t in chunks]
         return decode

@@ -58,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--policy", default="chunked", choices=POLICIES, help="the scheduler (default: %(default)s)")
     p.add_argument("--slots", type=int, default=8, help="decode slots: the largest decode batch (default: 8)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per iteration, decode rows and prompt pieces together (vLLM's flag; default: "
+                   help="tokens per iteration, decode rows and prompt chunks together (vLLM's flag; default: "
                         f"{DEFAULT_BUDGET} for chunked, the model's context for prefill-first)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait beyond the slots; more are answered 429 (default: %(default)s)")
@@ -102,9 +102,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     budget = args.max_num_batched_tokens
     if args.policy == "chunked" and budget is not None and budget < args.slots + PIECE:
         p.error(f"--max-num-batched-tokens={budget} must be at least --slots + {PIECE} = {args.slots + PIECE} "
-                f"(the budget holds a token per decode row and a prompt piece of {PIECE})")
+                f"(the budget holds a token per decode row and at least {PIECE} prompt tokens)")
     if budget is not None and budget < PIECE:
-        p.error(f"--max-num-batched-tokens={budget} must be at least {PIECE} (one prompt piece)")
+        p.error(f"--max-num-batched-tokens={budget} must be at least {PIECE} (the smallest prompt chunk compiled)")
     _check_paged(p, args)
     _check_quantization(p, args)
     if not 1 <= args.num_speculative_tokens < PIECE:

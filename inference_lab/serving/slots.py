@@ -2,7 +2,7 @@
 
 A server cannot recompile for every mix of requests, so its state has a fixed shape: for every
 layer, K and V arrays of ``n_slots`` rows of ``max_len`` positions (each request owns one row, a
-*slot*, from its first prompt piece to its last token), and ``next_token [n_slots]``, the token
+*slot*, from its first prompt chunk to its last token), and ``next_token [n_slots]``, the token
 each slot feeds to its next decode row. Both stay on the device: a step reads its decode rows'
 tokens from ``next_token`` and writes the tokens it samples back into it, so the host never has
 to hand a token back before the next step can start (the engine dispatches step n + 1 before it
@@ -10,19 +10,19 @@ reads step n's tokens).
 
 The programs, each compiled once per shape at warm-up (:meth:`DecodeSlots.warmup`):
 
-* **step** (per ``(decode rows, pieces)``, :meth:`DecodeSlots.run`): one forward of
+* **step** (per ``(decode rows, chunk tokens)``, :meth:`DecodeSlots.run`): one forward of
   :func:`inference_lab.model.transformer.step_forward` (the scheduler's :class:`~inference_lab.serving.scheduler.Step`:
-  decode rows and prompt pieces together, the weights read once), the head only where a token is
+  decode rows and prompt chunks of any lengths together, the weights read once), the head only where a token is
   sampled, then :func:`inference_lab.runtime.generation.sample_rows`: every row with its own
   temperature, top-k, seed and token index as arrays, so no client setting compiles a program;
 * **verify** (per decode width, speculative decoding, :meth:`DecodeSlots.verify`): each decoding
-  slot's last token and its guesses as one piece, the model's argmax after each, the guesses kept;
+  slot's last token and its guesses as one chunk, the model's argmax after each, the guesses kept;
 * **insert** / **extract** (per padded width): a prompt's cache into a slot from the host, or out of
   a slot to the host (the two pools of :mod:`inference_lab.serving.disaggregated`).
 
 A step computes every row of its shape: free slots ride along in a decode batch (their writes
-dropped, their tokens thrown away) and padding pieces write past the cache (dropped). Their work
-is wasted; their shape is what lets the program stay compiled.
+dropped, their tokens thrown away) and the chunk tokens past the last chunk write nothing. Their
+work is wasted; their shape is what lets the program stay compiled.
 
 **Paged** (``blocks=(num_blocks, block_size)``): each layer's K and V are instead a pool
 ``[num_blocks, block_size, Hkv, Dh]`` that every slot shares, and each step takes the block table
@@ -41,7 +41,8 @@ import numpy as np
 from inference_lab.base import tokenizer
 from inference_lab.model.transformer import step_forward
 from inference_lab.runtime import generation
-from inference_lab.serving.scheduler import MAX_STOP_TOKEN_IDS, PIECE, Piece, Request, Sequence, Step, decode_widths
+from inference_lab.serving.scheduler import (MAX_STOP_TOKEN_IDS, PIECE, Chunk, Request, Sequence, Step, chunk_rows,
+                                             decode_widths)
 
 
 def prefill_widths(max_len: int) -> list[int]:
@@ -61,17 +62,17 @@ def prefill_width(n_tokens: int, max_len: int) -> int:
 
 # ----------------------------------------------------------------------------- the programs
 @functools.partial(jax.jit, static_argnames=("cfg", "mode"), donate_argnames=("k_caches", "v_caches"))
-def _step_jit(params, k_caches, v_caches, next_token, lengths, active, piece_tokens, piece_slots, piece_starts,
-              head_rows, block_table, write_slots, draw, *, cfg, mode):
+def _step_jit(params, k_caches, v_caches, next_token, lengths, active, chunk_tokens, chunk_bounds, chunk_slots,
+              chunk_starts, head_rows, block_table, write_slots, draw, *, cfg, mode):
     """One engine step: the forward, the draws (``draw``: the sampling arrays of
     :meth:`DecodeSlots.sampling`), each drawn token written into ``next_token`` at its slot
     (``write_slots``; ``n_slots`` for a row whose token is thrown away: dropped), and every drawn
     token's log-probabilities (:func:`generation.logprobs`: computed for every row, so no request's
     ``logprobs`` compiles a program). ``block_table``: None for contiguous slots."""
     decode_tokens = next_token[:lengths.shape[0]]
-    logits, k_caches, v_caches = step_forward(params, decode_tokens, lengths, active, piece_tokens, piece_slots,
-                                              piece_starts, head_rows, k_caches, v_caches, cfg=cfg, mode=mode,
-                                              block_table=block_table)
+    logits, k_caches, v_caches = step_forward(params, decode_tokens, lengths, active, chunk_tokens, chunk_bounds,
+                                              chunk_slots, chunk_starts, head_rows, k_caches, v_caches, cfg=cfg,
+                                              mode=mode, block_table=block_table)
     tokens = generation.sample_rows(logits, *draw)
     return (tokens, generation.logprobs(logits, tokens), next_token.at[write_slots].set(tokens, mode="drop"),
             k_caches, v_caches)
@@ -81,7 +82,7 @@ def _step_jit(params, k_caches, v_caches, next_token, lengths, active, piece_tok
 def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guesses, block_table, write_slots, draw,
                 *, cfg, mode):
     """Speculative decoding's check for the first W slots: slot ``i`` feeds its next token and its
-    guesses [W, k] as one piece from position ``starts[i]``. Returns (``chosen`` [W, k + 1]: the
+    guesses [W, k] as one chunk of k + 1 tokens from position ``starts[i]``. Returns (``chosen`` [W, k + 1]: the
     model's token after each fed one, the first drawn by ``sample_rows`` with ``draw`` instead (the
     argmax of a greedy row, after its banned tokens); ``right`` [W]: leading guesses equal to it, at
     most ``n_guesses``; the first token's log-probabilities; ``next_token`` with each written row's
@@ -89,10 +90,12 @@ def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guess
     w, k = guesses.shape
     lanes = jnp.concatenate([next_token[:w, None], guesses], axis=1)              # [W, k + 1]
     slots = jnp.arange(w, dtype=jnp.int32)
+    bounds = jnp.arange(w + 1, dtype=jnp.int32) * (k + 1)
     heads = jnp.arange(w * (k + 1), dtype=jnp.int32)
     empty = jnp.zeros((0,), jnp.int32)
-    logits, k_caches, v_caches = step_forward(params, empty, empty, jnp.zeros((0,), bool), lanes, slots, starts,
-                                              heads, k_caches, v_caches, cfg=cfg, mode=mode, block_table=block_table)
+    logits, k_caches, v_caches = step_forward(params, empty, empty, jnp.zeros((0,), bool), lanes.reshape(-1), bounds,
+                                              slots, starts, heads, k_caches, v_caches, cfg=cfg, mode=mode,
+                                              block_table=block_table)
     logits = logits.reshape(w, k + 1, -1)
     chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)                       # [W, k + 1]
     drawn = generation.sample_rows(logits[:, 0], *draw)
@@ -151,21 +154,26 @@ class DecodeSlots:
     def arrays(self, step: Step) -> tuple:
         """The host arrays of ``step`` for :func:`_step_jit` (everything but the weights, caches
         and ``next_token``)."""
-        wd, n_pieces = step.shape
+        wd, n_tokens = step.shape
         lengths = np.zeros(wd, np.int32)
         active = np.zeros(wd, bool)
         for seq, at in zip(step.decode, step.positions):
             lengths[seq.slot], active[seq.slot] = at, True
-        tokens = np.full((n_pieces, PIECE), tokenizer.PAD, np.int32)
-        slots = np.zeros(n_pieces, np.int32)
-        starts = np.full(n_pieces, self.max_len, np.int32)       # a padding piece writes past the cache
-        heads = np.concatenate([np.arange(wd), wd + PIECE * np.arange(n_pieces)]).astype(np.int32)
-        for i, piece in enumerate(step.pieces):
-            tokens[i, :len(piece.tokens)] = piece.tokens
-            slots[i], starts[i] = piece.seq.slot, piece.start
-            heads[wd + i] += len(piece.tokens) - 1
-        return (lengths, active, tokens, slots, starts, heads, step.block_table,
-                *self.sampling(step.sampled, wd + n_pieces))
+        r = chunk_rows(n_tokens, self.n_slots) if n_tokens else 0
+        tokens = np.full(n_tokens, tokenizer.PAD, np.int32)
+        bounds = np.zeros(r + 1, np.int32)           # an empty chunk (and every place past the last) pads
+        slots = np.zeros(r, np.int32)
+        starts = np.zeros(r, np.int32)
+        heads = np.concatenate([np.arange(wd), np.full(r, wd)]).astype(np.int32)
+        at = 0
+        for i, chunk in enumerate(step.chunks):
+            tokens[at:at + len(chunk.tokens)] = chunk.tokens
+            slots[i], starts[i] = chunk.seq.slot, chunk.start
+            at += len(chunk.tokens)
+            bounds[i + 1:] = at
+            heads[wd + i] = wd + at - 1
+        return (lengths, active, tokens, bounds, slots, starts, heads, step.block_table,
+                *self.sampling(step.sampled, wd + r))
 
     def sampling(self, sampled: list, rows: int) -> tuple:
         """(write slots [rows], the draw: (seed words, token index, temperature, top-k, top-p, min-p
@@ -250,19 +258,22 @@ class DecodeSlots:
     # -- compiling and timing
     def synthetic(self, shape: tuple[int, int], context: int) -> tuple:
         """Host arrays (:meth:`arrays`) of a step of ``shape`` whose decode rows hold ``context``
-        tokens and whose pieces, full ones, fill slots from position ``context``, every row
-        sampled at temperature 1: what warm-up compiles and the step-cost measurements time. It
-        writes the caches and ``next_token``, so only while nothing is served."""
-        wd, n_pieces = shape
-        at = min(context, self.max_len - PIECE)
+        tokens and whose chunk tokens are full, as many chunks as the shape holds (alike, each in
+        its own slot, from position ``context``), every row sampled at temperature 1: what warm-up
+        compiles and the step-cost measurements time. It writes the caches and ``next_token``, so
+        only while nothing is served."""
+        wd, n_tokens = shape
+        r = chunk_rows(n_tokens, self.n_slots) if n_tokens else 0
+        sizes = [n_tokens // r + (i < n_tokens % r) for i in range(r)]
 
         def seq(slot):
             return Sequence(Request("synthetic", [tokenizer.BOS] * PIECE, 1, temperature=1.0), None, slot=slot)
 
         decode = [seq(s) for s in range(wd)]
-        pieces = [Piece(seq(i % self.n_slots), at, [tokenizer.BOS] * PIECE, True) for i in range(n_pieces)]
-        sampled = [(row, s, 0) for row, s in enumerate(decode + [p.seq for p in pieces])]
-        return self.arrays(Step(wd, decode, [context] * wd, pieces, n_pieces, sampled,
+        chunks = [Chunk(seq(i), max(0, min(context, self.max_len - n)), [tokenizer.BOS] * n, True)
+                  for i, n in enumerate(sizes)]
+        sampled = [(row, s, 0) for row, s in enumerate(decode + [c.seq for c in chunks])]
+        return self.arrays(Step(wd, decode, [context] * wd, chunks, n_tokens, sampled,
                                 block_table=self.synthetic_table()))
 
     def synthetic_table(self):

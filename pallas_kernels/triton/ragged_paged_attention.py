@@ -99,25 +99,6 @@ def ragged_paged_attention_kernel(qb_req_ref, qb_first_ref, qb_count_ref, qb_pos
 
 
 # ----------------------------------------------------------------------------- launcher and entry points
-def query_blocks(query_start, context_lens, n_blocks: int, block_q: int):
-    """Which tokens each of the grid's ``n_blocks`` query blocks serves, on the XLA side: a request of
-    ``n`` tokens is ``ceil(n / block_q)`` blocks, in order; for each block its request, its first
-    token, how many tokens it holds (0: none, past the last real block) and its first token's
-    position. Returns four int32 ``[n_blocks]``."""
-    r = context_lens.shape[0]
-    n = query_start[1:] - query_start[:-1]                        # [R] tokens per request
-    per_req = (n + block_q - 1) // block_q
-    ends = jnp.cumsum(per_req)
-    starts = ends - per_req
-    b = jnp.arange(n_blocks, dtype=jnp.int32)
-    req = jnp.minimum(jnp.searchsorted(ends, b, side="right"), r - 1).astype(jnp.int32)
-    local = b - starts[req]
-    first = query_start[req] + local * block_q
-    count = jnp.where(b < ends[r - 1], jnp.minimum(block_q, n[req] - local * block_q), 0)
-    pos = context_lens[req] - n[req] + local * block_q
-    return req, first.astype(jnp.int32), count.astype(jnp.int32), pos.astype(jnp.int32)
-
-
 def launch(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_scale, interpret: bool,
            config: RaggedAttentionConfig | None = None, max_query_len: int | None = None):
     """Run :func:`ragged_paged_attention_kernel` on checked operands: Q in the ``[Hkv, T * G, D]``
@@ -132,7 +113,7 @@ def launch(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_s
     if gp != groups:
         q4 = jnp.pad(q4, ((0, 0), (0, 0), (0, gp - groups), (0, 0)))
     q_rows = q4.transpose(1, 0, 2, 3).reshape(hkv, t * gp, d)
-    blocks = query_blocks(query_start, context_lens, p.grid[0], p.config.block_q)
+    blocks = reference.query_blocks(query_start, context_lens, p.grid[0], p.config.block_q)
     kernel = functools.partial(ragged_paged_attention_kernel, groups=groups, group_rows=gp, block_q=p.config.block_q,
                                block_size=block_size, scale_log2=sm_scale * LOG2E)
     out = common.call(kernel, out_shape=jax.ShapeDtypeStruct(q_rows.shape, q.dtype), grid=p.grid,
@@ -153,7 +134,7 @@ def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, conte
     (its tokens are the last ones, causal) -> ``[T, Hq, D]``, zeros for tokens past
     ``query_start[R]``. ``sm_scale`` defaults to ``D ** -0.5``. ``max_query_len`` (static): no request
     has more tokens than this (1: a decode batch; None: T). It sizes the work: the grid, and the
-    reference's ``[R, max_query_len]`` layout. ``mode``: see :mod:`pallas_kernels.mode` (no Mosaic GPU
+    reference's query blocks. ``mode``: see :mod:`pallas_kernels.mode` (no Mosaic GPU
     tier: ``"pallas"`` runs the Triton tier). ``config``: a :class:`RaggedAttentionConfig` instead of
     the one :func:`plan` picks."""
     q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale = check(
