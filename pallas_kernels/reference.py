@@ -190,12 +190,13 @@ def ragged_query_block(n_tokens: int, n_requests: int, max_query_len: int) -> in
 
 
 def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_scale=None,
-                           max_query_len=None):
+                           max_query_len=None, query_unit=None):
     """One serving iteration's attention (``pk.ragged_paged_attention``): q [T, Hq, D], request ``i``'s
     tokens ``query_start[i]:query_start[i + 1]`` at the last positions of its ``context_lens[i]``,
     causal, over the pool k_pages, v_pages [N, block_size, Hkv, D] through block_tables [R, P] ->
     [T, Hq, D], zeros past ``query_start[R]``. ``max_query_len``: no request has more tokens (static;
-    None: T).
+    None: T); ``query_unit``: the requests' tokens, each rounded up to a multiple of it, fit in T
+    (static; then the query blocks are ``query_unit`` tokens, ``T / query_unit`` of them).
 
     With one token a request (decode) the tokens are laid out by request, and the scores are decode
     attention's multiply-then-sum over the keys' stored layout. With more, they are laid out in query
@@ -220,8 +221,12 @@ def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, conte
         count = query_start[1:] - query_start[:-1]
         first_pos = context_lens - count
     else:
-        bq = ragged_query_block(t, r, lq)
-        b = min(-(-t // bq) + r, r * -(-lq // bq))
+        if query_unit is not None:     # blocks that tile each request's units: at most T / unit units of them
+            bq = min(query_unit, 1 << max(lq - 1, 0).bit_length())
+            b = min(-(-t // query_unit) * (query_unit // bq), r * -(-lq // bq))
+        else:
+            bq = ragged_query_block(t, r, lq)
+            b = min(-(-t // bq) + r, r * -(-lq // bq))
         req, first, count, first_pos = query_blocks(query_start, context_lens, b, bq)
         tables = block_tables[req]                                                     # [B, P]
     j = jnp.arange(bq)

@@ -58,8 +58,12 @@ if policy == "disaggregated":
     engine = TwoPoolEngine(preset, n_slots=8).start()
 else:
     from inference_lab.serving.models import load_model
-    from inference_lab.serving.scheduler import Engine
-    engine = Engine(load_model(preset), policy=policy, n_slots=8, chunk_tokens=64)
+    try:                       # the engine from issue 33 on
+        from inference_lab.serving.engine import Engine
+        engine = Engine(load_model(preset), policy=policy, n_slots=8, max_num_batched_tokens=int(sys.argv[3]))
+    except ImportError:        # the engine before it
+        from inference_lab.serving.scheduler import Engine
+        engine = Engine(load_model(preset), policy=policy, n_slots=8, chunk_tokens=int(sys.argv[3]))
     engine.warmup()
     engine.start()
 print(json.dumps({"ready": True}), flush=True)
@@ -139,10 +143,11 @@ def part_sampling(model, repeats, tokens):
 class Baseline:
     """The engine at ``rev``, in a child process over a git worktree of it."""
 
-    def __init__(self, rev: str, policy: str, preset: str):
+    def __init__(self, rev: str, policy: str, preset: str, budget: int = 64):
         self.folder = tempfile.mkdtemp(prefix="inference-lab-baseline-")
         subprocess.run(["git", "worktree", "add", "--detach", self.folder, rev], check=True, capture_output=True)
-        self.process = subprocess.Popen([sys.executable, "-c", BASELINE_RUNNER, policy, preset], cwd=self.folder,
+        self.process = subprocess.Popen([sys.executable, "-c", BASELINE_RUNNER, policy, preset, str(budget)],
+                                        cwd=self.folder,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         env={**os.environ, "PYTHONPATH": self.folder})
         assert json.loads(self.process.stdout.readline())["ready"]

@@ -338,18 +338,20 @@ def test_no_cache_sized_copies_and_every_cache_aliased(model, steps):
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_the_serving_step_writes_no_row_sized_buffer(paged):
+@pytest.mark.parametrize("decode_rows,chunks", [(8, 4), (1, 0)], ids=["mixed", "one-row"])
+def test_the_serving_step_writes_no_row_sized_buffer(paged, decode_rows, chunks):
     """The serving engine's step (transformer.step_forward, XLA path, compiled for this CPU) over
-    8 rows of a 4,096-position cache, 8 decode rows and 4 prompt chunks in 64 tokens: the new K/V go into the
-    donated cache in place and attention reads it where it is, so nothing in the program writes a
-    buffer as large as one request's row of one layer's cache (the cache itself updated in place
-    aside). Before the ragged attention each 16-token piece gathered its row whole (and scored all
-    of it), 12 or more such buffers here."""
+    8 rows of a 4,096-position cache: 8 decode rows and 4 prompt chunks in 64 tokens, or one decode
+    row alone. The new K/V go into the donated cache in place and attention reads it where it is,
+    so nothing in the program writes a buffer as large as one request's row of one layer's cache
+    (the cache itself updated in place aside). Before the ragged attention each 16-token piece
+    gathered its row whole (and scored all of it), 12 or more such buffers; a lone decode row's
+    write, a dynamic-update-slice that read the old value, made XLA:CPU copy every layer's cache."""
     from inference_lab.model import transformer as M
 
     cfg = TINY.replace(n_layers=2, max_seq_len=4096)
     params = Transformer(cfg, rngs=nnx.Rngs(0), kernels="reference").params()
-    rows, context, chunks, block = 8, 4096, 4, 16
+    rows, context, block = 8, 4096, 16
     shape = ((rows * context // block + 1, block) if paged else (rows, context)) + (cfg.n_kv_heads, cfg.head_dim)
     cache = [jax.ShapeDtypeStruct(shape, jnp.float32)] * cfg.n_layers
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
@@ -357,10 +359,10 @@ def test_the_serving_step_writes_no_row_sized_buffer(paged):
 
     def step(p, tokens, lengths, active, chunk_tokens, bounds, slots, starts, heads, k, v, table):
         return M.step_forward(p, tokens, lengths, active, chunk_tokens, bounds, slots, starts, heads, k, v, cfg=cfg,
-                              mode="reference", block_table=table)
+                              mode="reference", block_table=table, chunk_unit=16)
 
-    args = (params, i32(rows), i32(rows), jax.ShapeDtypeStruct((rows,), jnp.bool_), i32(16 * chunks),
-            i32(chunks + 1), i32(chunks), i32(chunks), i32(rows + chunks), cache, cache, table)
+    args = (params, i32(decode_rows), i32(decode_rows), jax.ShapeDtypeStruct((decode_rows,), jnp.bool_),
+            i32(16 * chunks), i32(chunks + 1), i32(chunks), i32(chunks), i32(decode_rows + chunks), cache, cache, table)
     text = jax.jit(step, donate_argnums=(9, 10)).lower(*args).compile().as_text()
     row = context * cfg.n_kv_heads * cfg.head_dim
     assert hlo.count_cache_copies(text, row) == 0

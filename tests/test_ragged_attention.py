@@ -91,6 +91,25 @@ def test_max_query_len_and_ragged_spreads(mode, tokens, contexts):
 
 
 @pytest.mark.parametrize("mode", ["interpret", "reference"])
+def test_a_query_unit_packs_the_work_and_is_checked(mode):
+    """``query_unit``: the requests' tokens, each rounded up to 16, fit T (a serving step packs its
+    chunks so): the work is T / 16 query blocks (the grid, the reference's layout) and the answers
+    are the same; bookkeeping that breaks the promise is refused."""
+    tokens, contexts = [22, 3, 1, 13, 0], [300, 3, 40, 13, 0]           # 2 + 1 + 1 + 1 units of 16 = 80 places
+    rng = np.random.default_rng(7)
+    args = _problem(rng, tokens, contexts, hq=8, hkv=2, d=32, bs=16, dtype=F32, pad=80 - sum(tokens))
+    want = testing.ragged_paged_attention_f64(*args)
+    with testing.poisoned_outputs():
+        out = pk.ragged_paged_attention(*args, max_query_len=80, query_unit=16, mode=mode)
+    assert testing.rel_err(np.asarray(out, np.float64), want) <= 1e-5
+    assert pk.ragged_paged_attention_plan(80, 5, 4, 2, max_query_len=80, query_unit=16).grid[0] == 80 // 8
+    assert pk.ragged_paged_attention_plan(80, 5, 4, 2, max_query_len=80).grid[0] == 80 // 8 + 5
+    short = _problem(rng, tokens, contexts, hq=8, hkv=2, d=32, bs=16, dtype=F32, pad=64 - sum(tokens))
+    with pytest.raises(ValueError, match="query_unit=16"):
+        pk.ragged_paged_attention(*short, query_unit=16, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["interpret", "reference"])
 def test_each_token_sees_only_its_own_request_causally(mode):
     """Moving a block of one request changes only that request's rows; a key written past a
     token's position (later in its own chunk) changes nothing for it."""

@@ -35,6 +35,7 @@ class Device:
         wd, n_tokens = step.shape
         assert step.prompt_tokens <= n_tokens and all(s.slot < wd for s in step.decode)
         assert len(step.chunks) <= (chunk_rows(n_tokens, sched.n_slots) if n_tokens else 0)
+        assert PIECE * sum(-(-len(c.tokens) // PIECE) for c in step.chunks) <= n_tokens, "the attention's packing promise"
         assert all(c.tokens for c in step.chunks), "an empty chunk"
         assert len(step.decode) + step.prompt_tokens <= sched.budget, "the budget counts real tokens"
         slots = [s.slot for s in step.decode] + [c.seq.slot for c in step.chunks]
@@ -115,14 +116,14 @@ def test_chunked_budget_counts_real_tokens():
         sched.add(_seq(i, 3, 50))
     step = sched.schedule()   # the long prompt goes on first and takes the whole budget: newcomers wait
     assert [(c.seq.rid, c.start, len(c.tokens)) for c in step.chunks] == [("long", 64, 64)]
-    step = sched.schedule()   # its last 22 tokens sample its first; newcomers get chunks beside it, as
-    # many as the largest shape holds (64 places: 4 chunks), though their 3 tokens each would fit more
-    assert [(c.seq.rid, len(c.tokens), c.samples) for c in step.chunks] == (
-        [("long", 22, True)] + [(str(i), 3, True) for i in range(3)])
-    assert step.shape == (8, 64) and step.prompt_tokens == 31
-    step = sched.schedule()   # 4 rows decode, the next 4 newcomers prefill
-    assert [s.rid for s in step.decode] == ["long", "0", "1", "2"]
-    assert [c.seq.rid for c in step.chunks] == ["3", "4", "5", "6"]
+    step = sched.schedule()   # its last 22 tokens sample its first; newcomers get chunks beside it while
+    # the shape holds them, each rounded up to 16 places (22 -> 32, 3 -> 16: 64 places in all)
+    assert [(c.seq.rid, len(c.tokens), c.samples) for c in step.chunks] == [("long", 22, True), ("0", 3, True),
+                                                                            ("1", 3, True)]
+    assert step.shape == (8, 64) and step.prompt_tokens == 28
+    step = sched.schedule()   # 3 rows decode, 4 newcomers prefill (3 + 4 x 16 places = the budget)
+    assert [s.rid for s in step.decode] == ["long", "0", "1"]
+    assert [c.seq.rid for c in step.chunks] == ["2", "3", "4", "5"]
 
 
 def test_a_chunk_takes_what_the_budget_has_left_beside_the_decode_rows():
@@ -144,17 +145,13 @@ def test_prefill_first_batches_whole_prompts_and_decodes_apart():
     seqs = [_seq(i, n, 10) for i, n in enumerate([30, 20, 100, 90, 5])]
     for s in seqs:
         sched.add(s)
-    step = sched.schedule()   # 30 + 20 + 100 + 90 = 240 tokens: the fifth (5) still fits 256
-    assert step.decode == [] and [c.seq.rid for c in step.chunks if c.samples] == ["0", "1", "2", "3", "4"]
-    assert step.shape == (0, 256) and step.prompt_tokens == 245
+    step = sched.schedule()   # 30 + 20 + 100 = 150 tokens in 2 + 2 + 7 pieces of places; 90 (6 more) is past 16
+    assert step.decode == [] and [c.seq.rid for c in step.chunks if c.samples] == ["0", "1", "2"]
+    assert step.shape == (0, 192) and step.prompt_tokens == 150
+    step = sched.schedule()
+    assert step.decode == [] and [c.seq.rid for c in step.chunks] == ["3", "4"] and step.shape == (0, 128)
     step = sched.schedule()
     assert not step.chunks and [s.rid for s in step.decode] == ["0", "1", "2", "3", "4"] and step.decode_width == 8
-    more = [_seq(i, n, 10) for i, n in zip("abc", [200, 60, 3])]
-    sched2 = Scheduler("prefill-first", n_slots=8, max_len=MAX_LEN, budget=256)
-    for s in more:
-        sched2.add(s)
-    step = sched2.schedule()  # 200 + 60 is past the budget: the second waits (FIFO, no skipping ahead)
-    assert [c.seq.rid for c in step.chunks] == ["a"] and step.shape == (0, 256)
 
 
 def test_decode_width_follows_the_highest_busy_slot():

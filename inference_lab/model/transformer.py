@@ -229,7 +229,7 @@ def verify_attention(p, h, kc, vc, *, lengths, cfg, mode):
 
 
 def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, chunk_bounds, chunk_slots, chunk_starts, cfg, mode,
-                   block_table=None):
+                   block_table=None, chunk_unit=None):
     """A serving iteration's attention: h [Wd + T, D] holds one decode token for each of the first
     Wd rows of the cache, then the iteration's prompt chunks back to back in T token places: chunk
     ``i`` is tokens ``chunk_bounds[i]:chunk_bounds[i + 1]`` of them ([R + 1], non-decreasing; an
@@ -238,7 +238,9 @@ def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, chunk_bounds,
     out of one matmul, and every new K/V goes into the cache at once, in one scatter, in place: a
     decode token's at ``decode_lengths`` of its row (only where ``decode_active``: a free or
     still-prefilling row rides along in the decode batch and writes nothing), a chunk's from
-    ``chunk_starts`` of its row (positions past the context are dropped).
+    ``chunk_starts`` of its row (positions past the context are dropped). ``chunk_unit`` (static):
+    the chunks' tokens, each rounded up to a multiple of it, fit the T places (the engine packs
+    its steps so), which bounds the attention's work at T / ``chunk_unit`` query blocks.
 
     Then ``pk.ragged_paged_attention`` for every token: each decode token and each chunk is a run of
     queries at the end of its row's context, reading its row's keys where they are (no row gathered
@@ -270,6 +272,11 @@ def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, chunk_bounds,
     # Every new K/V first, in one scatter per cache over the pool seen flat (a write with no place
     # lands past it and is dropped), then the reads: XLA updates the donated pool in place and no
     # kernel reads a stale copy.
+    if at.shape[0] == 1:
+        # One write would become a dynamic-update-slice that reads the old value (for a dropped
+        # write) while it updates the pool, and XLA:CPU keeps the old pool alive with a copy of the
+        # whole cache, every layer, every step; a second write, always dropped, keeps it a scatter.
+        at, k_new, v_new = jnp.append(at, n_blocks * bs), jnp.concatenate([k_new] * 2), jnp.concatenate([v_new] * 2)
     flat = (n_blocks * bs, *kc.shape[2:])
     kc = kc.reshape(flat).at[at].set(k_new, mode="drop").reshape(kc.shape)
     vc = vc.reshape(flat).at[at].set(v_new, mode="drop").reshape(vc.shape)
@@ -286,7 +293,7 @@ def step_attention(p, h, kc, vc, *, decode_lengths, decode_active, chunk_bounds,
         n = chunk_bounds[1:] - chunk_bounds[:-1]
         ends = jnp.where(chunk_starts + n <= context, chunk_starts + n, n).astype(jnp.int32)
         outs.append(pk.ragged_paged_attention(q[wd:], kc, vc, block_table[chunk_slots], chunk_bounds, ends,
-                                              max_query_len=t, mode=mode))
+                                              max_query_len=t, query_unit=chunk_unit, mode=mode))
     attn = jnp.concatenate(outs) if len(outs) > 1 else outs[0]
     if contiguous:
         kc, vc = kc.reshape(-1, context, *kc.shape[2:]), vc.reshape(-1, context, *vc.shape[2:])
@@ -390,7 +397,7 @@ def verify_forward(params, tokens, lengths, k_caches, v_caches, *, cfg, mode):
 
 
 def step_forward(params, decode_tokens, decode_lengths, decode_active, chunk_tokens, chunk_bounds, chunk_slots,
-                 chunk_starts, head_rows, k_caches, v_caches, *, cfg, mode, block_table=None):
+                 chunk_starts, head_rows, k_caches, v_caches, *, cfg, mode, block_table=None, chunk_unit=None):
     """One iteration of a serving engine in one forward (vLLM v1's token-budget step): decode
     tokens [Wd] for the first Wd rows of the caches at positions ``decode_lengths`` [Wd] (rows
     whose ``decode_active`` [Wd] is False ride along, their work dropped), and R prompt chunks of
@@ -401,13 +408,13 @@ def step_forward(params, decode_tokens, decode_lengths, decode_active, chunk_tok
     for the tokens at ``head_rows`` [H] only, indices into the decode tokens then the chunk tokens:
     the head runs where a token is sampled, not at every prompt position; k_caches, v_caches); no
     length is advanced here. With ``block_table`` [rows, P] the caches are pools of blocks (a paged
-    cache)."""
+    cache). ``chunk_unit``: see :func:`step_attention`."""
     _float_cache_only(cfg, "the serving engine's step")
     tokens = jnp.concatenate([decode_tokens, chunk_tokens])
     x = _embed(params, tokens, cfg)                               # [Wd + T, D]
     attention = functools.partial(step_attention, decode_lengths=decode_lengths, decode_active=decode_active,
                                   chunk_bounds=chunk_bounds, chunk_slots=chunk_slots, chunk_starts=chunk_starts,
-                                  cfg=cfg, mode=mode, block_table=block_table)
+                                  cfg=cfg, mode=mode, block_table=block_table, chunk_unit=chunk_unit)
     x, new_k, new_v = _layers(params, x, k_caches, v_caches, attention, cfg, mode)
     return _logits(params, x[head_rows], cfg, mode), new_k, new_v
 

@@ -6,9 +6,8 @@ Every iteration of the engine is **one forward** over a token budget (vLLM v1's 
 token each) and **chunks** of prompts, each of any length, packed back to back into the step's
 chunk tokens. A chunk writes its K/V into its request's cache and attends to what the cache
 holds, so a prompt can be prefilled a chunk at a time over several iterations, or whole in one.
-A step is one compiled program of a few bucketed shapes: the decode rows (:func:`decode_widths`)
-and the chunk tokens, a multiple of :data:`PIECE` (:func:`token_counts`), which holds up to
-:func:`chunk_rows` chunks; only the end of the chunk tokens is padding.
+A step is one compiled program of a few shapes: decode rows (:func:`decode_widths`) and chunk
+tokens (:func:`token_counts`: each chunk rounded up to a :data:`PIECE` fits them; packed tight).
 
 Policies:
 
@@ -286,14 +285,12 @@ def pieces_of(n_tokens: int) -> int:
 
 def token_counts(most: int) -> list[int]:
     """The chunk tokens a step compiles for, up to ``most`` rounded up to a :data:`PIECE`: 16, 32,
-    48, 64, 96, 128, 192, 256, ... (:func:`piece_counts` pieces): chunks fill them back to back, so
-    only the end of the largest bucket a step needs is padding, at most a third of it."""
+    48, 64, 96, 128, 192, 256, ... (:func:`piece_counts` pieces). Chunks fill them back to back."""
     return [PIECE * c for c in piece_counts(pieces_of(most))]
 
 
 def chunk_rows(chunk_tokens: int, n_slots: int) -> int:
-    """How many chunks a step of ``chunk_tokens`` holds: one per :data:`PIECE` of them, at most one
-    per slot (the attention's work grows with the chunks a step is compiled for, not only its tokens)."""
+    """How many chunks a step of ``chunk_tokens`` holds: one per :data:`PIECE` of them, one per slot."""
     return max(1, min(n_slots, chunk_tokens // PIECE))
 
 
@@ -421,9 +418,8 @@ class Scheduler:
         return [s for s in rows if s.slot >= 0]
 
     def _grow_newest_first(self, seq: Sequence, n_positions: int) -> int:
-        """Blocks for ``seq``'s first ``n_positions``, preempting requests newer than it while the
-        pool is short; when none is left to preempt, as many as the pool has. Returns the positions
-        ``seq``'s blocks then hold (``n_positions``, or fewer)."""
+        """Blocks for ``seq``'s first ``n_positions``, preempting requests newer than it while the pool
+        is short, then as many as it has. Returns the positions ``seq``'s blocks then hold."""
         while not self.kv.grow(seq.table, n_positions):
             newer = [s for s in self.running.values() if s.order > seq.order]
             if not newer:
@@ -482,13 +478,17 @@ class Scheduler:
         return self._step(width, rows, [])
 
     def _chunk_tokens(self, chunks: list[Chunk]) -> int:
-        """The compiled chunk tokens that hold ``chunks``: their tokens, and a :data:`PIECE` each."""
-        need = max(sum(len(c.tokens) for c in chunks), PIECE * len(chunks))
+        """The compiled chunk tokens that hold ``chunks``, each rounded up to a :data:`PIECE`."""
+        need = PIECE * sum(pieces_of(len(c.tokens)) for c in chunks)
         return next(t for t in token_counts(self.max_chunk_tokens) if t >= need)
 
-    def _fits(self, chunks: list[Chunk], used: int) -> bool:
-        """Whether one more chunk fits a compiled shape (:func:`chunk_rows`) beside ``chunks`` (``used`` tokens)."""
-        return len(chunks) < self.n_slots and PIECE * (len(chunks) + 1) <= self.max_chunk_tokens and used < self.budget
+    def _room(self, chunks: list[Chunk], used: int, budget: int) -> int:
+        """The tokens one more chunk may take beside ``chunks`` (``used`` tokens): what the budget has
+        left and the largest shape holds, each chunk rounded up to a :data:`PIECE`; one a slot."""
+        if len(chunks) >= self.n_slots:
+            return 0
+        places = self.max_chunk_tokens - PIECE * sum(pieces_of(len(c.tokens)) for c in chunks)
+        return max(0, min(budget - used, places))
 
     def _step(self, width: int, rows: list[Sequence], chunks: list[Chunk]) -> Step:
         """The step of these rows and chunks. Its block table is read before the requests whose last
@@ -544,9 +544,9 @@ class Scheduler:
         """Prefill-first: whole prompts of waiting requests, FIFO, within the budget and the free
         slots (and blocks: a paged cache gives a request every block of its prompt before it starts)."""
         chunks, used = [], 0
-        while self._free and (seq := self._next_waiting()) is not None and self._fits(chunks, used):
-            need = seq.prefill_len
-            if used + need > self.budget:
+        while self._free and (seq := self._next_waiting()) is not None:
+            need = seq.prefill_len - seq.prefilled
+            if need > self._room(chunks, used, self.budget):
                 break
             got = self._start(seq, need)
             if got is None:
@@ -566,16 +566,16 @@ class Scheduler:
         prefilling = sorted((s for s in self.running.values() if s.prefilled < s.prefill_len),
                             key=lambda s: s.order)   # started earlier: continue them first
         for seq in prefilling:
-            if seq.slot >= 0 and used < room and self._fits(chunks, used):   # (not preempted by an older one's chunk)
-                got = self._cut(seq, room - used)
+            if seq.slot >= 0 and self._room(chunks, used, room):   # (not preempted by an older one's chunk)
+                got = self._cut(seq, self._room(chunks, used, room))
                 if got is not None:
                     chunks.append(got)
                     used += len(got.tokens)
         # no newcomer in a step that had to preempt (vLLM v1's rule): memory is short, and the one
         # preempted would otherwise start again at once, in the blocks just taken from it
-        while self._free and used < room and self._fits(chunks, used) and self.preemptions == preempted:
+        while self._free and self._room(chunks, used, room) and self.preemptions == preempted:
             seq = self._next_waiting()
-            got = None if seq is None else self._start(seq, room - used)
+            got = None if seq is None else self._start(seq, self._room(chunks, used, room))
             if got is None:
                 break
             chunks.append(got)

@@ -72,7 +72,7 @@ def _step_jit(params, k_caches, v_caches, next_token, lengths, active, chunk_tok
     decode_tokens = next_token[:lengths.shape[0]]
     logits, k_caches, v_caches = step_forward(params, decode_tokens, lengths, active, chunk_tokens, chunk_bounds,
                                               chunk_slots, chunk_starts, head_rows, k_caches, v_caches, cfg=cfg,
-                                              mode=mode, block_table=block_table)
+                                              mode=mode, block_table=block_table, chunk_unit=PIECE)
     tokens = generation.sample_rows(logits, *draw)
     return (tokens, generation.logprobs(logits, tokens), next_token.at[write_slots].set(tokens, mode="drop"),
             k_caches, v_caches)

@@ -100,14 +100,15 @@ def ragged_paged_attention_kernel(qb_req_ref, qb_first_ref, qb_count_ref, qb_pos
 
 # ----------------------------------------------------------------------------- launcher and entry points
 def launch(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_scale, interpret: bool,
-           config: RaggedAttentionConfig | None = None, max_query_len: int | None = None):
+           config: RaggedAttentionConfig | None = None, max_query_len: int | None = None,
+           query_unit: int | None = None):
     """Run :func:`ragged_paged_attention_kernel` on checked operands: Q in the ``[Hkv, T * G, D]``
     row layout, the query blocks' bookkeeping, the grid (query blocks, Hkv), the output back to
     ``[T, Hq, D]`` with padding tokens zero."""
     t, hq, d = q.shape
     block_size, hkv = k_pages.shape[1], k_pages.shape[2]
     groups = hq // hkv
-    p = plan(t, block_tables.shape[0], groups, hkv, config=config, max_query_len=max_query_len)
+    p = plan(t, block_tables.shape[0], groups, hkv, config=config, max_query_len=max_query_len, query_unit=query_unit)
     gp = p.group_rows
     q4 = q.reshape(t, hkv, groups, d)
     if gp != groups:
@@ -125,7 +126,7 @@ def launch(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_s
 
 
 def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, context_lens, *, sm_scale=None,
-                           max_query_len: int | None = None, mode: str = "auto",
+                           max_query_len: int | None = None, query_unit: int | None = None, mode: str = "auto",
                            config: RaggedAttentionConfig | None = None):
     """One serving iteration's attention: the tokens ``q [T, Hq, D]`` of ``R`` requests (request
     ``i``: tokens ``query_start[i]:query_start[i + 1]``, ``query_start [R + 1]`` int32) over their
@@ -133,21 +134,24 @@ def ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, conte
     ``block_tables [R, P]``, each request holding ``context_lens[i]`` positions after this iteration
     (its tokens are the last ones, causal) -> ``[T, Hq, D]``, zeros for tokens past
     ``query_start[R]``. ``sm_scale`` defaults to ``D ** -0.5``. ``max_query_len`` (static): no request
-    has more tokens than this (1: a decode batch; None: T). It sizes the work: the grid, and the
-    reference's query blocks. ``mode``: see :mod:`pallas_kernels.mode` (no Mosaic GPU
+    has more tokens than this (1: a decode batch; None: T). ``query_unit`` (static, a power of two):
+    the requests' tokens, each rounded up to a multiple of it, fit in T (a serving step that
+    packs its chunks so promises it): then the work is ``T / query_unit`` query blocks, not the
+    worst case of ``T / block + R``. Both size the work: the grid, and the reference's query blocks. ``mode``: see :mod:`pallas_kernels.mode` (no Mosaic GPU
     tier: ``"pallas"`` runs the Triton tier). ``config``: a :class:`RaggedAttentionConfig` instead of
     the one :func:`plan` picks."""
     q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale = check(
-        q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale, max_query_len)
+        q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale, max_query_len, query_unit)
     tier = choose_tier(mode, config, triton_config=RaggedAttentionConfig, mosaic=None, mosaic_problem=None)
     if tier.name == "reference":
         return reference.ragged_paged_attention(q, k_pages, v_pages, block_tables, query_start, context_lens,
-                                                sm_scale=sm_scale, max_query_len=max_query_len)
+                                                sm_scale=sm_scale, max_query_len=max_query_len, query_unit=query_unit)
     return launch(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale=sm_scale,
-                  interpret=tier.interpret, config=config, max_query_len=max_query_len)
+                  interpret=tier.interpret, config=config, max_query_len=max_query_len, query_unit=query_unit)
 
 
-def check(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale, max_query_len=None):
+def check(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale, max_query_len=None,
+          query_unit=None):
     """The operands as arrays after every check (one-line errors; the bookkeeping's values when concrete)."""
     q, k_pages, v_pages, sm_scale = checks.attention_operands(
         q, k_pages, v_pages, q_rank=3, q_layout="[T, Hq, D]", k_name="k_pages", v_name="v_pages",
@@ -171,6 +175,9 @@ def check(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale
     if max_query_len is not None and (isinstance(max_query_len, bool) or not isinstance(max_query_len, int)
                                       or not 1 <= max_query_len <= max(t, 1)):
         raise ValueError(f"max_query_len={max_query_len!r} must be None or a static integer in 1..T = {t}")
+    if query_unit is not None and (isinstance(query_unit, bool) or not isinstance(query_unit, int) or query_unit < 1
+                                   or query_unit & (query_unit - 1)):
+        raise ValueError(f"query_unit={query_unit!r} must be None or a static power of two")
     most = block_tables.shape[1] * block_size
     if checks.is_concrete(query_start) and checks.is_concrete(context_lens):
         starts, lens = [int(x) for x in query_start], [int(x) for x in context_lens]
@@ -179,6 +186,9 @@ def check(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale
             raise ValueError(f"query_start must start at 0, never decrease and end at most at T = {t}; got {starts}")
         if max_query_len is not None and max(n) > max_query_len:
             raise ValueError(f"a request has {max(n)} tokens, more than max_query_len={max_query_len}")
+        if query_unit is not None and sum(-(-x // query_unit) for x in n) * query_unit > -(-t // query_unit) * query_unit:
+            raise ValueError(f"the requests' tokens, each rounded up to query_unit={query_unit}, take more than the "
+                             f"{t} tokens of q: pass query_unit=None or give q more places")
         bad = [i for i in range(r) if n[i] and not n[i] <= lens[i] <= most]
         if bad:
             i = bad[0]
@@ -224,16 +234,18 @@ ROWS = 32         # rows a program aims for: a decode token's heads, or a chunk'
 
 
 def plan(n_tokens: int, n_requests: int, groups: int, hkv: int, *, config: RaggedAttentionConfig | None = None,
-         max_query_len: int | None = None) -> RaggedAttentionPlan:
+         max_query_len: int | None = None, query_unit: int | None = None) -> RaggedAttentionPlan:
     """The config and grid for ``n_tokens`` tokens of at most ``n_requests`` requests (none with more
-    than ``max_query_len``), ``groups`` query heads per KV head. ``block_q`` = ``ROWS / G`` tokens by
-    default (at least enough for 16 rows; no more than ``max_query_len`` rounded up to a power of
-    two). The grid holds the most query blocks the iteration can need."""
+    than ``max_query_len``; with ``query_unit``, each rounded up to it fitting ``n_tokens``),
+    ``groups`` query heads per KV head. ``block_q`` = ``ROWS / G`` tokens by default (at least enough
+    for 16 rows; no more than ``max_query_len`` rounded up to a power of two, nor than ``query_unit``
+    where the rows allow). The grid holds the most query blocks the iteration can need."""
     gp = next_pow2(groups)
     if config is None:
         block_q = max(1, max(ROWS, MIN_ROWS) // gp)
-        if max_query_len is not None:
-            block_q = max(min(block_q, next_pow2(max_query_len)), -(-MIN_ROWS // gp))
+        for cap in (next_pow2(max_query_len) if max_query_len is not None else None, query_unit):
+            if cap is not None:
+                block_q = max(min(block_q, cap), -(-MIN_ROWS // gp))
         config = RaggedAttentionConfig(block_q=block_q)
     checks.check_config(config, RaggedAttentionConfig)
     if config.block_q * gp < MIN_ROWS:
@@ -242,4 +254,6 @@ def plan(n_tokens: int, n_requests: int, groups: int, hkv: int, *, config: Ragge
     most = cdiv(n_tokens, config.block_q) + n_requests
     if max_query_len is not None:
         most = min(most, n_requests * cdiv(max_query_len, config.block_q))
+    if query_unit is not None and query_unit % config.block_q == 0:   # blocks tile each request's units
+        most = min(most, cdiv(n_tokens, query_unit) * (query_unit // config.block_q))
     return RaggedAttentionPlan(config, gp, (most, hkv))
