@@ -276,7 +276,7 @@ def test_the_rules_find_what_they_look_for():
 # `created` fields (a server's, an answer's) and training's wall clock (tokens/s of the run). Every
 # measured time is a sample of the timer.
 CLOCK_ALLOWED = {"pallas_kernels.timing", "inference_lab.runtime.streaming", "inference_lab.train",
-                 "inference_lab.serving.scheduler", "inference_lab.serving.load", "inference_lab.serving.api",
+                 "inference_lab.serving.requests", "inference_lab.serving.load", "inference_lab.serving.api",
                  "inference_lab.serving.protocol"}
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from inference_lab.base import tokenizer
 from inference_lab.serving.engine import Engine
-from inference_lab.serving.scheduler import QueueFull, Request
+from inference_lab.serving.requests import QueueFull, Request
 from pallas_kernels.mode import pallas_supported
 from serving_helpers import LENGTHS, PRESET, PROMPTS, Listener, generated, load
 

@@ -12,7 +12,8 @@ import random
 import pytest
 
 from inference_lab.serving.blocks import NULL_BLOCK, BlockPool, BlockTable, PagedKV, check_block_size, parse_bytes
-from inference_lab.serving.scheduler import PIECE, Request, Scheduler, Sequence
+from inference_lab.serving.requests import Request
+from inference_lab.serving.scheduler import PIECE, Scheduler, Sequence
 
 MAX_LEN = 256
 

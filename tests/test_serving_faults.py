@@ -24,7 +24,7 @@ import pytest
 from inference_lab.base import tokenizer
 from inference_lab.serving import server as serving_server
 from inference_lab.serving.disaggregated import TwoPoolEngine, _Held
-from inference_lab.serving.scheduler import Request, TokenEvent
+from inference_lab.serving.requests import Request, TokenEvent
 from serving_helpers import PRESET, Listener
 
 SLOTS, QUEUE = 2, 18

@@ -14,8 +14,9 @@ import random
 import pytest
 
 from inference_lab.base import tokenizer
-from inference_lab.serving.scheduler import (PIECE, Request, Scheduler, Sequence, TokenEvent, check_request,
-                                             chunk_rows, decode_widths, piece_counts, token_counts)
+from inference_lab.serving.requests import Request, TokenEvent, check_request
+from inference_lab.serving.scheduler import (PIECE, Scheduler, Sequence, chunk_rows, decode_widths, piece_counts,
+                                             token_counts)
 
 MAX_LEN = 256
 

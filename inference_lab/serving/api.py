@@ -39,7 +39,7 @@ from starlette.routing import Route
 
 from inference_lab.serving.metrics import CONTENT_TYPE, ServingMetrics
 from inference_lab.serving.protocol import APIError, Parsed, bad, read_request
-from inference_lab.serving.scheduler import QueueFull, now
+from inference_lab.serving.requests import QueueFull, now
 from inference_lab.serving.text import TextStream, token_bytes, token_text
 
 MAX_BODY_BYTES = 1 << 20

@@ -54,7 +54,7 @@ import numpy as np
 
 from inference_lab.base.config import ModelConfig
 from inference_lab.serving.lifetime import die_with_parent, one_core
-from inference_lab.serving.scheduler import QueueFull, Request, TokenEvent, check_request, now
+from inference_lab.serving.requests import QueueFull, Request, TokenEvent, check_request, now
 
 READY_TIMEOUT_S = 600.0    # warm-up compiles every program of both roles; minutes on a slow CPU
 RECENT_TRANSFERS = 256     # transfers kept for the median

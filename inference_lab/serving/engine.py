@@ -1,8 +1,8 @@
 """The serving engine: requests in, tokens out, one forward per iteration, in a thread.
 
-:meth:`Engine.submit` hands the engine a :class:`~inference_lab.serving.scheduler.Request` and a
+:meth:`Engine.submit` hands the engine a :class:`~inference_lab.serving.requests.Request` and a
 callback; the engine's thread calls the callback with a
-:class:`~inference_lab.serving.scheduler.TokenEvent` for every token, stamped with the time the
+:class:`~inference_lab.serving.requests.TokenEvent` for every token, stamped with the time the
 token reached the host, and ends every request with exactly one final event: its last token
 (``"length"``/``"stop"``), or ``"abort"``/``"error"`` with the reason, whatever happens to the
 engine (a cancel, :meth:`Engine.stop`, a failure inside the loop).
@@ -30,6 +30,11 @@ or ``enable_prefix_caching`` (vLLM's names) make it paged (:mod:`inference_lab.s
 memory in blocks, as many requests running as their real lengths fit, recompute preemption when the
 pool runs dry, and with prefix caching a prompt's cached leading blocks are not prefilled again.
 
+``step_timeline=N`` keeps a record of each of the last N iterations
+(:mod:`inference_lab.serving.timeline`); ``target_itl_ms`` (chunked) chooses each iteration's token
+budget to hold an inter-token latency target (:mod:`inference_lab.serving.slo`). Both time every
+step shape at warm-up: what a step of each shape costs on this machine.
+
 The two pools (:mod:`inference_lab.serving.disaggregated`) run this loop in the roles
 ``"prefill-only"`` (prefill whole prompts, send the first token, hand the cache on through
 ``handoff``) and ``"decode-only"`` (requests arrive prefilled, :meth:`Engine.submit_prefilled`).
@@ -45,11 +50,14 @@ import numpy as np
 
 from inference_lab.runtime.generation import MIN_TEMPERATURE
 from inference_lab.serving.blocks import paged_kv
-from inference_lab.serving.scheduler import (DEFAULT_BUDGET, PIECE, POLICIES, ROLES, QueueFull, Request, Scheduler,
-                                             Sequence, TokenEvent, check_request, now)
+from inference_lab.serving.requests import QueueFull, Request, TokenEvent, check_request, now
+from inference_lab.serving.scheduler import DEFAULT_BUDGET, PIECE, POLICIES, ROLES, Scheduler, Sequence
+from inference_lab.serving.slo import ItlBudget, check_target
 from inference_lab.serving.slots import DecodeSlots
+from inference_lab.serving.timeline import Timeline
 
 SPECULATIVE_METHODS = ("ngram",)
+SLO_BUDGET = 256     # the largest budget --target-itl-ms may choose, unless max_num_batched_tokens says
 
 
 class Engine:
@@ -70,7 +78,8 @@ class Engine:
     def __init__(self, model, *, policy: str = "chunked", n_slots: int = 8, max_num_batched_tokens: int | None = None,
                  max_queue: int = 64, handoff=None, async_scheduling: bool = True, speculative: tuple | None = None,
                  forward_cancel=None, block_size: int | None = None, num_kv_blocks: int | None = None,
-                 kv_cache_memory=None, enable_prefix_caching: bool = False):
+                 kv_cache_memory=None, enable_prefix_caching: bool = False, step_timeline: int = 0,
+                 target_itl_ms: float | None = None):
         if policy not in POLICIES[:2] + ROLES:
             raise ValueError(f"policy={policy!r}: the in-process engine runs 'prefill-first' or 'chunked' "
                              "('disaggregated' is serving.disaggregated.TwoPoolEngine)")
@@ -81,12 +90,18 @@ class Engine:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
         if not isinstance(async_scheduling, bool):
             raise ValueError(f"async_scheduling={async_scheduling!r} must be True or False")
+        if target_itl_ms is not None and policy != "chunked":
+            raise ValueError(f"target_itl_ms applies to the 'chunked' policy (it sizes the prompt chunks beside the "
+                             f"decode rows); policy={policy!r} has no budget to choose")
+        if target_itl_ms is not None:   # checked now, before anything is compiled
+            check_target(target_itl_ms)
         self.model, self.policy, self.handoff, self.forward_cancel = model, policy, handoff, forward_cancel
         self.n_slots, self.max_queue = int(n_slots), int(max_queue)
         self.max_len = model.cfg.max_seq_len
         self.kv = paged_kv(model.cfg, policy=policy, n_slots=self.n_slots, block_size=block_size,
                            num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
                            prefix_caching=enable_prefix_caching, piece=PIECE)
+        self.target_itl_ms = target_itl_ms
         self.budget = self._budget(max_num_batched_tokens)
         self.speculative = self._speculative(speculative)
         self.slots = DecodeSlots(model, self.n_slots, self.max_len,
@@ -100,13 +115,18 @@ class Engine:
         self.error: str | None = None
         self.stopped: str | None = None
         self.iterations = 0
+        self.timeline = Timeline(step_timeline) if step_timeline else None
+        # what times the steps: the timeline, or (a latency target alone) a record of the last step
+        self._steps = self.timeline or (Timeline(1) if target_itl_ms is not None else None)
+        self.step_costs: dict | None = None     # {shape: seconds}, measured at warm-up for the timeline and the SLO
+        self.itl: ItlBudget | None = None
         self.proposed = self.accepted = 0       # speculative decoding: guesses checked, guesses kept
         self.drafts = 0                         # rows that were given guesses (vLLM's num_drafts)
 
     def _budget(self, budget) -> int:
         whole = self.max_len - 1                            # the longest prompt
         if budget is None:
-            budget = DEFAULT_BUDGET if self.policy == "chunked" else whole
+            budget = (SLO_BUDGET if self.target_itl_ms else DEFAULT_BUDGET) if self.policy == "chunked" else whole
         if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
             raise ValueError(f"max_num_batched_tokens={budget!r} must be an integer")
         if self.policy == "chunked" and budget < self.n_slots + PIECE:
@@ -133,6 +153,8 @@ class Engine:
 
     # -- the outside: any thread
     def start(self) -> "Engine":
+        if self.target_itl_ms is not None and self.itl is None:   # its budgets come from the measured steps
+            self.warmup()
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="inference-lab-engine", daemon=True)
             self._thread.start()
@@ -202,8 +224,14 @@ class Engine:
         the inserts or extracts of the two pools, the verify steps), so that no request ever waits
         for the compiler. Returns the seconds it took."""
         t0 = now()
-        self.slots.warmup(self.scheduler.shapes(), extracts=self.policy == "prefill-only",
+        shapes = self.scheduler.shapes()
+        self.slots.warmup(shapes, extracts=self.policy == "prefill-only",
                           inserts=self.policy == "decode-only", speculative=self.speculative[1] if self.speculative else 0)
+        if self.timeline is not None or self.target_itl_ms is not None:
+            self.step_costs = self.slots.time_shapes(shapes, context=self.max_len // 2, repeats=3, back_to_back=2)
+        if self.target_itl_ms is not None:
+            self.itl = ItlBudget(self.target_itl_ms / 1e3, self.step_costs, n_slots=self.n_slots, most=self.budget)
+            self.scheduler.budget_for = self.itl.budget
         return now() - t0
 
     # -- the loop: the engine's thread only
@@ -220,9 +248,12 @@ class Engine:
                         self._deliver(*pending)
                         pending = None
                     self._insert(step)
+                    started = now()
                     self._speculate(step)
+                    self._record(step, "verify", started, self.iterations)
                 elif step is not None:
                     self._insert(step)
+                    started = now()
                     tokens = self.slots.run(step) if step.decode or step.chunks else None
                     if self.handoff is not None:   # each finished prompt's cache, queued behind its step
                         for chunk in step.chunks:
@@ -230,7 +261,7 @@ class Engine:
                                 chunk.seq.cache_out = self.slots.extract(chunk.seq.slot, chunk.seq.prompt_len)
                     if pending is not None:
                         self._deliver(*pending)
-                    pending = (step, tokens)
+                    pending = (step, tokens, started, self.iterations)
                     if not self.async_scheduling:
                         self._deliver(*pending)
                         pending = None
@@ -283,11 +314,14 @@ class Engine:
             if inserted is not None:
                 inserted(now() - t0)
 
-    def _deliver(self, step, out) -> None:
-        """Send the tokens ``step`` sampled (in order, per request), and end what they finish.
-        ``out``: (tokens, log-probabilities) as :meth:`DecodeSlots.run` returns them."""
+    def _deliver(self, step, out, started: float, iteration: int) -> None:
+        """Send the tokens ``step`` (dispatched at ``started``, in loop iteration ``iteration``)
+        sampled (in order, per request), and end what they finish. ``out``: (tokens,
+        log-probabilities) as :meth:`DecodeSlots.run` returns them."""
         tokens, logprobs = out if out is not None else (None, None)
         tokens = np.asarray(tokens) if tokens is not None else None
+        if tokens is not None:
+            self._record(step, "step", started, iteration)
         if logprobs is not None and any(seq.request.logprobs is not None for _, seq, _ in step.sampled):
             logprobs = tuple(np.asarray(x) for x in logprobs)
         for row, seq, index in step.sampled:
@@ -299,6 +333,19 @@ class Engine:
                 self.handoff(seq.request, int(tokens[row]), seq.cache_out)
                 seq.cache_out = None
                 self._retire(seq)
+
+    def _record(self, step, kind: str, started: float, iteration: int) -> None:
+        """The step's record in the timeline, and its measured time for the latency target."""
+        if self._steps is None:
+            return
+        predicted = self.step_costs.get(step.shape) if self.step_costs and kind == "step" else None
+        record = self._steps.add(
+            iteration, started, now(), kind=kind, decode_rows=len(step.decode), prompt_tokens=step.prompt_tokens,
+            chunks=len(step.chunks), shape=step.shape, budget=step.budget,
+            blocks_used=None if self.kv is None else self.kv.pool.usable - self.kv.pool.num_free,
+            waiting=len(self.scheduler.waiting), predicted_s=predicted)
+        if self.itl is not None and kind == "step":
+            self.itl.observe(predicted, record.seconds)
 
     def _send(self, seq: Sequence, token: int, index: int, logprobs=None, row: int = 0) -> bool:
         """Token ``index`` of ``seq`` out, with its log-probabilities where the request asked

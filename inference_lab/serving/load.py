@@ -33,7 +33,7 @@ import numpy as np
 from inference_lab.analytic.serving_metrics import ServingTrace, trace_from_token_times
 from inference_lab.analytic.workload import Requests, sample_requests
 from inference_lab.base import tokenizer
-from inference_lab.serving.scheduler import Request
+from inference_lab.serving.requests import Request
 from pallas_kernels import files
 
 PERCENTILES = (50, 90, 99)
@@ -236,7 +236,7 @@ def drive_engine(backend, requests: Requests, *, label: str | None = None, seed:
     """The same trace sent to an engine directly, without HTTP: each request is submitted at its
     arrival time (from this thread) and its tokens are timed as the engine stamps them. What
     the server adds is the difference between this and :func:`bench_serve` on the same trace.
-    ``sampling``: one dict per request of :class:`~inference_lab.serving.scheduler.Request`'s
+    ``sampling``: one dict per request of :class:`~inference_lab.serving.requests.Request`'s
     ``temperature``, ``top_k`` and ``seed`` (default: greedy). ``prompts``: the texts to send
     (default: :func:`prompt_texts` of the trace's lengths)."""
     import threading

@@ -1,7 +1,7 @@
 """What an OpenAI-style request may ask of this server, read and checked before the engine sees it.
 
 :func:`read_request` turns the JSON body of ``POST /v1/completions`` or ``/v1/chat/completions``
-into a :class:`Parsed` request: the engine's :class:`~inference_lab.serving.scheduler.Request`
+into a :class:`Parsed` request: the engine's :class:`~inference_lab.serving.requests.Request`
 for each of its ``n`` choices, and what the answer needs (streaming, usage, stop strings,
 log-probabilities). Every field is one of three kinds, and the lists below say which:
 
@@ -23,7 +23,7 @@ import secrets
 import time
 
 from inference_lab.base import checks, tokenizer
-from inference_lab.serving.scheduler import MAX_STOP_TOKEN_IDS, Request
+from inference_lab.serving.requests import MAX_STOP_TOKEN_IDS, Request
 
 MAX_SEED = 2**64 - 1        # seeds are 64-bit, every bit used (generation.seed_key); -2**63.. too, as int64
 MIN_SEED = -2**63

@@ -45,113 +45,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import time
 
-from inference_lab.base import checks, tokenizer
 from inference_lab.serving.blocks import BlockTable, PagedKV
+from inference_lab.serving.requests import Request, now
 
 POLICIES = ("prefill-first", "chunked", "disaggregated")
 ROLES = ("prefill-only", "decode-only")   # the two pools' schedulers (serving.disaggregated)
 PIECE = 16                # the unit of a step's chunk tokens (and of the paged cache's blocks): Triton's smallest dot
 DEFAULT_BUDGET = 64       # chunked: tokens per iteration, sized for the shipped models' 256-token context
-
-
-class QueueFull(Exception):
-    """The engine holds as many requests as it may: the server answers 429 rather than queue without bound."""
-
-
-MAX_STOP_TOKEN_IDS = 8    # stop_token_ids a request may name (with EOS, the tokens min_tokens bans)
-
-
-@dataclasses.dataclass
-class Request:
-    """One request as the engine sees it: token ids (with BOS), how to sample and when to stop.
-
-    ``top_p``/``min_p``: nucleus and min-p sampling (1 and 0: off); ``stop_token_ids``: tokens that
-    end the request as end-of-sequence does (finish ``"stop"``); ``min_tokens``: none of those ends it
-    (nor is drawn) before this many tokens; ``logprobs``: None, or how many of the likeliest
-    alternatives each token's event carries beside its own log-probability (0..``checks.MAX_LOGPROBS``);
-    ``after``: another request's id whose prompt this one shares (the choices of one ``n > 1``
-    request): with prefix caching it starts once that one's prompt is scheduled, to share its blocks."""
-
-    rid: str
-    prompt: list
-    max_tokens: int
-    temperature: float = 0.0
-    top_k: int | None = None
-    seed: int = 0
-    stop_at_eos: bool = True
-    top_p: float = 1.0
-    min_p: float = 0.0
-    stop_token_ids: tuple = ()
-    min_tokens: int = 0
-    logprobs: int | None = None
-    after: str | None = None
-
-    def stop_tokens(self) -> tuple:
-        """The tokens that end this request: its stop tokens, and end-of-sequence unless ignored."""
-        return tuple(self.stop_token_ids) + ((tokenizer.EOS,) if self.stop_at_eos else ())
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenEvent:
-    """Token ``index`` of request ``rid`` reached the host at ``time`` (``time.perf_counter``,
-    a system-wide monotonic clock on Linux, so worker processes' stamps compare). ``finish``:
-    ``"length"``/``"stop"`` on the last token; ``"abort"`` (a cancel, or the engine stopping) and
-    ``"error"`` (the engine failed) end a request without one: ``token`` is then -1 and ``error``
-    says why (empty for a cancel the client asked for). ``logprob`` and ``top_logprobs`` (``((id,
-    logprob), ...)``, likeliest first) where the request asked for log-probabilities; ``scheduled``:
-    on a request's first token, when it got its slot (the end of its time in the queue)."""
-
-    rid: str
-    token: int
-    index: int
-    time: float
-    finish: str | None = None
-    error: str = ""
-    logprob: float | None = None
-    top_logprobs: tuple = ()
-    scheduled: float | None = None
-
-
-def now() -> float:
-    return time.perf_counter()
-
-
-def check_request(request: Request, *, vocab_size: int, max_len: int) -> None:
-    """One-line errors for a request no engine of this model can serve (the API answers them 400
-    first); every engine runs it at ``submit``, before the request could reach a worker loop."""
-    if not isinstance(request, Request):
-        raise ValueError(f"request must be a serving.scheduler.Request, got {type(request).__name__}")
-    rid = request.rid
-    try:
-        prompt = checks.token_ids("prompt", request.prompt, vocab_size)
-    except ValueError as err:
-        raise ValueError(f"request {rid}: {err}") from None
-    if len(prompt) >= max_len:
-        raise ValueError(f"request {rid}: a prompt of {len(prompt)} tokens leaves no room in max_len={max_len}; "
-                         "shorten it")
-    if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
-        raise ValueError(f"request {rid}: max_tokens={request.max_tokens!r} must be a positive integer")
-    try:
-        checks.sampling(request.temperature, request.top_k, vocab_size)
-        checks.probability_cuts(request.top_p, request.min_p)
-        checks.seed("seed", request.seed)
-        checks.flag("stop_at_eos", request.stop_at_eos)
-        stops = request.stop_token_ids
-        if not isinstance(stops, (list, tuple)) or len(stops) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
-        if stops:
-            checks.token_ids("stop_token_ids", stops, vocab_size)
-        if (isinstance(request.min_tokens, bool) or not isinstance(request.min_tokens, int)
-                or not 0 <= request.min_tokens <= request.max_tokens):
-            raise ValueError(f"min_tokens={request.min_tokens!r} must be an integer in 0..max_tokens "
-                             f"({request.max_tokens})")
-        checks.logprobs(request.logprobs)
-        if request.after is not None and not isinstance(request.after, str):
-            raise ValueError(f"after={request.after!r} must be None or a request id")
-    except ValueError as err:
-        raise ValueError(f"request {rid}: {err}") from None
 
 
 @dataclasses.dataclass(eq=False)
@@ -239,7 +140,8 @@ class Step:
     ``(head row, sequence, token index)`` for every token this step samples (head rows:
     ``0 .. decode_width - 1`` are the decode rows by slot, ``decode_width + i`` is chunk ``i``'s
     last token). ``arrivals``: decode-only sequences placed in their slots before this step.
-    ``block_table``: with a paged cache, every slot's blocks ``[n_slots, blocks per request]``."""
+    ``block_table``: with a paged cache, every slot's blocks ``[n_slots, blocks per request]``;
+    ``budget``: the token budget it was planned in."""
 
     decode_width: int
     decode: list
@@ -249,6 +151,7 @@ class Step:
     sampled: list
     arrivals: list = dataclasses.field(default_factory=list)
     block_table: object = None
+    budget: int = 0
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -299,14 +202,17 @@ class Scheduler:
 
     ``policy`` as the module says (or one of :data:`ROLES`), ``n_slots`` slots of ``max_len``
     positions, ``budget`` tokens per iteration (``max_num_batched_tokens``); ``kv``: a paged cache's
-    blocks (None: each slot owns ``max_len`` contiguous positions)."""
+    blocks (None: each slot owns ``max_len`` contiguous positions). ``budget_for(decode_rows)``:
+    chunked only, each iteration's budget, at most ``budget`` (:mod:`inference_lab.serving.slo`)."""
 
-    def __init__(self, policy: str, *, n_slots: int, max_len: int, budget: int, kv: PagedKV | None = None):
+    def __init__(self, policy: str, *, n_slots: int, max_len: int, budget: int, kv: PagedKV | None = None,
+                 budget_for=None):
         if policy not in ("prefill-first", "chunked") + ROLES:
             raise ValueError(f"policy={policy!r}: a scheduler runs 'prefill-first', 'chunked' or a pool's role")
         if kv is not None and policy in ROLES:
             raise ValueError("the two pools hand on contiguous caches: a paged cache serves 'prefill-first' or 'chunked'")
         self.policy, self.n_slots, self.max_len, self.budget, self.kv = policy, n_slots, max_len, budget, kv
+        self.budget_for = budget_for
         self.max_chunk_tokens = token_counts(budget)[-1]
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[int, Sequence] = {}          # slot -> sequence (prefilling or decoding)
@@ -490,7 +396,7 @@ class Scheduler:
         places = self.max_chunk_tokens - PIECE * sum(pieces_of(len(c.tokens)) for c in chunks)
         return max(0, min(budget - used, places))
 
-    def _step(self, width: int, rows: list[Sequence], chunks: list[Chunk]) -> Step:
+    def _step(self, width: int, rows: list[Sequence], chunks: list[Chunk], budget: int = 0) -> Step:
         """The step of these rows and chunks. Its block table is read before the requests whose last
         token it samples give their blocks back: this step reads them, only the next may reuse them."""
         positions = [s.cache_length() for s in rows]
@@ -499,7 +405,7 @@ class Scheduler:
             table = self.kv.tables({slot: s.table for slot, s in self.running.items()}, self.n_slots)
         sampled = self._advance(rows) + self._chunk_rows(chunks, width)
         return Step(width, rows, positions, chunks, self._chunk_tokens(chunks) if chunks else 0, sampled,
-                    block_table=table)
+                    block_table=table, budget=budget or self.budget)
 
     def _advance(self, rows: list[Sequence]) -> list:
         """Each decode row samples its request's next token; the requests whose last token that
@@ -561,7 +467,8 @@ class Scheduler:
         """Chunked: every decoding request's row, then chunks of prompts with the tokens left."""
         preempted = self.preemptions
         rows = self._make_room(self._decoding())
-        room = self.budget - len(rows)
+        budget = self.budget if self.budget_for is None else min(self.budget, self.budget_for(len(rows)))
+        room = budget - len(rows)
         chunks, used = [], 0
         prefilling = sorted((s for s in self.running.values() if s.prefilled < s.prefill_len),
                             key=lambda s: s.order)   # started earlier: continue them first
@@ -585,7 +492,7 @@ class Scheduler:
         if not chunks:
             return self._decode_step()
         width = self.n_slots   # with chunks, every slot rides along: one program per chunk-token count
-        return self._step(width, rows, chunks)
+        return self._step(width, rows, chunks, budget)
 
     def shapes(self) -> list[tuple[int, int]]:
         """Every (decode rows, chunk tokens) shape this policy's steps can take: what warm-up compiles."""

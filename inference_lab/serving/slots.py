@@ -41,8 +41,8 @@ import numpy as np
 from inference_lab.base import tokenizer
 from inference_lab.model.transformer import step_forward
 from inference_lab.runtime import generation
-from inference_lab.serving.scheduler import (MAX_STOP_TOKEN_IDS, PIECE, Chunk, Request, Sequence, Step, chunk_rows,
-                                             decode_widths)
+from inference_lab.serving.requests import MAX_STOP_TOKEN_IDS, Request
+from inference_lab.serving.scheduler import PIECE, Chunk, Sequence, Step, chunk_rows, decode_widths
 
 
 def prefill_widths(max_len: int) -> list[int]:
