@@ -13,6 +13,7 @@ would: the server and both workers must go with it.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -73,10 +74,11 @@ def servers():
     try:
         started["disaggregated"] = KernelServer("disaggregated")
         started["chunked"] = serving_server.ServerProcess("--api-key", KEY, "--slots", "2", "--max-num-batched-tokens",
-                                                          "32", *PAGED, policy="chunked", preset=PRESET)
+                                                          "32", *PAGED, "--step-timeline", "500", policy="chunked",
+                                                          preset=PRESET)
         started["prefill-first"] = serving_server.ServerProcess("--slots", "2", "--speculative", "ngram",
-                                                                "--num-speculative-tokens", "3", policy="prefill-first",
-                                                                preset=PRESET)
+                                                                "--num-speculative-tokens", "3", "--kv-cache-layout",
+                                                                "contiguous", policy="prefill-first", preset=PRESET)
         yield started
     finally:
         for s in started.values():
@@ -325,6 +327,23 @@ def test_transport_refusals(servers):
     assert httpx.get(url, headers=h).status_code == 405
 
 
+def test_the_step_timeline_is_served_behind_the_key(servers, expected):
+    """--step-timeline: GET /debug/steps lists the last iterations (behind the API key, as /v1); a
+    request's prompt and tokens are in them; a server without the flag answers 404 saying how."""
+    steps = servers["chunked"].url + "/debug/steps"
+    before = httpx.get(steps, headers=_headers("chunked")).json()["data"]
+    client = _client(servers, "chunked")
+    client.completions.create(model=PRESET, prompt=PROMPTS[0], max_tokens=6, temperature=0,
+                              extra_body={"ignore_eos": True})
+    after = httpx.get(steps, headers=_headers("chunked")).json()["data"]
+    new = after[len(before):] if len(after) < 500 else after
+    assert sum(r["prompt_tokens"] for r in new) >= 1 and sum(r["decode_rows"] for r in new) >= 5
+    assert all(r["seconds"] > 0 and r["predicted_s"] > 0 and len(r["shape"]) == 2 for r in new)
+    assert httpx.get(steps).status_code == 401
+    off = httpx.get(servers["prefill-first"].url + "/debug/steps")
+    assert off.status_code == 404 and "--step-timeline" in off.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("policy", ["chunked", "disaggregated"])
 def test_a_client_that_goes_away_frees_its_slot(servers, policy):
     base = servers[policy].base_url
@@ -351,7 +370,8 @@ def test_paged_server_preempts_shares_prefixes_and_says_so_in_metrics(servers):
     client = _client(servers, "chunked")
     prompt = PROMPTS[2]
     want = generation.generate(load(), prompt, max_new_tokens=140)
-    before = metrics.parse(httpx.get(servers["chunked"].url + "/metrics", headers=_headers("chunked")).text)
+    before = collections.defaultdict(float, metrics.parse(
+        httpx.get(servers["chunked"].url + "/metrics", headers=_headers("chunked")).text))   # a counter not yet seen: 0
     out = [None, None]
 
     def one(i):
@@ -439,7 +459,42 @@ def test_parse_args_rules():
     paged = serving_server.parse_args(["--kv-cache-memory", "8MiB", "--enable-prefix-caching"])
     assert paged.kv_cache_memory == "8MiB" and paged.enable_prefix_caching and paged.block_size is None
     args = serving_server.parse_args(["--no-async-scheduling", "--speculative", "ngram"])
-    assert args.async_scheduling is False and args.speculative == "ngram" and args.max_num_batched_tokens is None
+    assert args.async_scheduling is False and args.speculative_config == ("ngram", 3)
+    assert args.max_num_batched_tokens is None
+
+
+def test_the_servers_defaults_and_vllms_spellings():
+    """Paged with prefix caching unless asked otherwise (the two pools hand on contiguous caches);
+    --max-num-seqs with --slots as its older name; --speculative-config as vLLM takes it; a latency
+    target and the step timeline; every bad value one line naming the flag."""
+    flags = serving_server._paged_flags
+    assert flags(serving_server.parse_args([])) == dict(block_size=16, num_kv_blocks=None, kv_cache_memory=None,
+                                                        prefix_caching=True)
+    assert flags(serving_server.parse_args(["--no-enable-prefix-caching"]))["prefix_caching"] is False
+    assert flags(serving_server.parse_args(["--kv-cache-layout", "contiguous"])) == dict(
+        block_size=None, num_kv_blocks=None, kv_cache_memory=None, prefix_caching=False)
+    assert flags(serving_server.parse_args(["--policy", "disaggregated"]))["block_size"] is None
+    assert serving_server.parse_args(["--max-num-seqs", "16"]).slots == serving_server.parse_args(["--slots", "16"]).slots == 16
+    spec = serving_server.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}'])
+    assert spec.speculative_config == ("ngram", 5)
+    assert serving_server.parse_args(["--speculative-config", '{"method": "ngram"}']).speculative_config == ("ngram", 3)
+    assert serving_server.parse_args([]).speculative_config is None
+    slo = serving_server.parse_args(["--target-itl-ms", "25", "--step-timeline", "100"])
+    assert slo.target_itl_ms == 25 and slo.step_timeline == 100
+    for bad, words in (
+            (["--speculative-config", "ngram"], "not JSON"),
+            (["--speculative-config", '{"method": "eagle"}'], "method 'eagle'"),
+            (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 99}'], "1..15"),
+            (["--speculative-config", '{"method": "ngram", "model": "x"}'], "--speculative-config takes"),
+            (["--speculative-config", '{"method": "ngram"}', "--speculative", "ngram"], "not both"),
+            (["--num-speculative-tokens", "2"], "needs --speculative"),
+            (["--target-itl-ms", "0"], "--target-itl-ms=0.0"),
+            (["--target-itl-ms", "20", "--policy", "prefill-first"], "applies to --policy chunked"),
+            (["--step-timeline", "-1"], "--step-timeline=-1"),
+            (["--kv-cache-layout", "contiguous", "--block-size", "16"], "has no blocks: drop --block-size")):
+        err = subprocess.run([sys.executable, "-m", "inference_lab", "serve", *bad], capture_output=True, text=True,
+                             timeout=60)
+        assert err.returncode == 2 and words in err.stderr and "Traceback" not in err.stderr, (bad, err.stderr)
 
 
 # ----------------------------------------------------------------------------- stopping

@@ -287,13 +287,14 @@ def class_lines(measured: ServingTrace, simulated_runs: dict, n_slots: int = N_S
 # ----------------------------------------------------------------------------- the notebook's steps
 def start_server(policy: str = "chunked"):
     """The lab's server as a child process on a free port (stopped with ``server.stop()``, or with
-    this kernel), with the in-process engines' slots and token budget, so the simulator configured
-    for those describes it too."""
+    this kernel), with the in-process engines' slots, token budget and contiguous KV cache (this
+    lesson's layout; the server's default is paged, notebook 10), so the simulator configured for
+    those describes it too."""
     from inference_lab.serving.server import ServerProcess
 
     budget = CHUNK_TOKENS if policy == "chunked" else PREFILL_TOKENS
-    return ServerProcess("--slots", str(N_SLOTS), "--max-num-batched-tokens", str(budget), policy=policy,
-                         preset=PRESET)
+    return ServerProcess("--max-num-seqs", str(N_SLOTS), "--max-num-batched-tokens", str(budget),
+                         "--kv-cache-layout", "contiguous", policy=policy, preset=PRESET)
 
 
 def stream_once(base_url: str, prompt: str, max_tokens: int = 48) -> ServingTrace:

@@ -7,7 +7,9 @@ per token and choice, a last chunk with ``usage`` when ``stream_options.include_
 then ``data: [DONE]``), ``GET /v1/models``, ``GET /health`` (the engine's state as JSON: slots,
 queue, KV blocks free and used, preemptions, prefix-cache counts) and ``GET /metrics`` (the same
 and the requests' latencies in the Prometheus text format, vLLM's metric names:
-:mod:`inference_lab.serving.metrics`). With an API key, ``/v1`` answers only who sends it;
+:mod:`inference_lab.serving.metrics`), and with ``--step-timeline`` ``GET /debug/steps`` (the
+engine's last iterations: :mod:`inference_lab.serving.timeline`). With an API key, ``/v1`` and
+``/debug`` answer only who sends it;
 ``/health`` and ``/metrics`` answer without it, as vLLM's do (a load balancer's probe and a
 Prometheus scrape carry none, and they show no request's content).
 
@@ -367,6 +369,15 @@ def _metrics(served: Served) -> Response:
     return Response(served.metrics.text(), media_type=CONTENT_TYPE)
 
 
+def _steps(served: Served) -> JSONResponse:
+    """The engine's step timeline (:mod:`inference_lab.serving.timeline`), when it keeps one."""
+    timeline = getattr(served.backend, "timeline", None)
+    if timeline is None:
+        return _error_response(APIError(404, "the step timeline is off: start the server with --step-timeline N",
+                                        kind="invalid_request_error", code="not_found"))
+    return JSONResponse({"object": "list", "data": timeline.as_json()})
+
+
 async def _http_error(http, exc: HTTPException):
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     return _error_response(APIError(exc.status_code, f"{http.method} {http.url.path}: {exc.detail}", kind=kind))
@@ -385,6 +396,7 @@ def create_app(served: Served, *, lifespan=None) -> Starlette:
         Route("/v1/models", _keyed(_models), methods=["GET"]),
         Route("/health", _open(_health), methods=["GET"]),
         Route("/metrics", _open(_metrics), methods=["GET"]),
+        Route("/debug/steps", _keyed(_steps), methods=["GET"]),
     ], exception_handlers={HTTPException: _http_error, Exception: _internal_error}, lifespan=lifespan)
     app.state.served = served
     return app

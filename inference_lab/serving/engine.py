@@ -19,8 +19,8 @@ One iteration (vLLM v1's EngineCore, JetStream's orchestrator in one thread):
    the host. The price: a request that ends with an end-of-sequence token has already been given
    a row in the step after; that row's token is thrown away.
 
-Speculative decoding (``speculative=("ngram", k)``, vLLM's ``--speculative ngram
---num-speculative-tokens k``): an iteration with only decode rows becomes a verify step (each row
+Speculative decoding (``speculative=("ngram", k)``, vLLM's ``--speculative-config '{"method":
+"ngram", "num_speculative_tokens": k}'``): an iteration with only decode rows becomes a verify step (each row
 feeds its last token and up to ``k`` guesses from prompt lookup in one forward, and keeps the
 guesses the model agrees with); it needs each row's text so far, so those iterations run without
 the overlap. Greedy text is unchanged; a sampled row takes one token per step as before.
@@ -52,12 +52,11 @@ from inference_lab.runtime.generation import MIN_TEMPERATURE
 from inference_lab.serving.blocks import paged_kv
 from inference_lab.serving.requests import QueueFull, Request, TokenEvent, check_request, now
 from inference_lab.serving.scheduler import DEFAULT_BUDGET, PIECE, POLICIES, ROLES, Scheduler, Sequence
-from inference_lab.serving.slo import ItlBudget, check_target
+from inference_lab.serving.slo import SLO_BUDGET, ItlBudget, check_target
 from inference_lab.serving.slots import DecodeSlots
 from inference_lab.serving.timeline import Timeline
 
 SPECULATIVE_METHODS = ("ngram",)
-SLO_BUDGET = 256     # the largest budget --target-itl-ms may choose, unless max_num_batched_tokens says
 
 
 class Engine:

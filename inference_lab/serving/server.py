@@ -1,9 +1,10 @@
 """``python -m inference_lab serve``: the engine behind the OpenAI-compatible API, on uvicorn.
 
     python -m inference_lab serve                        # shakespeare_large, chunked, 127.0.0.1:8000
-    python -m inference_lab serve --policy disaggregated --slots 8
-    python -m inference_lab serve --speculative ngram --num-speculative-tokens 3
-    python -m inference_lab serve --block-size 16 --kv-cache-memory 8MiB --enable-prefix-caching --slots 32
+    python -m inference_lab serve --policy disaggregated --max-num-seqs 8
+    python -m inference_lab serve --speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'
+    python -m inference_lab serve --kv-cache-memory 8MiB --max-num-seqs 32   # paged, prefix caching: the default
+    python -m inference_lab serve --target-itl-ms 25 --step-timeline 2000    # a latency target; GET /debug/steps
     python -m inference_lab serve --host 0.0.0.0 --api-key "$KEY"    # a classroom server
 
 Loopback by default. Any other address needs ``--api-key`` (or ``INFERENCE_LAB_API_KEY``),
@@ -22,6 +23,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
+import json
+import math
 import os
 import signal
 import socket
@@ -31,6 +34,7 @@ import threading
 
 from inference_lab.serving.lifetime import die_with_parent
 from inference_lab.serving.scheduler import DEFAULT_BUDGET, PIECE, POLICIES
+from inference_lab.serving.slo import SLO_BUDGET
 
 LOOPBACK = "127.0.0.1"
 READY_LINE = "inference-lab serving on "
@@ -56,29 +60,45 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "random weights (default: %(default)s)")
     p.add_argument("--weights", default=None, help="a .safetensors file to serve instead of the shipped weights")
     p.add_argument("--policy", default="chunked", choices=POLICIES, help="the scheduler (default: %(default)s)")
-    p.add_argument("--slots", type=int, default=8, help="decode slots: the largest decode batch (default: 8)")
+    p.add_argument("--max-num-seqs", "--slots", dest="slots", type=int, default=8,
+                   help="requests running at once: the largest decode batch (vLLM's flag; --slots is the lab's "
+                        "older name; default: 8)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per iteration, decode rows and prompt chunks together (vLLM's flag; default: "
-                        f"{DEFAULT_BUDGET} for chunked, the model's context for prefill-first)")
+                        f"{DEFAULT_BUDGET} for chunked ({SLO_BUDGET}, the most it may choose, with --target-itl-ms), "
+                        "the model's context for prefill-first)")
+    p.add_argument("--target-itl-ms", type=float, default=None,
+                   help="chunked: choose each iteration's token budget so its step is predicted to hold this "
+                        "inter-token latency, from the steps timed at start-up (default: a fixed budget)")
+    p.add_argument("--step-timeline", type=int, default=0, metavar="N",
+                   help="keep a record of the last N iterations (rows, tokens, blocks, predicted and measured "
+                        "time) and serve it at GET /debug/steps (default: off)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait beyond the slots; more are answered 429 (default: %(default)s)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="dispatch each step before reading the last one's tokens (default: on)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, as vLLM takes it: \'{"method": "ngram", "num_speculative_tokens": 3}\' '
+                        "(prompt-lookup guesses checked in one step)")
     p.add_argument("--speculative", choices=("ngram",), default=None,
-                   help="speculative decoding: prompt-lookup guesses checked in one step (vLLM's method name)")
-    p.add_argument("--num-speculative-tokens", type=int, default=3,
-                   help=f"guesses per step with --speculative, 1..{PIECE - 1} (default: %(default)s)")
+                   help="the lab's older spelling of --speculative-config's method")
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help=f"... and of its guesses per step, 1..{PIECE - 1} (default: 3)")
+    p.add_argument("--kv-cache-layout", choices=("paged", "contiguous"), default="paged",
+                   help="paged (vLLM's: blocks from a pool, prefix caching) or contiguous slots of the whole "
+                        "context each, notebook 09's contrast (default: paged; the two pools of --policy "
+                        "disaggregated hand on contiguous caches)")
     p.add_argument("--block-size", type=int, default=None,
-                   help="a paged KV cache of blocks of this many tokens (vLLM's flag: a power of two >= 16 that "
-                        "divides the context); default: contiguous slots, or 16 with any other paged flag")
+                   help="the paged KV cache's blocks, in tokens (vLLM's flag: a power of two >= 16 that divides "
+                        "the context; default: 16)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="the paged cache's blocks, the null block included (default: the memory --slots contiguous "
                         "slots would take)")
     p.add_argument("--kv-cache-memory", default=None,
                    help="the paged cache's size as memory instead: bytes, or 64MiB, 2GiB, 1.5GB")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share the cached blocks of common prompt prefixes between requests (vLLM's flag; "
-                        "paged cache; default: off)")
+                        "paged cache; default: on)")
     p.add_argument("--quantization", "--quantize", choices=("none", "int8", "int4"), default="none",
                    help="store the weights in fewer bytes: int8 (a scale per column) or int4 (a scale per "
                         "group of --quantize-group-size rows); default: %(default)s")
@@ -107,8 +127,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--max-num-batched-tokens={budget} must be at least {PIECE} (the smallest prompt chunk compiled)")
     _check_paged(p, args)
     _check_quantization(p, args)
-    if not 1 <= args.num_speculative_tokens < PIECE:
-        p.error(f"--num-speculative-tokens={args.num_speculative_tokens} must be in 1..{PIECE - 1}")
+    _check_speculative(p, args)
+    if args.target_itl_ms is not None:
+        if args.policy != "chunked":
+            p.error(f"--target-itl-ms applies to --policy chunked (it sizes the prompt chunks beside the decode "
+                    f"rows), not {args.policy}")
+        if not (args.target_itl_ms > 0 and math.isfinite(args.target_itl_ms)):
+            p.error(f"--target-itl-ms={args.target_itl_ms} must be a positive number of milliseconds")
+    if args.step_timeline < 0:
+        p.error(f"--step-timeline={args.step_timeline} must be 0 (off) or a number of steps to keep")
+    if args.step_timeline and args.policy == "disaggregated":
+        p.error("--step-timeline records the one engine of --policy chunked or prefill-first, not the two pools")
     if not args.request_timeout > 0:
         p.error(f"--request-timeout={args.request_timeout} must be a positive number of seconds")
     if args.api_key is not None and not args.api_key.strip():
@@ -119,6 +148,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _check_speculative(p: argparse.ArgumentParser, args) -> None:
+    """--speculative-config (vLLM's JSON), or the older --speculative / --num-speculative-tokens, into
+    ``args.speculative_config``: (method, guesses) or None."""
+    args.speculative_config, config = None, args.speculative_config
+    if config is not None and (args.speculative or args.num_speculative_tokens is not None):
+        p.error("give --speculative-config or --speculative/--num-speculative-tokens, not both")
+    if config is not None:
+        try:
+            spec = json.loads(config)
+        except json.JSONDecodeError as e:
+            p.error(f"--speculative-config is not JSON ({e.msg}): write it as "
+                    '\'{"method": "ngram", "num_speculative_tokens": 3}\'')
+        if not isinstance(spec, dict) or set(spec) - {"method", "num_speculative_tokens"} or "method" not in spec:
+            p.error('--speculative-config takes {"method": "ngram", "num_speculative_tokens": k}; got ' + config)
+        method, k = spec["method"], spec.get("num_speculative_tokens", 3)
+    elif args.speculative or args.num_speculative_tokens is not None:
+        if not args.speculative:
+            p.error("--num-speculative-tokens needs --speculative ngram (or use --speculative-config)")
+        method, k = args.speculative, 3 if args.num_speculative_tokens is None else args.num_speculative_tokens
+    else:
+        return
+    if method != "ngram":
+        p.error(f'--speculative-config method {method!r}: this server runs "ngram" (prompt lookup)')
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < PIECE:
+        p.error(f"num_speculative_tokens={k!r} must be an integer in 1..{PIECE - 1}")
+    args.speculative_config = (method, k)
+
+
 def _check_paged(p: argparse.ArgumentParser, args) -> None:
     """The paged-cache flags, checked before anything loads against the preset's context (a
     ``--weights`` file's own context is known once it is read: the engine checks them then, and
@@ -126,6 +183,12 @@ def _check_paged(p: argparse.ArgumentParser, args) -> None:
     from inference_lab.base.config import ModelConfig
     from inference_lab.serving.blocks import paged_kv
 
+    if args.kv_cache_layout == "contiguous":
+        given = [f for f, v in (("--block-size", args.block_size), ("--num-kv-blocks", args.num_kv_blocks),
+                                ("--kv-cache-memory", args.kv_cache_memory),
+                                ("--enable-prefix-caching", args.enable_prefix_caching)) if v]
+        if given:
+            p.error(f"--kv-cache-layout contiguous has no blocks: drop {', '.join(given)} (or serve paged)")
     if args.weights is not None:
         return
     try:
@@ -161,15 +224,21 @@ def _check_quantization(p: argparse.ArgumentParser, args) -> None:
 
 
 def _paged_flags(args) -> dict:
-    return dict(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
-                prefix_caching=args.enable_prefix_caching)
+    """The engine's KV-cache settings: paged with prefix caching unless the flags say otherwise (the
+    two pools and --kv-cache-layout contiguous: contiguous slots, any paged flag then an error)."""
+    given = dict(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+                 prefix_caching=args.enable_prefix_caching)
+    if args.kv_cache_layout == "contiguous" or args.policy == "disaggregated":
+        return {**given, "prefix_caching": bool(args.enable_prefix_caching)}   # any paged flag: paged_kv refuses
+    return {**given, "block_size": args.block_size or 16,
+            "prefix_caching": True if args.enable_prefix_caching is None else args.enable_prefix_caching}
 
 
 def build_backend(args):
     """The engine ``args`` ask for, warmed up: (backend, model config)."""
     from inference_lab.serving.models import load_model
 
-    speculative = (args.speculative, args.num_speculative_tokens) if args.speculative else None
+    speculative = args.speculative_config
     if args.policy == "disaggregated":
         from inference_lab.base.config import ModelConfig
         from inference_lab.serving.disaggregated import TwoPoolEngine
@@ -183,7 +252,8 @@ def build_backend(args):
     flags = _paged_flags(args)
     engine = Engine(model, policy=args.policy, n_slots=args.slots, max_num_batched_tokens=args.max_num_batched_tokens,
                     max_queue=args.max_queue, async_scheduling=args.async_scheduling, speculative=speculative,
-                    enable_prefix_caching=flags.pop("prefix_caching"), **flags)
+                    enable_prefix_caching=flags.pop("prefix_caching"), target_itl_ms=args.target_itl_ms,
+                    step_timeline=args.step_timeline, **flags)
     engine.warmup()
     return engine.start(), model.cfg
 

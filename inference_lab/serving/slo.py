@@ -26,6 +26,7 @@ import math
 
 from inference_lab.serving.scheduler import token_counts
 
+SLO_BUDGET = 256     # the largest budget a target may choose, unless max_num_batched_tokens says
 RECENT = 200         # steps whose measured/predicted ratios the correction reads
 QUANTILE = 0.95      # ... and the one it divides the target by: slow steps make the tail
 SETTLE = 20          # steps seen before the correction is trusted (until then: the prediction alone)
