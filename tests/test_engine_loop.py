@@ -310,6 +310,29 @@ def test_speculative_decoding_keeps_the_text(model, expected, cache):
     assert spec["proposed"] > 0 and spec["accepted"] > 0 and 0 < spec["acceptance_rate"] <= 1
 
 
+def test_sampled_rows_speculate_and_still_draw_what_generate_draws(model):
+    """A sampled request gets guesses too (vLLM's rejection sampling: for a one-token draft, a
+    guess is kept when the row's own draw for that token equals it), and keeps some on a
+    repetitive prompt; its seeded text is what generate(seed=) writes without speculation, token
+    for token, since each token is drawn with its own key either way."""
+    from inference_lab.runtime import generation
+
+    song = "ROMEO:\nO Romeo, Romeo, wherefore art thou Romeo? O Romeo, Romeo, wherefore art thou"
+    asks = [dict(temperature=0.6, seed=11), dict(temperature=1.0, top_k=5, seed=2**63 + 5)]
+    want = [generation.generate(model, song, max_new_tokens=40, **a) for a in asks]
+    for i, a in enumerate(asks):
+        engine = engine_for(model, speculative=("ngram", 3))
+        listen = Listener()
+        try:
+            engine.submit(Request("s", tokenizer.encode(song), 40, stop_at_eos=False, **a), listen)
+            listen.wait(1)
+        finally:
+            engine.stop()
+        spec = engine.stats()["speculative"]
+        assert listen.text("s") == want[i]
+        assert spec["drafts"] > 0 and spec["accepted"] > 0, spec       # before: sampled rows got no guesses
+
+
 def test_engine_refuses_requests_it_cannot_hold(model):
     engine = Engine(model, policy="chunked", n_slots=1)       # not started: refused at submit
     for request, word in ((Request("a", [], 4), "prompt"), (Request("b", [tokenizer.BOS] * 256, 4), "max_len"),

@@ -20,10 +20,11 @@ One iteration (vLLM v1's EngineCore, JetStream's orchestrator in one thread):
    a row in the step after; that row's token is thrown away.
 
 Speculative decoding (``speculative=("ngram", k)``, vLLM's ``--speculative-config '{"method":
-"ngram", "num_speculative_tokens": k}'``): an iteration with only decode rows becomes a verify step (each row
-feeds its last token and up to ``k`` guesses from prompt lookup in one forward, and keeps the
-guesses the model agrees with); it needs each row's text so far, so those iterations run without
-the overlap. Greedy text is unchanged; a sampled row takes one token per step as before.
+"ngram", "num_speculative_tokens": k}'``): an iteration with only decode rows becomes a verify
+step (each row feeds its last token and up to ``k`` guesses from prompt lookup in one forward,
+and keeps the leading guesses its own draws agree with: rejection sampling for a one-token draft,
+so greedy and seeded sampled text alike are what they would be without it); it needs each row's
+text so far, so those iterations run without the overlap.
 
 The KV cache is contiguous slots by default; ``block_size``, ``num_kv_blocks``, ``kv_cache_memory``
 or ``enable_prefix_caching`` (vLLM's names) make it paged (:mod:`inference_lab.serving.blocks`):
@@ -48,7 +49,6 @@ import traceback
 
 import numpy as np
 
-from inference_lab.runtime.generation import MIN_TEMPERATURE
 from inference_lab.serving.blocks import paged_kv
 from inference_lab.serving.requests import QueueFull, Request, TokenEvent, check_request, now
 from inference_lab.serving.scheduler import DEFAULT_BUDGET, PIECE, POLICIES, ROLES, Scheduler, Sequence
@@ -375,15 +375,16 @@ class Engine:
         starts, guesses = [], []
         for (row, seq, index), at in zip(step.sampled, step.positions):
             room = min(k, seq.last_token(self.max_len) - index, self.max_len - 1 - at)
-            # guesses for greedy rows only, past their min_tokens (whose stop tokens are banned
-            # from each draw) and without log-probabilities (given for the first token alone)
+            # guesses for rows past their min_tokens (whose stop tokens are banned from each draw)
+            # and without log-probabilities (given for the first token alone); greedy or sampled
+            # alike: each kept guess is a draw of the row's own (_verify_jit)
             q = seq.request
-            greedy = q.temperature < MIN_TEMPERATURE and index >= q.min_tokens and q.logprobs is None
-            if greedy and room > 0 and self.kv is not None:   # guesses only where blocks are free for them
+            guessing = index >= q.min_tokens and q.logprobs is None
+            if guessing and room > 0 and self.kv is not None:   # guesses only where blocks are free for them
                 if not self.kv.grow(seq.table, at + 1 + room):
                     room = len(seq.table.blocks) * self.kv.block_size - at - 1
                 step.block_table[seq.slot, :len(seq.table.blocks)] = seq.table.blocks
-            guesses.append(draft.guess_row(seq.tokens(), room) if greedy and room > 0 else [])
+            guesses.append(draft.guess_row(seq.tokens(), room) if guessing and room > 0 else [])
             starts.append(at)
         chosen, right, logprobs = self.slots.verify(step.decode_width, step.sampled, starts, guesses, k,
                                                     step.block_table)

@@ -82,11 +82,16 @@ def _step_jit(params, k_caches, v_caches, next_token, lengths, active, chunk_tok
 def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guesses, block_table, write_slots, draw,
                 *, cfg, mode):
     """Speculative decoding's check for the first W slots: slot ``i`` feeds its next token and its
-    guesses [W, k] as one chunk of k + 1 tokens from position ``starts[i]``. Returns (``chosen`` [W, k + 1]: the
-    model's token after each fed one, the first drawn by ``sample_rows`` with ``draw`` instead (the
-    argmax of a greedy row, after its banned tokens); ``right`` [W]: leading guesses equal to it, at
-    most ``n_guesses``; the first token's log-probabilities; ``next_token`` with each written row's
-    ``chosen[i, right[i]]``; the caches)."""
+    guesses [W, k] as one chunk of k + 1 tokens from position ``starts[i]``. After each fed token
+    the row draws its next one as :func:`generation.sample_rows` would draw that token alone
+    (``draw``: token ``index + j`` with its own key), and keeps the leading guesses that equal the
+    draws. For a draft that guesses one token (n-gram lookup: a point mass on the guess) this is
+    rejection sampling exactly: a guess is kept with its probability under the row's own sampling
+    distribution, and the draw where one is not is the residual (that distribution without the
+    guess); a greedy row keeps the guesses equal to its argmax. So a seeded request writes the
+    same tokens with and without speculation. Returns (``chosen`` [W, k + 1]: the draws; ``right``
+    [W]: the guesses kept, at most ``n_guesses``; the first draw's log-probabilities;
+    ``next_token`` with each written row's ``chosen[i, right[i]]``; the caches)."""
     w, k = guesses.shape
     lanes = jnp.concatenate([next_token[:w, None], guesses], axis=1)              # [W, k + 1]
     slots = jnp.arange(w, dtype=jnp.int32)
@@ -96,15 +101,15 @@ def _verify_jit(params, k_caches, v_caches, next_token, starts, guesses, n_guess
     logits, k_caches, v_caches = step_forward(params, empty, empty, jnp.zeros((0,), bool), lanes.reshape(-1), bounds,
                                               slots, starts, heads, k_caches, v_caches, cfg=cfg, mode=mode,
                                               block_table=block_table)
-    logits = logits.reshape(w, k + 1, -1)
-    chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)                       # [W, k + 1]
-    drawn = generation.sample_rows(logits[:, 0], *draw)
-    greedy = draw[2] < generation.MIN_TEMPERATURE                                 # (words, index, temperature, ...)
-    chosen = chosen.at[:, 0].set(drawn)
+    words, index, *rest = draw                                                    # each [W] (banned [W, S])
+    per_lane = [jnp.repeat(x, k + 1, axis=0) for x in (words, *rest)]
+    lane_index = (index[:, None] + jnp.arange(k + 1, dtype=index.dtype)).reshape(-1)
+    chosen = generation.sample_rows(logits, per_lane[0], lane_index, *per_lane[1:]).reshape(w, k + 1)
     right = jnp.sum(jnp.cumprod(chosen[:, :-1] == guesses, axis=1), axis=1).astype(jnp.int32)
-    right = jnp.where(greedy, jnp.minimum(right, n_guesses), 0)
+    right = jnp.minimum(right, n_guesses)
     last = jnp.take_along_axis(chosen, right[:, None], axis=1)[:, 0]
-    return (chosen, right, generation.logprobs(logits[:, 0], drawn), next_token.at[write_slots].set(last, mode="drop"),
+    first = logits.reshape(w, k + 1, -1)[:, 0]
+    return (chosen, right, generation.logprobs(first, chosen[:, 0]), next_token.at[write_slots].set(last, mode="drop"),
             k_caches, v_caches)
 
 
