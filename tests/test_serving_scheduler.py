@@ -141,6 +141,17 @@ def test_a_chunk_takes_what_the_budget_has_left_beside_the_decode_rows():
     assert [(c.start, len(c.tokens)) for c in step.chunks] == [(39, 39)]
 
 
+def test_a_per_iteration_budget_runs_the_step_it_was_priced_at():
+    """A latency target prices the step of its budget's chunk tokens; chunks rounded up to a PIECE
+    each must not spill into a larger compiled step (40 + 24 tokens would take 48 + 32 places)."""
+    sched = Scheduler("chunked", n_slots=4, max_len=MAX_LEN, budget=256, budget_for=lambda rows: rows + 64)
+    for rid, n in (("a", 40), ("b", 100)):
+        sched.add(_seq(rid, n, 5))
+    step = sched.schedule()
+    assert [(c.seq.rid, len(c.tokens)) for c in step.chunks] == [("a", 40), ("b", 16)]
+    assert step.shape == (4, 64)
+
+
 def test_prefill_first_batches_whole_prompts_and_decodes_apart():
     sched = Scheduler("prefill-first", n_slots=8, max_len=MAX_LEN, budget=256)
     seqs = [_seq(i, n, 10) for i, n in enumerate([30, 20, 100, 90, 5])]

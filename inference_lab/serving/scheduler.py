@@ -389,11 +389,14 @@ class Scheduler:
         return next(t for t in token_counts(self.max_chunk_tokens) if t >= need)
 
     def _room(self, chunks: list[Chunk], used: int, budget: int) -> int:
-        """The tokens one more chunk may take beside ``chunks`` (``used`` tokens): what the budget has
-        left and the largest shape holds, each chunk rounded up to a :data:`PIECE`; one a slot."""
+        """The tokens one more chunk may take beside ``chunks`` (``used`` tokens): what the prompts'
+        ``budget`` has left and what the places hold, each chunk rounded up to a :data:`PIECE`; one a
+        slot. The places are the budget rounded up to a PIECE (at most the largest shape), so the
+        step compiled for a budget is the step that runs: a latency target priced that one."""
         if len(chunks) >= self.n_slots:
             return 0
-        places = self.max_chunk_tokens - PIECE * sum(pieces_of(len(c.tokens)) for c in chunks)
+        places = min(self.max_chunk_tokens, PIECE * pieces_of(budget)) \
+            - PIECE * sum(pieces_of(len(c.tokens)) for c in chunks)
         return max(0, min(budget - used, places))
 
     def _step(self, width: int, rows: list[Sequence], chunks: list[Chunk], budget: int = 0) -> Step:
