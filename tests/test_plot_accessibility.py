@@ -205,6 +205,10 @@ FIGURES = {
         [{"format": "float32", "batch": 1, "decode_tokens_per_s": 90}, {"format": "int8 x int8", "batch": 8,
           "decode_tokens_per_s": 700}, {"format": "int8, weight-only", "batch": 1, "decode_tokens_per_s": 50}],
         mark_batch=8),
+    "step_timeline_plot": lambda: plots.step_timeline_plot(
+        [0.02 * i for i in range(1, 150)], [8 + 14 * (i % 7 == 0) + (9 if i == 77 else 0) for i in range(1, 150)],
+        [{"at": 0.02 * i, "ms": 8 + 14 * (i % 7 == 0) + (9 if i == 77 else 0), "prompt_tokens": 48 * (i % 7 == 0),
+          "predicted_ms": 7.5 + 13 * (i % 7 == 0)} for i in range(1, 150)], target_ms=20.0),
     "pool_balance_plot": lambda: plots.pool_balance_plot(["1P3D", "2P2D", "3P1D"], [10, 20, 30], [60, 40, 20]),
     "token_timeline": lambda: plots.token_timeline([0.05 + 0.004 * i for i in range(20)]),
     "flops_or_bytes": lambda: plots.flops_or_bytes(

@@ -147,3 +147,90 @@ def test_a_latency_target_is_for_chunked_prefill_and_sets_each_steps_budget():
     records = engine.timeline.records()
     assert {r.budget for r in records if r.prompt_tokens} <= {256, 4 + 256}
     assert max(r.prompt_tokens for r in records) > 64   # the largest steps, where a fixed 64 would cut them
+
+
+# ----------------------------------------------------------------------------- notebook 09's reading of it
+def _record(i, end, seconds, rows, prompt, predicted):
+    """A step record, dispatched ``seconds`` before its ``end`` (late, if the step before ended earlier)."""
+    from inference_lab.serving.timeline import StepRecord
+    return StepRecord(i, end - seconds, end, seconds, "step", rows, prompt, 1 if prompt else 0,
+                      (8, 64 if prompt else 0), 64, None, 0, predicted)
+
+
+def _trace(token_times):
+    from inference_lab.analytic.serving_metrics import trace_from_token_times
+    from inference_lab.analytic.workload import Requests
+    n = len(token_times)
+    return trace_from_token_times("t", Requests(np.zeros(n), np.full(n, 10), np.full(n, 5)), token_times)
+
+
+def test_the_worst_gap_is_matched_to_the_step_that_made_it_and_its_cause_named():
+    from inference_lab.lessons import step_timeline as lesson
+
+    start = 100.0
+    records = [_record(0, 100.010, 0.010, 2, 0, 0.010), _record(1, 100.040, 0.030, 2, 60, 0.028),
+               _record(2, 100.050, 0.010, 2, 0, 0.010), _record(3, 100.090, 0.040, 2, 0, 0.010),
+               _record(4, 100.115, 0.020, 2, 0, 0.019)]   # dispatched 5 ms after step 3 ended
+    # two requests decoding side by side: each of steps 1, 3 and 4 delays both
+    trace = _trace([[0.010, 0.040, 0.050, 0.090, 0.115], [0.010, 0.040, 0.050, 0.090]])   # relative to start
+    lines = lesson.worst_gaps(trace, records, start, n=3)
+    assert lines[0].startswith("40.0 ms gap at 0.09 s <- step 3: 2 decode rows; 40.0 ms")
+    assert "(x4.00, slower than its shape: the machine was slow" in lines[0] and "host" not in lines[0]
+    assert lines[1].startswith("30.0 ms gap at 0.04 s <- step 1: 2 decode rows + 60 prompt tokens in 1 chunk")
+    assert "what its shape costs" in lines[1]
+    assert lines[2].startswith("25.0 ms gap at 0.11 s <- step 4") and "what its shape costs" in lines[2]
+    assert "dispatched 5.0 ms after the step before it ended (the host was late)" in lines[2]
+    when, ms, steps = lesson.plot_inputs(trace, records, start)
+    assert len(ms) == 7 and len(steps) == 5 and steps[1]["prompt_tokens"] == 60
+
+
+def test_the_lesson_target_lies_between_the_fixed_budgets_and_its_queue_waits_at_once():
+    from inference_lab.lessons import step_timeline as lesson
+
+    runs = {"budget 32": (_flat_trace(10.0, 2), [], 0.0), "budget 192": (_flat_trace(40.0, 2), [], 0.0)}
+    assert lesson.target_between(runs) == pytest.approx(1.5 * 20.0)     # p99s 15 and 60 ms
+    queue = lesson.queue_trace()
+    assert len(queue) == lesson.QUEUE and not queue.arrival.any()
+    assert queue.prompt_len.min() >= 160 and queue.prompt_len.max() <= 220
+
+
+def _flat_trace(itl_ms, n_requests, n_gaps=200):
+    """``n_requests`` streams side by side, every gap ``itl_ms`` but one in twenty at 1.5x: ITL p99
+    is 1.5 x ``itl_ms``, and the tokens a second ``n_requests / itl`` (a little less)."""
+    gaps = np.full(n_gaps, itl_ms / 1e3)
+    gaps[::20] *= 1.5
+    t = np.concatenate([[0.0], np.cumsum(gaps)]).tolist()
+    return _trace([t] * n_requests)
+
+
+def test_the_target_verdicts_decide_both_ways():
+    from inference_lab.lessons import step_timeline as lesson
+
+    held = _flat_trace(20.0, 1)                      # ITL p99 30 ms
+    assert lesson.target_holds(held, 28.0).holds is True
+    assert lesson.target_holds(held, 20.0).holds is False
+    assert lesson.target_holds(held, 27.0, u=1.2).holds is None
+    target = (_flat_trace(18.0, 4), [], 0.0)           # p99 27 ms, ~210 tok/s
+    runs = {"target": target, "budget 32": (_flat_trace(12.0, 2), [], 0.0),     # meets it, ~160 tok/s
+            "budget 64": (_flat_trace(24.0, 6), [], 0.0)}                       # ~240 tok/s, misses it (36 ms)
+    assert lesson.fixed_budgets_miss_or_waste(runs, "target", 26.0).holds is True
+    runs["budget 32"] = (_flat_trace(12.0, 4), [], 0.0)                          # meets it and is faster
+    assert lesson.fixed_budgets_miss_or_waste(runs, "target", 26.0).holds is False
+    assert lesson.fixed_budgets_miss_or_waste(runs, "target", 26.0, u=2.0).holds is None
+
+
+def test_the_worked_problems_rule_reads_the_engines_costs_and_correction_and_the_records_its_choices():
+    from types import SimpleNamespace
+
+    from inference_lab.lessons import step_timeline as lesson
+
+    rule = _budget(30)
+    engine = SimpleNamespace(itl=rule, n_slots=8)
+    assert lesson.target_rule(engine)["chunk"] == 96            # 29.0 ms fits 30
+    for _ in range(slo.SETTLE):
+        rule.observe(0.020, 0.026)                               # the steps ran x1.3: 30 / 1.3 = 23 ms
+    seen = lesson.target_rule(engine)
+    assert seen["ratio"] == pytest.approx(1.3) and seen["chunk"] == 64 and seen["costs"][64] == pytest.approx(22.0)
+    records = [_record(0, 1.0, 0.02, 3, 60, 0.02), _record(1, 1.1, 0.02, 0, 64, 0.02),   # no decode rows: not counted
+               _record(2, 1.2, 0.02, 7, 64, 0.02), _record(3, 1.3, 0.01, 7, 0, 0.01)]    # no prompt: not counted
+    assert lesson.chunks_taken(records) == {57: 1, 61: 1}       # budgets of 64 less 7 and 3 decode rows

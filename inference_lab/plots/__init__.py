@@ -14,7 +14,8 @@ or hatching difference between any two of its series (tests/test_plot_accessibil
 - :mod:`~inference_lab.plots.ceilings`: the roofline, ridge points, intensity, the kitchen
 - :mod:`~inference_lab.plots.phases`: measured prefill and decode
 - :mod:`~inference_lab.plots.classroom`: many machines on one chart
-- :mod:`~inference_lab.plots.serving`: prices, serving latency and goodput (simulated or a vLLM run), pool sizes
+- :mod:`~inference_lab.plots.serving`: prices, serving latency and goodput (simulated or a vLLM run), pool sizes,
+  a trace's gaps beside the engine's steps
 - :mod:`~inference_lab.plots.streaming`: one answer token by token, and what the KV cache saves
 - :mod:`~inference_lab.plots.experiments`: the discriminating experiments and the three regimes
 - :mod:`~inference_lab.plots.speculation`: speculative decoding's speed-up over k, its verify cost over batch
@@ -32,7 +33,7 @@ from inference_lab.plots.streaming import cache_vs_recompute, token_timeline
 from inference_lab.plots.speculation import speedup_over_k, verify_cost_over_batch
 from inference_lab.plots.quantization import quantization_plot
 from inference_lab.plots.serving import (goodput_plot, kv_memory_plot, latency_distributions, pool_balance_plot,
-                                         price_ratio_plot, serving_plot)
+                                         price_ratio_plot, serving_plot, step_timeline_plot)
 from inference_lab.plots.experiments import (flops_or_bytes, kernel_vs_model, ratio_vs_ridge, three_regimes,
                                              users_vs_total)
 
@@ -42,4 +43,5 @@ __all__ = ["roofline_plot", "ridge_comparison", "intensity_vs_context", "time_sp
            "serving_plot", "kv_memory_plot", "latency_distributions", "goodput_plot", "pool_balance_plot", "flops_or_bytes",
            "kernel_vs_model", "three_regimes", "users_vs_total", "ratio_vs_ridge", "PREFILL_COLOR",
            "DECODE_COLOR", "ROOF_COLOR", "OKABE_ITO", "MODE_STYLES", "LabFigure", "alt_text", "token_timeline",
-           "cache_vs_recompute", "speedup_over_k", "verify_cost_over_batch", "quantization_plot"]
+           "cache_vs_recompute", "speedup_over_k", "verify_cost_over_batch", "quantization_plot",
+           "step_timeline_plot"]

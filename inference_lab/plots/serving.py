@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from inference_lab.analytic import economics, roofline
 from inference_lab.plots.style import (
-    DECODE_COLOR, DEVICE_MARKERS, GRID, MARKERS, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, describe,
+    DECODE_COLOR, DEVICE_MARKERS, GRID, MARKERS, MODE_STYLES, OKABE_ITO, PREFILL_COLOR, LabFigure, describe,
     legend_clear_of_data, new_figure, log_axes, batch_ticks, si_ticks, shades, tint)
 
 _LINESTYLES = ("-", "--", ":", "-.")
@@ -266,3 +266,54 @@ def kv_memory_plot(rows: Sequence[dict], measured: Sequence[dict] = (), *, title
                           "output tokens per second and median time to first token, contiguous (vermillion "
                           "circles, solid) and paged (blue squares, dashed); simulated hollow on lines, measured "
                           f"filled: {'; '.join(notes)}.")
+
+
+def step_timeline_plot(gap_times: Sequence[float], gap_ms: Sequence[float], steps: Sequence[dict], *,
+                       target_ms: float | None = None, title: str | None = None) -> Figure:
+    """Two panels on one time axis (seconds into the run). Top: every gap between two tokens of a
+    request, at the time of the later token, the longest circled, a latency target dashed. Bottom:
+    every engine step at the time its tokens came, its measured time (squares: steps carrying
+    prompt tokens; circles: decode rows alone) and the time its shape was predicted to take
+    (bars); the step that made the longest gap starred. ``steps``: dicts with ``at`` (s), ``ms``,
+    ``predicted_ms`` (or None) and ``prompt_tokens``."""
+    if not len(gap_ms) or not steps:
+        raise ValueError("step_timeline_plot needs the trace's gaps and the engine's steps")
+    gap_times, gap_ms = np.asarray(gap_times, float), np.asarray(gap_ms, float)
+    fig = LabFigure(figsize=(8.0, 5.6), layout="constrained", dpi=110)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    for ax in (top, bottom):
+        ax.set_axisbelow(True)
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.grid(True, **GRID)
+    worst = int(np.argmax(gap_ms))
+    top.plot(gap_times, gap_ms, ls="none", marker=".", ms=4, color=DECODE_COLOR, label="a gap between two tokens")
+    top.plot([gap_times[worst]], [gap_ms[worst]], ls="none", marker="o", ms=12, mfc="none", mew=1.6, color="black",
+             label=f"the longest: {gap_ms[worst]:.1f} ms")
+    if target_ms is not None:
+        top.axhline(target_ms, color=OKABE_ITO["vermillion"], ls="--", lw=1.2, label=f"target {target_ms:.1f} ms")
+    top.set_ylabel("inter-token gap (ms)")
+    top.set_ylim(bottom=0)
+    legend_clear_of_data(top, fontsize=8, frameon=False)
+    at = np.array([s["at"] for s in steps])
+    ms = np.array([s["ms"] for s in steps])
+    prompt = np.array([s["prompt_tokens"] > 0 for s in steps])
+    bottom.plot(at[prompt], ms[prompt], ls="none", marker="s", ms=4, color=PREFILL_COLOR,
+                label="step with prompt tokens")
+    bottom.plot(at[~prompt], ms[~prompt], ls="none", marker="o", ms=3, color=DECODE_COLOR, label="decode rows alone")
+    predicted = [(s["at"], s["predicted_ms"]) for s in steps if s.get("predicted_ms")]
+    if predicted:
+        bottom.plot(*zip(*predicted), ls="none", marker="_", ms=8, color="black", label="its shape's prediction")
+    # the step whose tokens the longest gap waited for: the last to end before that token came
+    made = max(int(np.searchsorted(at, gap_times[worst] + 1e-6, side="right")) - 1, 0)
+    bottom.plot([at[made]], [ms[made]], ls="none", marker="*", ms=14, color=OKABE_ITO["orange"], mec="black",
+                label="the step that made the longest gap")
+    bottom.set_ylabel("step time (ms)")
+    bottom.set_xlabel("seconds into the run")
+    bottom.set_ylim(bottom=0)
+    legend_clear_of_data(bottom, fontsize=8, frameon=False)
+    fig.suptitle(title or "Which step made that gap: a trace's gaps above, the engine's steps below")
+    return describe(fig, f"Two panels over {gap_times.max():.1f} s: {len(gap_ms)} inter-token gaps (longest "
+                          f"{gap_ms[worst]:.1f} ms at {gap_times[worst]:.2f} s"
+                          + (f", target {target_ms:.1f} ms" if target_ms is not None else "") +
+                          f") above; {len(steps)} engine steps below, {int(prompt.sum())} with prompt tokens, the one "
+                          f"that made the longest gap starred ({ms[made]:.1f} ms).")

@@ -232,13 +232,15 @@ def bench_serve(base_url: str, requests: Requests, *, model: str, api_key: str |
 
 
 def drive_engine(backend, requests: Requests, *, label: str | None = None, seed: int = 0,
-                 timeout: float = 300.0, sampling=None, prompts=None) -> ServingTrace:
+                 timeout: float = 300.0, sampling=None, prompts=None, start: float | None = None) -> ServingTrace:
     """The same trace sent to an engine directly, without HTTP: each request is submitted at its
     arrival time (from this thread) and its tokens are timed as the engine stamps them. What
     the server adds is the difference between this and :func:`bench_serve` on the same trace.
     ``sampling``: one dict per request of :class:`~inference_lab.serving.requests.Request`'s
     ``temperature``, ``top_k`` and ``seed`` (default: greedy). ``prompts``: the texts to send
-    (default: :func:`prompt_texts` of the trace's lengths)."""
+    (default: :func:`prompt_texts` of the trace's lengths). ``start``: the moment (on the engine's
+    clock, :func:`~inference_lab.serving.requests.now`) the trace's times count from, arrivals
+    included; default: once the prompts are tokenized."""
     import threading
 
     texts = prompt_texts(requests.prompt_len, seed) if prompts is None else list(prompts)
@@ -258,7 +260,7 @@ def drive_engine(backend, requests: Requests, *, label: str | None = None, seed:
                 done.release()
         return emit
 
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if start is None else start   # the engine stamps its tokens with this clock
     sent = np.zeros(n)
     for i in range(n):
         delay = t0 + float(requests.arrival[i]) - time.perf_counter()
