@@ -14,9 +14,12 @@ in one run on this machine:
 5. ``memory``: the paged KV cache (issue 34): its decode and mixed steps against the contiguous
    ones at the same batch and context; at one KV budget (two full contexts) on notebook 10's length
    mix, requests at once, throughput and TTFT of each layout; with an 80%-shared prompt, TTFT with
-   and without prefix caching.
+   and without prefix caching;
+6. ``long``: prefill through the ragged step at 256, 2,048 and 3,840 prompt tokens on ``small``,
+   per prompt token, against what attention's own FLOPs add at that length;
+7. ``target``: notebook 09's latency target against two fixed budgets, once per repeat.
 
-    .venv/bin/python scripts/serving_bench.py [--parts sampling,budget,http,pools,memory] [--repeats 3]
+    .venv/bin/python scripts/serving_bench.py [--parts sampling,budget,http,pools,memory,long,target] [--repeats 3]
 
 Prints medians over the repeats, the processor and the versions. No GPU needed; nothing is asserted.
 """
@@ -93,6 +96,19 @@ def default_sampling(n: int, rng) -> list[dict]:
             for _ in range(n)]
 
 
+def random_settings(n: int, rng) -> list[dict]:
+    """Every setting a request can carry, drawn at random (for the compile count only): temperature,
+    top-k, top-p, min-p, a 64-bit seed, stop tokens, min_tokens, log-probabilities, and every other
+    request sharing its neighbour's prompt (``after``: the choices of an ``n = 2`` request)."""
+    return [dict(temperature=float(rng.choice([0.0, 0.6, 1.0, 1.5])), top_k=None if rng.random() < 0.3 else int(rng.integers(1, 259)),
+                 top_p=float(rng.choice([1.0, 0.9, 0.3])), min_p=float(rng.choice([0.0, 0.05, 0.5])),
+                 seed=int(rng.integers(0, 2**63)) * 2 + 1,
+                 stop_token_ids=tuple(int(t) for t in rng.integers(32, 127, rng.integers(0, 4))),
+                 min_tokens=int(rng.integers(0, 16)), logprobs=None if rng.random() < 0.5 else int(rng.integers(0, 21)),
+                 **({"after": f"drive-{i - 1}"} if i % 2 else {}))
+            for i in range(n)]
+
+
 class Compiles:
     """Counts XLA backend compiles from now on."""
 
@@ -122,6 +138,7 @@ def part_sampling(model, repeats, tokens):
             for name, n, sampling in (("1 stream", 1, None), ("8 greedy", 8, None),
                                       ("8 default-sampled", 8, default_sampling(8, rng))):
                 rows.setdefault((overlap, name), []).append(drive_engine(e, streams(n, tokens), sampling=sampling).summary())
+            drive_engine(e, streams(8, tokens), sampling=random_settings(8, rng))   # counted for compiles only
     compiled["after warm-up"] = counter.n - before
     for e in engines.values():
         e.stop()
@@ -137,7 +154,8 @@ def part_sampling(model, repeats, tokens):
         a, b = med(rows[(True, name)], "output_tokens_per_s"), med(rows[(False, name)], "output_tokens_per_s")
         print(f"the overlap, {name}: x{a / b:.2f} tok/s (ITL p50 {med(rows[(False, name)], 'itl_p50_ms'):.2f} -> "
               f"{med(rows[(True, name)], 'itl_p50_ms'):.2f} ms)")
-    print(f"XLA compiles after warm-up, over {6 * repeats} runs of random settings: {compiled['after warm-up']} (target 0)")
+    print(f"XLA compiles after warm-up, over {8 * repeats} runs of random settings (every request setting, prompts "
+          f"shared as n = 2 shares them, included): {compiled['after warm-up']} (target 0)")
 
 
 class Baseline:
@@ -262,7 +280,8 @@ def part_http(model, repeats, tokens, preset):
     engine.warmup()
     engine.start()
     rows = {}
-    with ServerProcess("--slots", "8", policy="chunked", preset=preset) as server:
+    # the server's cache laid out as the in-process engine's (contiguous slots): what differs is HTTP alone
+    with ServerProcess("--max-num-seqs", "8", "--kv-cache-layout", "contiguous", policy="chunked", preset=preset) as server:
         openai_streams(server.base_url, 8, tokens, preset)        # one run first: the client's connections
         runs = {"http, openai client": lambda: openai_streams(server.base_url, 8, tokens, preset),
                 "http, curl": lambda: curl_streams(server.base_url, 8, tokens, preset),
@@ -360,10 +379,107 @@ def part_memory(model, repeats):
         e.stop()
 
 
+LONG_PROMPTS = (256, 2048, 3840)    # prompt tokens: the short reference and two long ones
+
+
+def part_long(repeats):
+    """Prefill through the engine's ragged step at 256 and 2,048+ prompt tokens on ``small``."""
+    from flax import nnx
+
+    from inference_lab.base.config import ModelConfig
+    from inference_lab.model.transformer import Transformer
+
+    cfg = ModelConfig.preset("small", max_seq_len=4096)   # random weights; a context the long prompts fit
+    print(f"\n## 6. Long prompts: `small` with a {cfg.max_seq_len}-position context, paged (blocks of 16), "
+          "budget 512, one request at a time, a 1-token answer")
+    engine = Engine(Transformer(cfg, rngs=nnx.Rngs(0)), n_slots=2, max_num_batched_tokens=512, block_size=16)
+    engine.warmup()
+    engine.start()
+    ttft = {n: [] for n in LONG_PROMPTS}
+    for _ in range(repeats):
+        for n in LONG_PROMPTS:
+            trace = drive_engine(engine, Requests(np.zeros(1), np.array([n]), np.array([1])))
+            ttft[n].append(float(trace.ttft[0]))
+    engine.stop()
+    # what a prompt token costs in FLOPs at position p: the layers' matmuls (the head runs only where a
+    # token is sampled) and attention over the p tokens before it (q.k and p.v: 4 x heads x head_dim x p)
+    matmul = 2 * (cfg.matmul_params - cfg.head_params)
+
+    def flops_per_token(n):
+        return matmul + 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * (n - 1) / 2
+
+    attention = {n: attention_seconds(cfg, n, budget=512) / n for n in LONG_PROMPTS}
+    base = statistics.median(ttft[LONG_PROMPTS[0]]) / LONG_PROMPTS[0]
+    print("| prompt tokens | TTFT ms | ms per prompt token | x 256's | attention's FLOPs allow | "
+          "attention's measured time allows | repeats' spread |\n|---|---|---|---|---|---|---|")
+    for n in LONG_PROMPTS:
+        per = statistics.median(ttft[n]) / n
+        by_flops = flops_per_token(n) / flops_per_token(LONG_PROMPTS[0])
+        by_time = (base - attention[LONG_PROMPTS[0]] + attention[n]) / base
+        print(f"| {n} | {1e3 * statistics.median(ttft[n]):.0f} | {1e3 * per:.3f} | x{per / base:.2f} | x{by_flops:.2f} | "
+              f"x{by_time:.2f} | x{max(ttft[n]) / min(ttft[n]):.2f} |")
+    print("attention's measured time: the step's attention alone (the same function, shapes and query blocks, jitted "
+          "by itself), its prompt's chunks summed over the layers, per prompt token: " + ", ".join(
+              f"{n}: {1e3 * a:.3f} ms" for n, a in attention.items()))
+
+
+def attention_seconds(cfg, n: int, *, budget: int, repeats: int = 5) -> float:
+    """What the engine's attention alone takes to prefill an ``n``-token prompt in chunks of
+    ``budget`` tokens, over all layers: each chunk's ragged paged attention (this backend's, with
+    the step's query blocks of 16) at its place in the context, timed by itself (median)."""
+    import jax
+    import jax.numpy as jnp
+
+    import pallas_kernels as pk
+
+    block, pages = 16, cfg.max_seq_len // 16
+    rng = np.random.default_rng(0)
+    k = jnp.asarray(rng.standard_normal((pages + 1, block, cfg.n_kv_heads, cfg.head_dim)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((pages + 1, block, cfg.n_kv_heads, cfg.head_dim)), jnp.float32)
+    table = jnp.arange(1, pages + 1, dtype=jnp.int32)[None]
+    total = 0.0
+    for first in range(0, n, budget):
+        t = min(budget, n - first)
+        q = jnp.asarray(rng.standard_normal((t, cfg.n_heads, cfg.head_dim)), jnp.float32)
+        run = jax.jit(lambda *a, t=t: pk.ragged_paged_attention(*a, max_query_len=t, query_unit=16))
+        args = (q, k, v, table, jnp.array([0, t], jnp.int32), jnp.array([first + t], jnp.int32))
+        run(*args).block_until_ready()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run(*args).block_until_ready()
+            times.append(time.perf_counter() - t0)
+        total += statistics.median(times)
+    return cfg.n_layers * total
+
+
+def part_target(model, repeats):
+    """Notebook 09's section 5, ``repeats`` times: two fixed budgets and a latency target between them."""
+    from inference_lab.lessons import step_timeline as timeline
+
+    print(f"\n## 7. A latency target against fixed budgets {timeline.FIXED_BUDGETS} (notebook 09, section 5): "
+          "a queue of 48 heavy-trace prompts")
+    queue = timeline.queue_trace()
+    for rep in range(repeats):
+        fixed = timeline.engines(model)
+        runs = timeline.run(fixed, queue)
+        for e in fixed.values():
+            e.stop()
+        target_ms = timeline.target_between(runs)
+        held = timeline.engines(model, budgets=(), target_ms=target_ms)
+        runs |= timeline.run(held, queue)
+        for e in held.values():
+            e.stop()
+        name = timeline.target_name(target_ms)
+        print(f"\nrun {rep + 1}\n{timeline.table(runs, target_ms)}")
+        print(timeline.target_holds(runs[name][0], target_ms))
+        print(timeline.fixed_budgets_miss_or_waste(runs, name, target_ms))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="shakespeare_large")
-    p.add_argument("--parts", default="sampling,budget,http,pools,memory")
+    p.add_argument("--parts", default="sampling,budget,http,pools,memory,long,target")
     p.add_argument("--tokens", type=int, default=128, help="output tokens per stream in parts 1 and 3")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", default=BASELINE, help="the git revision to compare against (parts 2 and 4)")
@@ -374,7 +490,7 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d')}, {hardware.processor_summary()}; Python {sys.version.split()[0]}, "
           f"jax {jax.__version__}, flax {flax.__version__}; {args.preset}, medians of {args.repeats}")
     parts = args.parts.split(",")
-    model = load_model(args.preset) if {"sampling", "budget", "http", "memory"} & set(parts) else None
+    model = load_model(args.preset) if {"sampling", "budget", "http", "memory", "target"} & set(parts) else None
     if "sampling" in parts:
         part_sampling(model, args.repeats, args.tokens)
     if "budget" in parts:
@@ -385,6 +501,10 @@ def main() -> None:
         part_pools(args.repeats, args.baseline, args.preset)
     if "memory" in parts:
         part_memory(model, args.repeats)
+    if "long" in parts:
+        part_long(args.repeats)
+    if "target" in parts:
+        part_target(model, args.repeats)
 
 
 if __name__ == "__main__":
