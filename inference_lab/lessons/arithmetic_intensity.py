@@ -17,6 +17,7 @@ from inference_lab.measure import timing
 from pallas_kernels.ceilings import read_bandwidth
 from pallas_kernels.timing import timed
 from inference_lab.analytic import costs, roofline
+from inference_lab.lessons import course_record
 
 
 def intensity_terms_table(cfg, contexts, batch: int) -> str:
@@ -91,26 +92,22 @@ def regime_sweep(*, stream_bytes=(2**8, 2**16, 2**20, 2**24, 2**26, 2**28), matm
 
 
 def stream_against_ceiling(ops, spec) -> str:
-    """The largest stream's rate (median and best repeat) beside the read ceiling, and which of
-    the two differences between them explains the gap: the statistic (a ceiling is its best
-    repeat, the table shows medians) or the moment (the ceiling was measured and cached earlier,
-    when this machine may have been quieter)."""
+    """The largest stream's rate (median and best repeat) beside the read ceiling, judged by
+    :func:`~inference_lab.lessons.course_record.ceiling_status`: a best repeat within reach of the
+    ceiling leaves the statistic as the gap (a ceiling is its best repeat, the table shows
+    medians); one far below it or above it means the ceiling is not this moment's (stale or
+    impossible), and notebook 00 measures it and the course's record again."""
     big = max((o for o in ops if o.kind == "stream"), key=lambda o: o.bytes)
     median, best, ceiling = big.bytes / big.seconds, big.bytes / (big.best_seconds or big.seconds), spec.bandwidth
     line = (f"the {big.label} sum streamed at {median / 1e9:.1f} GB/s (median of its repeats), "
-            f"{best / 1e9:.1f} GB/s at its best repeat; the read ceiling the roofline column divides by is "
-            f"{ceiling / 1e9:.1f} GB/s (notebook 00: the best repeat of the fastest of three read kernels)")
-    if median > 1.1 * ceiling:
-        why = (f"the median is {median / ceiling - 1:.0%} above the ceiling, which a best repeat of the same reads "
-               "cannot be: the ceiling was measured and cached at a busier moment, so it is low, and every MBU "
-               "against it is high; hardware.measure_ceilings(refresh=True) on a quiet machine measures it again")
-    elif best >= 0.85 * ceiling:
-        why = ("its best repeat reaches the ceiling, so the gap is the statistic: a median counts the repeats "
-               "that lost time to other work on this machine (or to one of its two cores being busy)")
+            f"{best / 1e9:.1f} GB/s at its best repeat")
+    if course_record.ceiling_status(ceiling, best) == "ok":
+        why = (f"{course_record.ceiling_line(ceiling, best)}: between the median and the ceiling the gap is the "
+               "statistic, a median counting the repeats that lost time to other work on this machine (or to one of "
+               "its two cores being busy)")
     else:
-        why = (f"even its best repeat is {1 - best / ceiling:.0%} below it, so the gap is the moment: this machine "
-               "is busier now than when the ceiling was measured and cached (on a CPU, another program "
-               "takes a core XLA would read with); hardware.measure_ceilings(refresh=True) measures it again")
+        why = (f"{course_record.ceiling_line(ceiling, best)}: every MBU against it would be off by as much; run "
+               "notebook 00 again, which measures the ceilings and the course's record afresh")
     return f"{line}:\n{why}"
 
 
