@@ -4,8 +4,8 @@ quantities with one value, the record's, unless a line labels its value as a re-
 
 What is read: every notebook's markdown and printed output. A quantity's value counts as
 *the record's* when it is printed in a record line (notebook 00's ``MachineRecord.lines``), and as
-*labelled* when its cell also prints ``<quantity>: <value> re-measured here, <value> in the
-record``. Anything else printed with another value is the contradiction the issue found (N of
+*labelled* when its notebook also prints ``<quantity>: <value> re-measured here, <value> in the
+record`` (``course_record.beside_the_record``; for the knee, ``knee_beside_the_record``). Anything else printed with another value is the contradiction the issue found (N of
 18.6, 20.0, 17.3 and 19.5 in four notebooks) and fails the test. The notebooks that read the
 record so far are :data:`READS_THE_RECORD`; the others still measure their own figures (issue
 44 is under way) and join the list as they are moved onto the record.
@@ -18,18 +18,26 @@ import re
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-READS_THE_RECORD = ("00_setup_check", "01_one_model_two_speeds")
+READS_THE_RECORD = ("00_setup_check", "01_one_model_two_speeds", "04_arithmetic_intensity", "05_batching",
+                    "06_on_your_machine")
 
 NUMBER = r"(\d[\d,]*(?:\.\d+)?)"
 # how each quantity is printed for this machine (a figure after the name of the reference node, a
 # reading of it or a GPU on its line is about that, not this machine, and is skipped)
 PRINTED = {
-    "N": [rf"\bN = {NUMBER}:", rf"writing is {NUMBER}x slower per token"],
+    "N": [rf"\bN = {NUMBER}:", rf"writing is {NUMBER}x slower per token",
+          rf"decode [\d.,]+ tok/s: {NUMBER}x \(the roofline allows",          # a verdict's evidence
+          rf"^gap \(prefill / decode\) +[\d.]+x +{NUMBER}x"],                   # the MFU / MBU table
     "read ceiling": [rf"read bandwidth {NUMBER} GB/s", rf"ceilings: [^\n]*\bread {NUMBER} GB/s"],
+    "knee": [rf"the measured knee \(the step x1\.5 batch 1's\) batch {NUMBER}",
+             rf"measured knee of the model [^:]*: batch {NUMBER}",
+             rf"^knee \(the first batch whose decode step[^:]*: batch {NUMBER}"],
 }
 RECORD_LINE = re.compile(r"the course's record of this machine|^ceilings: |^N = ", re.M)
-LABELLED = re.compile(rf"^(?P<name>[\w ]+): {NUMBER}\S* re-measured here, {NUMBER}\S* in the record", re.M)
-ELSEWHERE = re.compile(r"reference node|reading [AB]\b|H100|H200")
+LABELLED = re.compile(rf"^(?P<name>[\w ]+): (?:batch )?{NUMBER}\S* re-measured here, (?:batch )?{NUMBER}\S* in the "
+                      "record", re.M)
+ELSEWHERE = re.compile(r"reference node|reading [AB]\b|H100|H200")   # on the line before the figure, or a
+                                                                       # table's title (its block's first line)
 
 
 def _texts(nb: dict) -> list[tuple[int, str]]:
@@ -56,27 +64,29 @@ def read(notebooks: dict) -> tuple[dict, dict, list]:
     recorded_in_labels: dict[str, set] = {q: set() for q in PRINTED}
     seen = []          # (notebook, cell, quantity, value, labelled)
     for name, nb in notebooks.items():
-        labels: dict[int, set] = {}
+        labels: set = set()           # (quantity, value) this notebook says it re-measured
         for i, text in _texts(nb):
             for m in LABELLED.finditer(text):
                 q = m.group("name").strip()
                 if q in PRINTED:
-                    labels.setdefault(i, set()).add((q, _value(m.group(2))))
+                    labels.add((q, _value(m.group(2))))
                     recorded_in_labels[q].add(_value(m.group(3)))
         for i, text in _texts(nb):
+            title = text.lstrip().split("\n", 1)[0]
             for line in text.splitlines():
                 if LABELLED.match(line):
                     continue
                 for q, patterns in PRINTED.items():
                     for pattern in patterns:
                         for m in re.finditer(pattern, line):
-                            if ELSEWHERE.search(line[:m.start()]):    # a figure of that node, named before it
+                            # a figure of that node or GPU: named before it on its line, or in its table's title
+                            if ELSEWHERE.search(line[:m.start()]) or ELSEWHERE.search(title):
                                 continue
                             v = _value(m.group(1))
                             if RECORD_LINE.search(line):
                                 record[q].add(v)
                             else:
-                                seen.append((name, i, q, v, (q, v) in labels.get(i, set())))
+                                seen.append((name, i, q, v, (q, v) in labels))
     return record, recorded_in_labels, seen
 
 
@@ -122,6 +132,12 @@ def test_a_planted_second_value_fails_and_a_labelled_one_passes():
     found = contradictions(labelled)
     assert not any("planted cell 0: N" in p for p in found)
     assert any("beside a record value 5.0" in p for p in found)       # the label names a record nobody printed
+    # a knee, printed in one cell and labelled (by knee_beside_the_record) in another of the same notebook
+    knee = "measured knee of the model (step >= 1.5x batch 1): batch 16"
+    assert any("planted cell 0: knee = 16" in p for p in contradictions(dict(stored, planted=_nb(knee))))
+    record_knee = sorted(read(stored)[0]["knee"])[0]
+    said = f"knee: batch 16 re-measured here, batch {record_knee:g} in the record: the same machine"
+    assert not any("planted" in p for p in contradictions(dict(stored, planted=_nb(knee, said))))
 
 
 def test_two_records_or_a_second_ceiling_fail():

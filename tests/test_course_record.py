@@ -72,3 +72,18 @@ def test_the_record_is_measured_once_and_read_by_the_next_notebook(tmp_path, mon
     assert made.preset == "tiny" and made.prefill_tokens_per_s > made.decode_tokens_per_s > 0
     assert 0 < made.mbu < 2 and made.context == 64 and made.prompt_len == 64
     assert cr.load(here) == made                                   # read, not measured again
+
+
+def test_a_re_measured_knee_is_compared_on_the_growth_it_is_read_from():
+    record = _record()                                            # knee 4: batch 2 at x1.49, on the line
+    same = cr.knee_beside_the_record(record, 4, {1: 1.0, 2: 1.45, 4: 1.6, 8: 2.1})
+    assert "knee: batch 4 re-measured here, batch 4 in the record: the same" in same and "re-measured here" in same
+    # 05's run put the knee at 2 (x1.55) where the record had 4 (x1.49): the same machine, said so
+    moved = cr.knee_beside_the_record(record, 2, {1: 1.0, 2: 1.55, 4: 1.62, 8: 2.0})
+    assert "knee: batch 2 re-measured here, batch 4 in the record" in moved and "the same machine" in moved
+    assert "make it again" not in moved
+    # a knee that moved because the step itself grew differently is a changed machine
+    changed = cr.knee_beside_the_record(record, 2, {1: 1.0, 2: 2.4, 4: 3.0, 8: 4.0})
+    assert "growth itself drifted" in changed and "make it again" in changed
+    with pytest.raises(ValueError, match="growth="):
+        cr.knee_beside_the_record(record, 2, {64: 1.0})

@@ -76,6 +76,9 @@ def test_where_speculation_stops_paying_depends_on_the_ridge():
             < speculation.batch_where_it_stops_paying(0.4, 4, CFG8B, H100, context=1024, cache_once=True))
     text = speculative_decoding.where_it_stops_paying(0.4, 4, H100)
     assert "reading the cache once" in text and "by hand batch" in text and "predicted knee" in text
+    # the H100's break-even for a verify reading the cache once (574) lies past the 409 sequences of
+    # the 8B shape that fit at a 1k context (notebook 05): the line says so rather than quote a batch no server runs
+    assert "past the 409 sequences that fit in its memory: on one H100 SXM it never stops paying" in text
 
 
 def test_verify_reading_the_cache_once_reads_it_once():
@@ -116,3 +119,20 @@ def test_the_heavy_trace_loads_a_fast_machine_as_much_as_a_slow_one():
     assert (slow.prompt_len == fast.prompt_len).all() and rate(fast) / rate(slow) == pytest.approx(2.0, rel=1e-6)
     prefill = costs(1.0).tokens(costs(1.0).prefill, 190)
     assert 0.2 < rate(slow) * prefill < 0.8        # sample_requests' Poisson arrivals around the set share
+
+
+def test_the_hollow_twin_is_read_at_both_notebooks_contexts():
+    """Notebook 01 times the hollow twin at a context of 64, notebook 03 at 256 (0.183 against
+    0.433 ms in one stored pair, unsaid): 03 now times it at both and says why they differ."""
+    from types import SimpleNamespace
+
+    from inference_lab.lessons.decode_is_bandwidth_bound import Experiments
+
+    def twin(context, ms):
+        return SimpleNamespace(context=context, step_seconds=ms / 1e3)
+
+    grew = Experiments([], [], [], twin(256, 0.443), None, hollow_short=twin(64, 0.154))._twin_by_context()
+    assert "context of 64: 0.154 ms, x2.9 at 256" in grew and "per cached token" in grew
+    flat = Experiments([], [], [], twin(256, 0.16), None, hollow_short=twin(64, 0.154))._twin_by_context()
+    assert "about the same" in flat
+    assert Experiments([], [], [], twin(64, 0.16), None)._twin_by_context() == ""

@@ -92,3 +92,36 @@ def test_view_draws_and_says_which_formats_are_compute_bound():
     assert "compute-bound here: int8, int4 g32, int4 g128" in text and "batch 8" in text   # float32 is not yet
     fig, text = lesson.view(cfg, spec)(1, 2048)
     assert "every format still bandwidth-bound" in text
+
+
+def _kv_runs(float_ms, int8_ms, spread=1.0):
+    """``{(cache, context): record}`` at the lesson's two contexts, batch KV_BATCH."""
+    lo, hi = lesson.KV_CONTEXTS
+    return {(name, c): _step(ms, spread, batch=lesson.KV_BATCH)
+            for name, (a, b) in (("float", float_ms), ("int8", int8_ms)) for c, ms in ((lo, a), (hi, b))}
+
+
+def test_int8_cache_verdict_holds_fails_and_cannot_decide():
+    cfg = ModelConfig.preset("small")
+    # this CPU (the stored run's shape): 12.7 ms more per 1,280 tokens in float, 12.0 in int8: x0.94
+    assert lesson.cache_time_follows_its_bytes(_kv_runs((17.6, 30.3), (21.2, 33.2)), cfg).holds is True
+    # a machine whose attention streams the cache: the int8 cache's extra time shrinks with its bytes (x0.27)
+    streamed = lesson.cache_time_follows_its_bytes(_kv_runs((17.6, 30.3), (14.0, 17.4)), cfg)
+    assert streamed.holds is False and "x0.27 the bytes" in streamed.evidence
+    assert lesson.cache_time_follows_its_bytes(_kv_runs((17.6, 30.3), (15.0, 20.5), 1.8), cfg).holds is None
+    assert lesson.cache_time_follows_its_bytes(_kv_runs((17.6, 17.0), (21.2, 33.2)), cfg).holds is None
+
+
+def test_int8_cache_pays_with_the_caches_share_and_doubles_what_fits():
+    per_token = lesson.cache_bytes_per_token(ModelConfig.preset("small"))      # read from real caches
+    assert per_token["float"] == 2 * 8 * 4 * 64 * 4 and per_token["int8"] / per_token["float"] == pytest.approx(1.0625 / 4)
+    rows = lesson.kv_cache_gpu_rows()
+    for r in rows:
+        assert 1.9 <= r["fits"]["int8"] / r["fits"]["bf16"] <= 2.0             # 2 bytes an element -> 1.03
+        gains = [r["speedup"][b] for b in lesson.GPU_KV_BATCHES if b in r["speedup"]]
+        assert gains == sorted(gains) and all(g >= 1 for g in gains)          # more rows, more cache, more gain
+    h100 = {r["context"]: r for r in rows if r["gpu"] == "H100_SXM"}
+    assert h100[1024]["speedup"][1] < 1.01 and h100[16384]["speedup"][16] > 1.45   # 1% of the bytes vs 70%
+    assert 64 not in h100[16384]["speedup"]                                   # 64 x 16k does not fit: not priced
+    text = lesson.kv_cache_gpu_text(rows)
+    assert "does not fit" in text and "equal the weights' at batch x context = 114,516 tokens" in text

@@ -124,7 +124,7 @@ def test_disaggregated_oddities_are_explained(phases):
 def test_pool_estimate_is_the_ratio_over_the_gap(phases):
     rag = workload.sample_requests(1000, 10.0, **lesson.RAG_TRAFFIC)
     est = pools.pool_estimate(phases, rag, 8, tpot_ms=15)
-    assert est.prefill_gpus_per_decode_gpu == pytest.approx((est.prompt / est.output) / est.speed_gap)
+    assert est.prefill_gpus_per_decode_gpu == pytest.approx((est.prompt / est.output) / est.throughput_ratio)
     assert phases.decode_seconds(est.batch, est.batch * int(est.prompt + est.output / 2)) <= 0.015
     assert est.best_prefill_gpus >= 5  # RAG: most GPUs prefill
     # Short prompts are packed into full passes, as a busy prefill worker runs them.

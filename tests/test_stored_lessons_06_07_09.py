@@ -238,7 +238,7 @@ def test_stored_07_reference_line_matches_notebook_01_and_the_runs():
         assert f"{share}% of its time writing at {ratio}:1" in line or f"and {share}% at {ratio}:1" in line
     lo, hi = two_speeds.RAG_MIX
     here = f"{min(gaps)}x" if min(gaps) == max(gaps) else f"{min(gaps)}x to {max(gaps)}x"
-    assert f"the per-user gap is {here}" in line
+    assert f"the per-user ratio is {here}" in line
     tail = line.rsplit(", so ", 1)[1]
     if hi < min(gaps):
         assert tail.startswith("writing takes most of every request's time")

@@ -193,13 +193,15 @@ def reference_knees(cfg, spec, *, tp: int, context: int) -> str:
                    None)
     return "\n".join([
         f"{cfg.name}, {spec.name} x{tp} (TP={tp}), context {context:,}:",
-        f"  weights only: the step turns compute-bound at batch {flip_w} (the ridge) and reaches 1.5x batch 1 at "
-        f"batch {knee_w}: the write-up's ~256",
+        f"  weights only: the step turns compute-bound at batch {flip_w} (the ridge: the write-up's ~256) and "
+        f"reaches 1.5x batch 1 (the predicted knee) at batch {knee_w}",
         "  with the KV reads: " + (f"compute-bound from batch {flip}" if flip else
                                    f"never compute-bound at any batch (from a context of {longest:,} on, each "
                                    "sequence's KV bytes take longer than its math)")
-        + f"; the step reaches 1.5x batch 1 at batch {knee}, still memory-bound: every sequence reads its own "
-          "cache. That is a knee near the served node's ~32, from the bytes alone"])
+        + f"; the step reaches 1.5x batch 1 (the predicted knee) at batch {knee}, still memory-bound: every "
+          "sequence reads its own cache, so from there each added sequence adds a near-constant slice of step "
+          "time and the throughput bends toward a ceiling. The served node's throughput stopped climbing freely "
+          "past ~32: the same bend, from the bytes alone"])
 
 
 # What the decode levers change, on the roofline. Sources of the figures that are not this lab's:

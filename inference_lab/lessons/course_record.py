@@ -142,6 +142,36 @@ def beside_the_record(name: str, here: float, recorded: float, *, unit: str = ""
     return line
 
 
+def knee_beside_the_record(record: MachineRecord, knee: int | None, growth: dict, *, noise: float = 1.0) -> str:
+    """A re-measured batch sweep's knee beside the record's. ``growth`` maps batch -> step over
+    batch 1's. The knee is a threshold on the growth, so two runs whose growth agrees within the
+    drift rule can still put it on either side of the line: the comparison is made on the growth,
+    and a knee that moved only because the growth sat on the line is said to be one."""
+    shared = [(b, g) for b, g in record.growth if b in growth]
+    if not shared:
+        raise ValueError(f"growth={sorted(growth)!r} shares no batch with the record's {[b for b, _ in record.growth]}")
+    lines = [beside_the_record(f"the step at batch {b} over batch 1's", growth[b], g, unit="x", fmt=".2f",
+                               noise=noise)
+             for b, g in shared if b <= max(knee or 0, record.knee or 0, 2)]
+    same = knee == record.knee
+    moved = [b for b, g in shared if (growth[b] >= batching.KNEE_FACTOR) != (g >= batching.KNEE_FACTOR)]
+    agree = not any(drifted(growth[b], g, noise) for b, g in shared)
+    where = f"batch {knee}" if knee else "past the sweep"
+    was = f"batch {record.knee}" if record.knee else "past the sweep"
+    line = f"knee: {where} re-measured here, {was} in the record"
+    if same:
+        lines.append(line + ": the same")
+    elif agree:
+        which = f"batches {', '.join(map(str, moved))} sit" if len(moved) > 1 else f"batch {moved[0]} sits"
+        lines.append(line + f": the growth agrees within the drift rule, and {which} near the "
+                     f"x{batching.KNEE_FACTOR:g} line, on one side in one run and on the other in the next: the "
+                     "same machine")
+    else:
+        lines.append(line + ", and the growth itself drifted: the machine changed since the record was made; "
+                     "make it again (notebook 00) before quoting either")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- making and reading it
 def _path(here: Machine):
     key = f"{hardware.processor_summary()}|{here.device}|{here.config.name}|{here.dtype}|{platform.node()}"

@@ -14,7 +14,7 @@ from inference_lab.base.random_arrays import normal
 from inference_lab.measure import matmuls, timing
 from inference_lab.analytic import costs, roofline
 from inference_lab.lessons.machine import DECODE_COLUMNS, Sweep, percent, kernel_check_mode
-from inference_lab.lessons.one_model_two_speeds import hollow
+from inference_lab.lessons.one_model_two_speeds import STREAM_CONTEXT, hollow
 from pallas_kernels.testing import decode_attention_f64, rel_err
 
 
@@ -52,6 +52,7 @@ class Experiments:
     kernels: list  # matmuls.KernelPoint at m = 1 (and 2): the matrix-vector kernel alone
     hollow: object  # the batch-1 step of the model's hollow twin (notebook 01): its fixed costs
     model_cfg: object  # the model's ModelConfig (its heads set attention's intensity)
+    hollow_short: object = None  # the same twin at notebook 01's shorter context, timed beside it
 
     def table(self) -> str:
         rows = sorted(self.batch, key=lambda r: r.batch) + sorted(
@@ -76,9 +77,23 @@ class Experiments:
                  "the best repeat of the fastest read kernel, where this is one kernel's median)")
         return (f"the matrix-vector kernel alone, [1, {k.k}] @ [{k.k}, {k.n}] {k.dtype}: {k.weight_bytes / 1e6:,.0f} MB "
                 f"in {k.seconds * 1e3:,.2f} ms = {k.weight_bytes_per_s / 1e9:,.1f} GB/s{share}\n"
-                f"the model's hollow twin (same layers and calls, almost no bytes), batch 1: "
-                f"{self.hollow.step_seconds * 1e3:,.3f} ms, {self.hollow.step_seconds / one.step_seconds:.0%} of the "
-                "batch-1 step: what the step costs whatever its bytes")
+                f"the model's hollow twin (same layers and calls, almost no bytes), batch 1, context "
+                f"{self.hollow.context}: {self.hollow.step_seconds * 1e3:,.3f} ms, "
+                f"{self.hollow.step_seconds / one.step_seconds:.0%} of the batch-1 step: what the step costs whatever "
+                "its bytes" + self._twin_by_context())
+
+    def _twin_by_context(self) -> str:
+        """The twin at notebook 01's context beside this one's: its attention keeps a cost per
+        cached token even with almost no bytes to read, so its time is not one number."""
+        short = self.hollow_short
+        if short is None or short.context == self.hollow.context:
+            return ""
+        grew = self.hollow.step_seconds / short.step_seconds
+        how = (f"x{grew:.1f} at {self.hollow.context}: its attention still costs time per cached token with almost no "
+               "bytes to read, so a step's fixed cost depends on the context" if grew >= 1.3 else
+               "about the same: its cost does not depend on the context here")
+        return (f"\nthe same twin at notebook 01's context of {short.context}: {short.step_seconds * 1e3:,.3f} ms, "
+                + how)
 
 
 def decode_experiments(model, *, batches, contexts, context: int, steps: int, kernel_size: int = 4096) -> Experiments:
@@ -87,13 +102,16 @@ def decode_experiments(model, *, batches, contexts, context: int, steps: int, ke
     pairs = [(int(b), int(context)) for b in batches]
     pairs += [(1, int(c)) for c in contexts if (1, int(c)) not in pairs]
     points = [timing.DecodePoint(model, b, c, steps) for b, c in pairs]
-    points.append(timing.DecodePoint(hollow(model), 1, int(context), steps))
+    # the twin at this context, and at notebook 01's where that is shorter: the two notebooks' twins
+    twins = sorted({min(STREAM_CONTEXT, int(context)), int(context)})
+    points += [timing.DecodePoint(hollow(model), 1, c, steps) for c in twins]
     *recs, twin = timing.measure_points(points, desc="decode")
+    short = recs.pop() if len(twins) == 2 else None
     batch = [r for r in recs if r.context == context]
     ctx = [r for r in recs if r.batch == 1]
     kernels = matmuls.matmul_sweep((1, 2), k=kernel_size, n=kernel_size, dtype=model.cfg.dtype,
                                   kernels=model.kernels, repeats=9)
-    return Experiments(batch, ctx, kernels, twin, model.cfg)
+    return Experiments(batch, ctx, kernels, twin, model.cfg, hollow_short=short)
 
 
 def experiment_view(exp: Experiments, batch: int):

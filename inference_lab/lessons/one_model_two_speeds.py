@@ -371,6 +371,7 @@ def with_and_without_cache(model, prompt: str = PROMPT, max_new_tokens: int = 15
 
 # ------------------------------------------------------------------ why the timings use a bigger model
 SMALL_STEPS, LARGE_STEPS = 32, 8   # decode steps per timed loop of each model (a loop of ~5 and ~60 ms here)
+STREAM_CONTEXT = 64                 # cached tokens per row when the two models and their twins are timed
 
 
 def hollow(model):
@@ -429,7 +430,7 @@ class StreamRates:
                 f"{self.large_read / 1e9:,.1f} GB/s, {gain:.2f}x)")
 
 
-def weight_stream_rates(small_model, large_model, *, context: int = 64) -> StreamRates:
+def weight_stream_rates(small_model, large_model, *, context: int = STREAM_CONTEXT) -> StreamRates:
     """Read each model's bytes on this machine, then time batch-1 decode of both models and their
     hollow twins at the same context, side by side (round-robin: a burst of load from another
     program cannot decide the comparison)."""

@@ -313,17 +313,33 @@ def scrape(server) -> dict:
 def overload(server, n: int = 4, output: int = 150, seed: int = 0):
     """``n`` requests of 20-token prompts and ``output``-token answers at once (together they
     need about twice the pool), then each again alone: ``(together, alone, metrics before,
-    metrics after the crowd)``, the two runs' texts in order."""
+    metrics after the crowd, the highest KV cache usage /metrics showed while it ran)``, the two
+    runs' texts in order. The usage is a gauge: after the crowd every block is free again, so only
+    a scrape during the run sees the pool fill (every 50 ms here, as ``watch`` would)."""
+    import threading
+
     from inference_lab.serving.load import bench_serve
 
     prompts = prompt_texts([20] * n, seed)
     together = Requests(np.zeros(n), np.full(n, 20), np.full(n, output))
     before = scrape(server)
-    crowd = bench_serve(server.base_url, together, model=PRESET, prompts=prompts, label="together")
+    highest, finished = [before["vllm:kv_cache_usage_perc"]], threading.Event()
+
+    def watch():
+        while not finished.wait(0.05):
+            highest.append(scrape(server)["vllm:kv_cache_usage_perc"])
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        crowd = bench_serve(server.base_url, together, model=PRESET, prompts=prompts, label="together")
+    finally:
+        finished.set()
+        watcher.join()
     after = scrape(server)
     alone = [bench_serve(server.base_url, Requests(np.zeros(1), np.array([20]), np.array([output])), model=PRESET,
                          prompts=[p], label="alone").results[0] for p in prompts]
-    return crowd.results, alone, before, after
+    return crowd.results, alone, before, after, max(highest)
 
 
 

@@ -297,6 +297,122 @@ def gpu_text(rows: list[dict], batches=(1, 64)) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- 5. the KV cache in int8
+KV_BATCH = 8                       # the timed batch here: enough rows for the cache to be a large share
+KV_CONTEXTS = (256, 1536)          # two contexts: the time per cached token is their difference
+GPU_KV_CONTEXTS = (1024, 4096, 16384, 32768)
+GPU_KV_BATCHES = (1, 16, 64)
+GPU_KV_PRESET = "llama3_8b"
+
+
+def int8_cache(cfg):
+    return cfg.replace(kv_cache_dtype="int8")
+
+
+def cache_bytes_per_token(cfg) -> dict:
+    """Bytes one cached token takes in each cache, read from real caches (``KVCache.nbytes`` of one
+    row of 256 positions, values and scales): ``{"float": ..., "int8": ...}``."""
+    from inference_lab.model.kv_cache import KVCache
+
+    return {name: KVCache.create(c, 1, 256).nbytes / 256 for name, c in (("float", cfg), ("int8", int8_cache(cfg)))}
+
+
+def kv_cache_gpu_rows(preset: str = GPU_KV_PRESET, contexts=GPU_KV_CONTEXTS, batches=GPU_KV_BATCHES) -> list[dict]:
+    """The roofline of a bf16 model on each GPU preset with its KV cache in bf16 and in int8: per
+    context, how many sequences fit in each (:func:`roofline.max_batch`) and, at each batch that
+    fits in both, the decode step's speed-up from the int8 cache and the cache's share of the
+    step's bytes."""
+    cfg = ModelConfig.preset(preset)
+    rows = []
+    for gpu in GPUS:
+        spec = hardware.PRESETS[gpu]
+        for context in contexts:
+            fits = {"bf16": roofline.max_batch(cfg, spec, context), "int8": roofline.max_batch(int8_cache(cfg), spec, context)}
+            row = {"gpu": gpu, "context": context, "fits": fits, "speedup": {}, "kv_share": {}}
+            for b in batches:
+                if b <= fits["bf16"]:
+                    cost = costs.decode_cost(cfg, b, context)
+                    row["speedup"][b] = (roofline.predicted_decode_step_seconds(cfg, spec, b, context)
+                                         / roofline.predicted_decode_step_seconds(int8_cache(cfg), spec, b, context))
+                    row["kv_share"][b] = cost.parts["kv_read"] / cost.bytes
+            rows.append(row)
+    return rows
+
+
+def kv_cache_gpu_text(rows: list[dict], preset: str = GPU_KV_PRESET, batches=GPU_KV_BATCHES) -> str:
+    cfg = ModelConfig.preset(preset)
+    tokens = costs.weight_bytes(cfg) / costs.kv_bytes_per_token(cfg)
+    lines = [f"{preset} (bf16 weights), the roofline: decode step speed-up from an int8 KV cache (the cache's share "
+             "of the step's bytes in bf16), and how many sequences fit in 90% of the GPU's memory",
+             f"{'gpu':<10}{'context':>8}" + "".join(f"{f'batch {b}':>16}" for b in batches) + f"{'fit bf16':>10}{'fit int8':>10}"]
+    for r in rows:
+        cells = "".join(f"{f'x{r['speedup'][b]:.2f} ({r['kv_share'][b]:.0%})':>16}" if b in r["speedup"]
+                        else f"{'does not fit':>16}" for b in batches)
+        lines.append(f"{r['gpu']:<10}{r['context']:>8,}{cells}{r['fits']['bf16']:>10}{r['fits']['int8']:>10}")
+    r = int8_cache(cfg).kv_bytes_per_element / cfg.kv_bytes_per_element
+    lines.append(f"the cache's bytes equal the weights' at batch x context = {tokens:,.0f} tokens (e.g. batch "
+                 f"{tokens / 4096:.0f} at 4,096): there the int8 cache makes the step x{2 / (1 + r):.2f} faster; at a "
+                 f"tenth of that, x{1.1 / (1 + 0.1 * r):.2f}")
+    return "\n".join(lines)
+
+
+def measure_kv_cache(model, *, repeats: int | None = 7) -> dict:
+    """Decode steps of ``model`` (its own weights) with a float cache and an int8 cache at
+    :data:`KV_BATCH` and each of :data:`KV_CONTEXTS`, side by side: ``{(cache, context): record}``."""
+    models = {"float": model, "int8": model.with_kv_cache_dtype("int8")}
+    where = [(name, c) for name in models for c in KV_CONTEXTS]
+    points = [timing.DecodePoint(models[name], KV_BATCH, c, STEPS) for name, c in where]
+    records = timing.measure_points(points, repeats=repeats, ceilings=None, desc="KV caches")
+    return dict(zip(where, records))
+
+
+def per_cached_token(records: dict, name: str) -> float:
+    """Seconds a decode step adds per cached token of one row, from the two contexts' steps."""
+    lo, hi = KV_CONTEXTS
+    return ((records[(name, hi)].step_seconds - records[(name, lo)].step_seconds)
+            / ((hi - lo) * records[(name, hi)].batch))
+
+
+def kv_cache_table(records: dict, cfg, spec) -> str:
+    lo, hi = KV_CONTEXTS
+    per_token = cache_bytes_per_token(cfg)
+    lines = [f"decode batch {KV_BATCH}, {cfg.name}, {cfg.dtype} weights: the float cache against the int8 cache",
+             f"{'cache':<8}{'bytes/token':>12}" + "".join(f"{f'step ms @{c}':>15}" for c in KV_CONTEXTS)
+             + f"{'us per cached token':>21}{'roofline us':>13}"]
+    for name in ("float", "int8"):
+        c = cfg if name == "float" else int8_cache(cfg)
+        roof = ((roofline.predicted_decode_step_seconds(c, spec, KV_BATCH, hi)
+                 - roofline.predicted_decode_step_seconds(c, spec, KV_BATCH, lo)) / ((hi - lo) * KV_BATCH))
+        lines.append(f"{name:<8}{per_token[name]:>12,.0f}"
+                     + "".join(f"{records[(name, ctx)].step_seconds * 1e3:>15.2f}" for ctx in KV_CONTEXTS)
+                     + f"{per_cached_token(records, name) * 1e6:>21.3f}{roof * 1e6:>13.3f}")
+    return "\n".join(lines)
+
+
+def cache_time_follows_its_bytes(records: dict, cfg) -> Verdict:
+    """Whether the int8 cache cuts the time a cached token costs a step as much as it cuts the
+    token's bytes. On a machine whose decode attention streams the cache at the read rate (a GPU
+    kernel built for it) it should: int8 over float ~ their bytes' ratio. The claim checked here
+    is this CPU's: its attention is bound by XLA's arithmetic over the cache, not by the cache's
+    bytes (notebook 03), so the int8 cache's time per cached token stays above the log midpoint
+    of that ratio and 1. Fails on a machine where the cache's bytes set the time."""
+    per_token = cache_bytes_per_token(cfg)
+    by_bytes = per_token["int8"] / per_token["float"]
+    f, q = per_cached_token(records, "float"), per_cached_token(records, "int8")
+    if f <= 0:
+        return Verdict("the int8 cache does not cut a cached token's time by its bytes here (attention is not bound by "
+                       "the cache's bytes)", None, "the float cache's longer context was not slower: nothing to compare")
+    ratio = q / f
+    need = log_midpoint(by_bytes)
+    lo, hi = KV_CONTEXTS
+    u = noise(*(records[(n, c)] for n in ("float", "int8") for c in (lo, hi)))
+    return Verdict("the int8 cache does not cut a cached token's time by its bytes here (attention is not bound by "
+                   "the cache's bytes)", decide(ratio, need, u),
+                   f"per cached token: float {f * 1e6:.3f} us, int8 {q * 1e6:.3f} us: x{ratio:.2f} the time for "
+                   f"x{by_bytes:.2f} the bytes (a bytes-bound cache would take about x{by_bytes:.2f}; needed at least "
+                   f"x{need:.2f}" + (f"; noise x{u:.2f}" if u > 1.005 else "") + ")")
+
+
 # ----------------------------------------------------------------------------- the figure and the dashboard
 CURVE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # the figure's lines and the dashboard's batch slider
 

@@ -29,13 +29,16 @@ BAND_SOURCE = ("an engineer's write-up on why output tokens cost more, which rep
                "3-5x more per output token than per input token")
 
 PROJECT_H200 = {
-    "what": "measured by this project on an H200 with jax 0.11.2 (docs/architecture.md)",
+    "what": "measured by this project on an H200 with jax 0.11.2, 2026-11-30 (docs/architecture.md)",
     "matmul_flops_per_s": 782e12,  # XLA (cuBLAS) bf16 matmul 8192^3
     "copy_bytes_per_s": 4.31e12,  # XLA x + y, f32, 1 GiB, read + write counted
+    "decoder_bytes_per_s": 2.87e12,  # a plain-JAX Llama-3-8B-shaped decoder, batch 1: 191 tok/s x 15.0 GB a step
 }
 
 # The simulator's machine: Llama-3-8B on one H100 SXM per worker, at stated shares of the datasheet.
-LAB = {"model": "llama3_8b", "spec": DEFAULT_PRICE_KEY, "mfu": 0.5, "mbu": 0.8, "step_overhead_s": 2e-4}
+# Decode at 60%: the one whole decoder of this shape measured on a GPU read at 2.87 of the H200's
+# 4.8 TB/s. A copy's 90% is no decode ceiling (it writes as much as it reads; notebook 00).
+LAB = {"model": "llama3_8b", "spec": DEFAULT_PRICE_KEY, "mfu": 0.5, "mbu": 0.6, "step_overhead_s": 2e-4}
 
 
 def lab_phases(**overrides):
@@ -49,11 +52,13 @@ def lab_assumptions() -> str:
     h200 = hardware.PRESETS["H200"]
     m = PROJECT_H200["matmul_flops_per_s"] / h200.peak_flops("bf16")
     b = PROJECT_H200["copy_bytes_per_s"] / h200.bandwidth
+    d = PROJECT_H200["decoder_bytes_per_s"] / h200.bandwidth
     return (f"step times: the roofline of {LAB['model']} on an {LAB['spec']} at {LAB['mfu']:.0%} of its datasheet "
             f"FLOP/s and {LAB['mbu']:.0%} of its bandwidth, plus {LAB['step_overhead_s'] * 1e3:.1f} ms per iteration\n"
             f"why those shares: {PROJECT_H200['what']}: the best bf16 matmul reached {m:.0%} of the datasheet "
-            f"FLOP/s and a plain copy {b:.0%} of its bandwidth; a whole forward pass (attention, norms, launches) "
-            f"reaches less")
+            f"FLOP/s, and a whole forward pass (attention, norms, launches) reaches less; a decoder of this shape "
+            f"at batch 1 read at {d:.0%} of the datasheet bandwidth (a plain copy moved {b:.0%}, but a copy writes "
+            f"as much as it reads and is no decode ceiling)")
 
 
 # ============================================================================= prices
@@ -366,9 +371,10 @@ def budget_trades_ttft_for_itl(sweep: Sweep, default: int = simulator.DEFAULT_CH
             and itl[0] < d["itl_p99_ms"] < itl[-1])
 
 
-def per_user_gap(res, phases) -> float:
-    """How many times faster prefill reads than decode writes, for one user of a simulated run:
-    prefill tokens/s of a mean prompt alone over that user's decode tokens/s (1 / TPOT p50)."""
+def per_user_ratio(res, phases) -> float:
+    """How many times faster prefill reads than decode writes, for one user of a loaded simulated
+    run: prefill tokens/s of a mean prompt alone over that user's decode tokens/s (1 / TPOT p50).
+    The speed gap of one stream served alone, widened by the batch every decode step serves."""
     prompt = float(np.mean(res.requests.prompt_len))
     return prompt / phases.prefill_seconds([int(prompt)]) * res.summary()["tpot_p50_ms"] / 1e3
 
@@ -376,8 +382,8 @@ def per_user_gap(res, phases) -> float:
 def rag_clock(res, phases, rate: float) -> str:
     """One simulated run, two clocks: decode's share of each request's wait (its end-to-end
     latency) and its share of the GPUs' busy time. A decode step is every running answer's wait,
-    and one GPU-step shared by all of them. Also the per-user speed gap that sets the wait's split
-    (:func:`per_user_gap`)."""
+    and one GPU-step shared by all of them. Also the per-user ratio that sets the wait's split
+    (:func:`per_user_ratio`)."""
     ok = np.isfinite(res.finish) & np.isfinite(res.first_token)
     e2e = res.finish[ok] - res.requests.arrival[ok]
     wait_share = np.median((res.finish[ok] - res.first_token[ok]) / e2e)
@@ -388,7 +394,7 @@ def rag_clock(res, phases, rate: float) -> str:
     return (f"{res.mode} at {rate:g} req/s: decode is {wait_share:.0%} of a request's end-to-end latency (median) "
             f"and {ph['decode'] / busy:.0%} of the GPUs' busy time (prefill {ph['prefill'] / busy:.0%}{mixed}); "
             f"each decode step served {batch:.1f} answers on average; per user, prefill reads "
-            f"{per_user_gap(res, phases):.0f}x faster than decode writes")
+            f"{per_user_ratio(res, phases):.0f}x faster than decode writes (the per-user ratio)")
 
 
 def _who_writes(lo: float, hi: float, gap: float) -> str:
@@ -403,15 +409,15 @@ def _who_writes(lo: float, hi: float, gap: float) -> str:
 
 def rag_against_reference(gaps) -> str:
     """The reference node's split of a RAG request's time under reading A (its two figures as two
-    speeds; under reading B they give no speed gap), beside the per-user gaps of the simulated runs
-    (``gaps``: :func:`per_user_gap` of each), the phase that dominates worded from the numbers."""
+    speeds; under reading B they give no speed gap), beside the per-user ratios of the simulated runs
+    (``gaps``: :func:`per_user_ratio` of each), the phase that dominates worded from the numbers."""
     ref = two_speeds.reference_gap()
     lo, hi = two_speeds.RAG_MIX
     low, high = min(gaps), max(gaps)
     here = f"{low:.0f}x" if round(low) == round(high) else f"{low:.0f}x to {high:.0f}x"
     return (f"the reference node under reading A (a speed gap of {ref.measured:.1f}x): a RAG request served alone "
             f"spends {ref.decode_share(lo, 1):.0%} of its time writing at {lo}:1 and {ref.decode_share(hi, 1):.0%} "
-            f"at {hi}:1, so {_who_writes(lo, hi, ref.measured)}; in these simulated runs the per-user gap is "
+            f"at {hi}:1, so {_who_writes(lo, hi, ref.measured)}; in these simulated runs the per-user ratio is "
             f"{here}, so {_who_writes(lo, hi, low)}")
 
 

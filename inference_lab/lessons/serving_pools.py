@@ -64,13 +64,15 @@ class PoolEstimate:
         return self.output / self.decode_s
 
     @property
-    def speed_gap(self) -> float:
-        """Prefill tokens/s over decode tokens/s (of one GPU, at this batch)."""
+    def throughput_ratio(self) -> float:
+        """Prefill tokens/s over decode tokens/s of one GPU, decode at this batch: what sizes the
+        pools. Not the speed gap (one stream's prefill over one stream's decode, notebook 01's N):
+        a decode GPU serves a whole batch."""
         return self.prefill_tokens_per_s / self.decode_tokens_per_s
 
     @property
     def prefill_gpus_per_decode_gpu(self) -> float:
-        """(prompt:output) / speed gap = prefill GPU-seconds per decode GPU-second."""
+        """(prompt:output) / throughput ratio = prefill GPU-seconds per decode GPU-second."""
         return self.prefill_s / self.decode_s
 
     @property
@@ -83,7 +85,7 @@ class PoolEstimate:
 
     def line(self) -> str:
         return (f"batch size {self.batch}: prefill {self.prefill_tokens_per_s:,.0f} tok/s, decode "
-                f"{self.decode_tokens_per_s:,.0f} tok/s per GPU (gap {self.speed_gap:.1f}x); prompts "
+                f"{self.decode_tokens_per_s:,.0f} tok/s per GPU (throughput ratio {self.throughput_ratio:.1f}x); prompts "
                 f"{self.prompt / self.output:.0f}x longer than answers -> {self.prefill_gpus_per_decode_gpu:.1f} "
                 f"prefill GPUs per decode GPU; of {self.gpus}: {self.best}")
 

@@ -385,23 +385,30 @@ def batch_speedups(target, draft, k: int, batches, *, repeats: int = 3, measured
 
 
 def batch_speedup_lines(runs: dict, verifies, k: int) -> str:
-    """Measured speed-up at each batch beside what that batch's measured verify / step predicts."""
+    """Measured speed-up at each batch beside what that batch's measured verify / step predicts:
+    tokens per target step over the verify's cost in steps, which leaves out a round's fixed cost
+    (a call of its own, the host's accept-and-roll-back), so it is an upper bound; section 4's cost
+    model counts it."""
     ratios = dict(zip(*verify_batches(verifies, k)))
     lines = []
     for b, (plain, spec) in runs.items():
         pred = spec.tokens_per_step / ratios[b] if b in ratios else float("nan")
         lines.append(f"batch {b:>3}: plain {plain.tokens_per_s:,.0f} tok/s, {spec.draft} k={k} {spec.tokens_per_s:,.0f} "
                      f"tok/s: x{plain.seconds / spec.seconds:.2f} ({spec.tokens_per_step:.2f} tokens per target step "
-                     f"over a verify of x{ratios.get(b, float('nan')):.2f} a step predicts x{pred:.2f})")
+                     f"over a verify of x{ratios.get(b, float('nan')):.2f} a step predicts at most x{pred:.2f}, "
+                     "a round's fixed cost left out)")
     return "\n".join(lines)
 
 
 def where_it_stops_paying(acceptance: float, k: int, spec) -> str:
-    """The batch at which the cost model's speed-up falls below 1: this machine with the target,
+    """The batch at which the roofline's speed-up falls below 1: this machine with the target,
     and an H100 and an H200 with the Llama-3-8B shape at a 1k context (a draft with no device
-    work), beside the estimate by hand (:func:`~cost_model.stops_paying_estimate`) and 05's
-    predicted knee. On the GPUs, two verify steps: this lab's, which reads the KV cache once per
-    checked token, and a production one that reads it once for all of them."""
+    work), beside the estimate by hand (:func:`~cost_model.stops_paying_estimate`), the predicted
+    knee (05's 1.5x rule on the roofline's steps) and, on the GPUs, how many sequences fit in
+    memory at that context (a batch past that is no server's). On the GPUs, two verify steps:
+    this lab's, which reads the KV cache once per checked token, and a production one that reads
+    it once for all of them. The roofline leaves out a round's fixed cost, so on a machine where
+    speculation already loses at batch 1 (section 4) its "stops paying" is an upper bound."""
     e = cost_model.expected_tokens(acceptance, k)
     lines = [f"acceptance {acceptance:.0%}, k = {k}, a draft with no device work (prompt lookup): E = {e:.2f} tokens "
              f"per round; by hand (short context): B = R x E / (k + 1), R = the ridge in tokens per step"]
@@ -414,11 +421,14 @@ def where_it_stops_paying(acceptance: float, k: int, spec) -> str:
             at = cost_model.batch_where_it_stops_paying(acceptance, k, cfg, s, context=context, cache_once=once)
             how = "" if len(reads) == 1 else (" (a verify reading the cache once)" if once else
                                               " (this lab's verify, reading it once per token)")
-            found.append(f"batch {at if at else f'> {cost_model.LARGEST_BATCH}'}{how}")
-        lines.append(f"  {label}, context {context:,}: stops paying at " + "; at ".join(found))
+            fits = roofline.max_batch(cfg, s, context) if s.memory_bytes else None
+            past = (f", past the {fits:,} sequences that fit in its memory: on one {s.name} it never stops paying"
+                    if fits is not None and (at is None or at > fits) else "")
+            found.append(f"batch {at if at else f'> {cost_model.LARGEST_BATCH}'}{how}{past}")
+        lines.append(f"  {label}, context {context:,}: on the roofline, stops paying at " + "; at ".join(found))
         lines.append(f"      R = {cost_model.compute_bound_tokens(cfg, s):,.0f} tokens, so by hand batch "
-                     f"{cost_model.stops_paying_estimate(acceptance, k, cfg, s):,.0f}; 05's predicted knee: batch "
-                     f"{roofline.predicted_knee(cfg, s, context)}")
+                     f"{cost_model.stops_paying_estimate(acceptance, k, cfg, s):,.0f}; the predicted knee (the "
+                     f"roofline's step x1.5 batch 1's): batch {roofline.predicted_knee(cfg, s, context)}")
     return "\n".join(lines)
 
 
