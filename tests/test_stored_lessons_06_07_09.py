@@ -179,6 +179,7 @@ def test_reading_lines_name_the_longest_and_the_simulator_comparison():
     assert "TPOT p50 27.0 vs 30.0 ms, about the simulator's" in text
     assert "two pools, measured against simulated: TTFT p50 330 vs 330 ms, about the simulator's" in text
     assert "TPOT p50 13.0 vs 11.0 ms, worse than the simulator's" in text
+    assert "ITL p99 27.0 vs 30.0 ms, about the simulator's" in text
 
 
 def test_trace_label():
@@ -274,7 +275,7 @@ def test_stored_09_reading_lines_match_the_table():
     for p, r in heavy.items():
         sim = rows[(p, "simulated", "heavy")]
         line = _line(out, f"{p}, measured against simulated:")
-        for column, word in (("TTFT p50", "TTFT p50"), ("TPOT p50", "TPOT p50")):
+        for column, word in (("TTFT p50", "TTFT p50"), ("TPOT p50", "TPOT p50"), ("ITL p99", "ITL p99")):
             ratio = r[column] / sim[column]
             said = re.search(rf"{word} [\d.]+ vs [\d.]+ ms, (about|better|worse)", line).group(1)
             # the table rounds; a ratio within a rounding step of a boundary may go either way
