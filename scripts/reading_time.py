@@ -5,7 +5,8 @@ at 238 words a minute, the average silent reading rate for non-fiction in Englis
 Brysbaert's meta-analysis of 190 studies ("How many words do we read per minute?", Journal of
 Memory and Language 109, 2019). That rate is for continuous prose: a reader who works the
 predictions, the worked problems and the dashboards takes longer, which docs/teaching.md says.
-Code is counted in lines, not read at a rate.
+Code is counted in lines, not read at a rate: the code cells, and the source a cell displays for
+reading (``machine.show_function`` and ``show_kernel``, highlighted Python), which is code too.
 
 Running: the sum over code cells of the time between the kernel starting a cell and its reply
 (``metadata.execution``, which nbclient stores when it runs a notebook), so the figures are those
@@ -32,9 +33,21 @@ def _words(text: str) -> int:
     return len(re.findall(r"[A-Za-z0-9][\w'’.,/%-]*", text))
 
 
+def _is_source(output) -> bool:
+    """A displayed piece of source code (IPython's ``Code``: highlighted HTML), not printed words."""
+    return 'class="highlight"' in "".join(output.get("data", {}).get("text/html", ""))
+
+
+def _shown_code_lines(cell) -> int:
+    return sum(len([ln for ln in "".join(o["data"].get("text/plain", "")).splitlines() if ln.strip()])
+               for o in cell.get("outputs", []) if _is_source(o))
+
+
 def _printed(cell) -> str:
     out = []
     for o in cell.get("outputs", []):
+        if _is_source(o):
+            continue
         if o["output_type"] == "stream":
             out.append("".join(o["text"]))
         elif "text/plain" in o.get("data", {}) and not any(k.startswith(("image/", "application/vnd.jupyter.widget"))
@@ -57,7 +70,8 @@ def measure(path: Path) -> dict:
     cells = json.loads(path.read_text())["cells"]
     prose = sum(_words("".join(c["source"])) for c in cells if c["cell_type"] == "markdown")
     printed = sum(_words(_printed(c)) for c in cells if c["cell_type"] == "code")
-    code = sum(len([ln for ln in "".join(c["source"]).splitlines() if ln.strip()]) for c in cells if c["cell_type"] == "code")
+    code = sum(len([ln for ln in "".join(c["source"]).splitlines() if ln.strip()]) + _shown_code_lines(c)
+               for c in cells if c["cell_type"] == "code")
     run = sum(_seconds(c) for c in cells if c["cell_type"] == "code")
     return {"notebook": path.stem, "prose_words": prose, "printed_words": printed, "code_lines": code,
             "read_minutes": (prose + printed) / WORDS_PER_MINUTE, "run_seconds": run}

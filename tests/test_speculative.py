@@ -318,7 +318,8 @@ def test_lesson_tables_readings_and_views():
     fig, text = lesson.speedup_view(grid, predicted, "n-gram", 2)
     assert "k = 2" in text and "n-gram" in alt_text(fig)
     reading = lesson.speedup_reading(grid, verifies, 0.8, predicted, roof, "n-gram", 4)
-    assert "measured x1.80" in reading and "as a call of its own costs 1000.00 ms" in reading
+    assert "measured x1.80" in reading and "leaves out" not in reading       # said once, not per draft
+    assert "as a call of its own costs 1000.00 ms" in lesson.roofline_leaves_out(verifies, 0.8)
     assert "stops paying at batch" in lesson.where_it_stops_paying(0.8, 4, spec)
     step = types.SimpleNamespace(step_seconds=2e-3, bytes_per_step=50e6, mbu=0.81)
     assert lesson.streaming_line(step) == ("its batch-1 decode step: 2.00 ms for 50.0 MB, 25.0 GB/s, "
