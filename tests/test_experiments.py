@@ -192,8 +192,23 @@ def test_the_bandwidth_ceiling_is_a_read_and_the_copy_is_reported_beside_it(monk
     assert read["bytes_per_s"] == max(read["by_kernel"].values()) and "read-only" in read["method"]
     assert "read 64 times per call" in read["method"]          # a small buffer is re-read within one call
     monkeypatch.setattr(ceilings, "copy_bandwidth", lambda nbytes, repeats: {"bytes_per_s": 1e15, "method": "copy"})
-    got = ceilings.device_ceilings(n=64, nbytes=2**20, dtype="float32", repeats=1)
+    got = ceilings.device_ceilings(n=64, nbytes=2**20, dtype="float32", repeats=1, spells=1)
     assert got["copy_bandwidth"] == 1e15 and got["bandwidth"] < 1e15   # a fast copy does not raise the ceiling
+
+
+def test_a_cpu_read_ceiling_is_the_best_of_reads_seconds_apart(monkeypatch):
+    """A shared host's read rate moved between ~35 and ~55 GB/s every few seconds (2026-12-05): a
+    ceiling read once, in a slow spell, was 33.7 GB/s and every MBU against it 1.6x too high. The
+    best of reads spread over seconds is the ceiling, and the method says so."""
+    spells = iter([34e9, 35e9, 55e9, 36e9])
+    monkeypatch.setattr(ceilings, "SPELL_PAUSE_S", 0.0)
+    monkeypatch.setattr(ceilings, "read_bandwidth",
+                        lambda nbytes, repeats: {"bytes_per_s": next(spells), "method": "read-only kernels"})
+    monkeypatch.setattr(ceilings, "copy_bandwidth", lambda nbytes, repeats: {"bytes_per_s": 50e9, "method": "copy"})
+    monkeypatch.setattr(ceilings, "matmul_flops", lambda n, dtype, repeats: {"flops_per_s": 1e11, "method": "matmul"})
+    got = ceilings.device_ceilings(n=64, nbytes=2**20, dtype="float32", repeats=1)
+    assert got["bandwidth"] == 55e9 and "best of 4 such reads" in got["bandwidth_method"]
+    assert "34.0, 35.0, 55.0, 36.0 GB/s" in got["bandwidth_method"]
 
 
 def test_a_gpu_read_ceiling_is_never_below_the_copy():

@@ -460,7 +460,7 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
              "jaxlib": jaxlib.__version__, "dtype": key, "host": platform.node(),
              "processor": processor_summary(), "cpus": os.cpu_count(),
              "method": "best-of, timed in one program; bandwidth = fastest read-only kernel (on a GPU never "
-                       "below the copy); copy beside it"}  # a new method: new files
+                       "below the copy; on a CPU the best of reads seconds apart); copy beside it"}  # a new method: new files
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir("ceilings") / f"{backend}-{key}-{digest}.json"
 
