@@ -34,3 +34,13 @@ def pytest_collection_modifyitems(config, items):
     reason = "needs an NVIDIA GPU of compute capability >= 8.0 (" + mode.describe() + ")"
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _one_read_spell(monkeypatch):
+    """A test that measures ceilings (in a fresh cache folder) reads once: the spread reads that
+    catch a shared host's fast spells (pallas_kernels.ceilings.READ_SPELLS, ~16 s) are notebook
+    00's business, and no test asserts a ceiling's value."""
+    from pallas_kernels import ceilings
+
+    monkeypatch.setattr(ceilings, "READ_SPELLS", 1)

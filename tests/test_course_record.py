@@ -66,11 +66,11 @@ def test_the_record_is_measured_once_and_read_by_the_next_notebook(tmp_path, mon
 
     monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
     here = this_machine("tiny")
-    here = dataclasses.replace(here, sizes=dataclasses.replace(here.sizes, prompt_len=64, context=64,
-                                                               batch_sizes=(1, 2, 4, 8, 16)))
+    here = dataclasses.replace(here, sizes=dataclasses.replace(here.sizes, prompt_len=32, context=32,
+                                                               batch_sizes=(1, 2)))
     made = cr.make(here)
     assert made.preset == "tiny" and made.prefill_tokens_per_s > made.decode_tokens_per_s > 0
-    assert 0 < made.mbu < 2 and made.context == 64 and made.prompt_len == 64
+    assert 0 < made.mbu < 2 and made.context == 32 and made.prompt_len == 32 and [b for b, _ in made.growth] == [2]
     assert cr.load(here) == made                                   # read, not measured again
 
 

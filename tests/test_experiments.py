@@ -202,6 +202,7 @@ def test_a_cpu_read_ceiling_is_the_best_of_reads_seconds_apart(monkeypatch):
     best of reads spread over seconds is the ceiling, and the method says so."""
     spells = iter([34e9, 35e9, 55e9, 36e9])
     monkeypatch.setattr(ceilings, "SPELL_PAUSE_S", 0.0)
+    monkeypatch.setattr(ceilings, "READ_SPELLS", 4)                 # conftest reads once elsewhere
     monkeypatch.setattr(ceilings, "read_bandwidth",
                         lambda nbytes, repeats: {"bytes_per_s": next(spells), "method": "read-only kernels"})
     monkeypatch.setattr(ceilings, "copy_bandwidth", lambda nbytes, repeats: {"bytes_per_s": 50e9, "method": "copy"})
