@@ -346,8 +346,8 @@ def kv_cache_gpu_text(rows: list[dict], preset: str = GPU_KV_PRESET, batches=GPU
              "of the step's bytes in bf16), and how many sequences fit in 90% of the GPU's memory",
              f"{'gpu':<10}{'context':>8}" + "".join(f"{f'batch {b}':>16}" for b in batches) + f"{'fit bf16':>10}{'fit int8':>10}"]
     for r in rows:
-        cells = "".join(f"{f'x{r['speedup'][b]:.2f} ({r['kv_share'][b]:.0%})':>16}" if b in r["speedup"]
-                        else f"{'does not fit':>16}" for b in batches)
+        said = {b: f"x{r['speedup'][b]:.2f} ({r['kv_share'][b]:.0%})" for b in r["speedup"]}
+        cells = "".join(f"{said.get(b, 'does not fit'):>16}" for b in batches)
         lines.append(f"{r['gpu']:<10}{r['context']:>8,}{cells}{r['fits']['bf16']:>10}{r['fits']['int8']:>10}")
     r = int8_cache(cfg).kv_bytes_per_element / cfg.kv_bytes_per_element
     lines.append(f"the cache's bytes equal the weights' at batch x context = {tokens:,.0f} tokens (e.g. batch "

@@ -502,6 +502,7 @@ def roofline_leaves_out(verifies, plain_step_s: float) -> str:
             "cost of one program run, paid once per round, once per answer by plain decode), and the verify's "
             "few-row matmuls (section 2)")
 
+
 def verify_model(here, target):
     """The model whose verify steps are timed: the trained target on a CPU (its step streams its
     weights, as the lesson model's does), the lesson model on a GPU (there the 51 MB target is
