@@ -39,10 +39,11 @@ MIN_BYTES_PER_CALL = 64 * 2**20   # a smaller buffer is read several times per t
 # On a GPU a call's dispatch (~10-30 us) is ~10% of one read of 1 GiB (~0.25 ms): every ceiling
 # there is timed over several reads or calls in one program instead (GPU_CALLS of them).
 GPU_CALLS = 16
-READ_SPELLS = 4        # on a CPU the read ceiling is the best of this many reads ...
+READ_SPELLS = 4        # on a CPU the matmul and read ceilings are the best of this many spells ...
 SPELL_PAUSE_S = 4.0    # ... this far apart: a shared host's read rate can move between two levels every
-                       # few seconds (~35 and ~55 GB/s on this project's 2-core hosts, 2026-12-05), and
-                       # a ceiling read in one slow spell is no ceiling
+                       # few seconds (~35 and ~55 GB/s on this project's 2-core hosts, 2026-12-05), and a
+                       # two-thread matmul beside another busy process ran at 58.5 GFLOP/s where the same
+                       # CPU's model prefill reached 176 (CI, 2026-12-05): a ceiling from one busy spell is none
 GPU_MATMUL_SIZES = (4096, 8192, 16384)   # XLA's best of these square matmuls is the GPU's matmul ceiling
 
 
@@ -147,15 +148,33 @@ def matmul_flops(n: int, dtype, *, repeats: int) -> dict:
                           if shown else ""))}
 
 
+def spaced(measure, *, times: int, pause_s: float, enough=None) -> list:
+    """``measure()`` up to ``times`` times, ``pause_s`` seconds apart, stopping early once
+    ``enough(results so far)`` is true: the one way the lab measures a ceiling on a shared host,
+    whose rates move between spells of seconds (another program, or another tenant, busy too).
+    The ceilings here take the best of spells; ``inference_lab.lessons.course_record.recheck``
+    reads again this way before it calls a ceiling stale."""
+    results = []
+    while len(results) < times and not (enough and results and enough(results)):
+        if results:
+            time.sleep(pause_s)
+        results.append(measure())
+    return results
+
+
 def device_ceilings(*, n: int, nbytes: int, dtype, repeats: int, spells: int | None = None) -> dict:
     """This device's ceilings, measured (the one implementation; ``inference_lab.base.hardware``
     caches and wraps it):
 
     - matmul: :func:`matmul_flops`, ``[n, n] @ [n, n]`` in ``dtype`` (on a GPU XLA's best size);
     - bandwidth: what this device *reads*, :func:`read_bandwidth` over ``nbytes`` (the ceiling
-      every MBU is against: decode reads); on a CPU the best of ``spells`` (:data:`READ_SPELLS`)
-      such reads :data:`SPELL_PAUSE_S` apart, since a shared host's rate moves from second to second;
+      every MBU is against: decode reads);
     - copy bandwidth: :func:`copy_bandwidth` over ``nbytes`` (reported beside it).
+
+    On a CPU the matmul and the read are measured in ``spells`` (:data:`READ_SPELLS`) spells
+    :data:`SPELL_PAUSE_S` apart (:func:`spaced`) and each ceiling is the best spell's: a shared
+    host's rates move from second to second, and a ceiling from one busy spell is one the lessons'
+    own model then beats.
 
     On a GPU the read ceiling is never below the copy's rate: thousands of warps keep enough loads
     in flight that HBM, not a core's latency, sets the pace, and a copy reads every byte it writes,
@@ -164,17 +183,17 @@ def device_ceilings(*, n: int, nbytes: int, dtype, repeats: int, spells: int | N
     ceiling and the method says so. On a CPU core a copy can move more bytes than a read (Little's
     law, the module docstring): there the read stands.
     """
-    matmul = matmul_flops(n, dtype, repeats=repeats)
     spells = (1 if _on_gpu() else READ_SPELLS) if spells is None else spells
-    reads = []
-    for i in range(spells):
-        if i:
-            time.sleep(SPELL_PAUSE_S)
-        reads.append(read_bandwidth(nbytes, repeats=repeats + 6))   # a noisy host: more samples for the best one
-    read = max(reads, key=lambda r: r["bytes_per_s"])
+    # a noisy host: the read takes more samples for its best one
+    measured = spaced(lambda: (matmul_flops(n, dtype, repeats=repeats), read_bandwidth(nbytes, repeats=repeats + 6)),
+                      times=spells, pause_s=SPELL_PAUSE_S)
+    matmul = max((m for m, _ in measured), key=lambda m: m["flops_per_s"])
+    read = max((r for _, r in measured), key=lambda r: r["bytes_per_s"])
     if spells > 1:
+        matmul = dict(matmul, method=f"{matmul['method']}; the best of {spells} spells {SPELL_PAUSE_S:g} s apart ("
+                                     + ", ".join(f"{m['flops_per_s'] / 1e9:,.1f}" for m, _ in measured) + " GFLOP/s)")
         read = dict(read, method=f"{read['method']}; the best of {spells} such reads {SPELL_PAUSE_S:g} s apart ("
-                                 + ", ".join(f"{r['bytes_per_s'] / 1e9:,.1f}" for r in reads) + " GB/s)")
+                                 + ", ".join(f"{r['bytes_per_s'] / 1e9:,.1f}" for _, r in measured) + " GB/s)")
     copy = copy_bandwidth(nbytes, repeats=repeats + 2)
     bandwidth, method = read_ceiling(read, copy, gpu=_on_gpu())
     return {

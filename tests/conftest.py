@@ -3,11 +3,15 @@
 import pytest
 
 
-# The order `make test` hands whole files (a notebook is one) to its two workers: the longest
-# first, since a long file handed out last (the speculative lesson, the serving tests that start
-# three servers) would run alone at the end while the other worker idles (measured in a fresh
-# clone, cold compile caches, longest first); then the other lessons; then the other unit tests.
-LONGEST_FIRST = ("08_speculative_decoding.ipynb", "test_serving_engine.py", "test_speculative.py",
+# The order `make test` hands whole files (a notebook is one) to its two workers: notebook 00
+# first, as a learner runs it (it measures the ceilings while the other worker's first notebook
+# waits for them, hardware.measure_ceilings letting one process measure at a time, and it makes
+# the course record the later notebooks read, so none of them makes it again); then the longest, since a long file handed out last (the speculative lesson, the serving
+# tests that start three servers) would run alone at the end while the other worker idles
+# (measured in a fresh clone, cold compile caches, longest first); then the other lessons; then
+# the other unit tests.
+LONGEST_FIRST = ("00_setup_check.ipynb", "08_speculative_decoding.ipynb", "test_serving_engine.py",
+                 "test_speculative.py",
                  "test_lessons.py", "07_serving_economics.ipynb", "09_serving_engine.ipynb",
                  "10_paged_kv_cache.ipynb", "11_quantization.ipynb",
                  "01_one_model_two_speeds.ipynb", "test_parallel.py", "test_mosaic_kernels.py",

@@ -202,6 +202,11 @@ def test_phases_sit_under_their_roofs():
     # a decode near the compute peak (a machine whose ridge is below the step's intensity): refuted
     fast_memory = dataclasses.replace(CPU, bandwidth=5e12)
     assert not claims.phases_sit_under_their_roofs(prefill(256, 0.22), decode(1, 0.00075), fast_memory, "float32")
+    # CI, 2026-12-05: a peak measured beside another busy process, 3.5x too low. The prefill ran at
+    # 301% of it and the decode at 22%: that is a wrong ceiling, not a decode near the peak
+    busy_peak = dataclasses.replace(CPU, flops={"fp32": CPU.flops["fp32"] / 3.5})
+    verdict = claims.phases_sit_under_their_roofs(prefill(256, 0.22), decode(1, 0.011), busy_peak, "float32")
+    assert verdict.holds is None and "busy spell" in verdict.evidence, verdict
 
 
 def test_batching_raises_throughput():

@@ -2,8 +2,11 @@
 
 import functools
 import json
+import os
 import re
 import sys
+import threading
+import time
 
 import jax
 import numpy as np
@@ -250,6 +253,41 @@ def test_a_corrupt_ceilings_cache_is_measured_again_and_named(tmp_path, monkeypa
     assert spec.bandwidth == FAKE["bandwidth"] and json.loads(path.read_text())["bandwidth"] == FAKE["bandwidth"]
     hardware.measure_ceilings("float32", verbose=False)               # repaired: read, not measured
     assert len(calls) == 2 and capsys.readouterr().err == ""
+
+
+def test_ceilings_older_than_max_age_are_measured_again(tmp_path, monkeypatch):
+    calls = []
+    path = _cache_file(tmp_path, monkeypatch, calls)
+    hardware.measure_ceilings("float32", verbose=False, max_age_s=600)       # minutes old: this run's
+    assert len(calls) == 1
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    hardware.measure_ceilings("float32", verbose=False, max_age_s=600)       # an hour old: measured again
+    assert len(calls) == 2 and path.stat().st_mtime > old
+
+
+def test_two_processes_needing_ceilings_at_once_measure_them_once(tmp_path, monkeypatch):
+    """Two notebooks on two workers ask for fresh ceilings together: the second waits for the
+    first's measurement and reads it (measuring side by side, each would slow the other's)."""
+    calls = []
+    _cache_file(tmp_path, monkeypatch, calls)
+    started = threading.Event()
+
+    def slow(**k):
+        calls.append(k)
+        started.set()
+        time.sleep(0.5)
+        return dict(FAKE)
+
+    monkeypatch.setattr(ceilings, "device_ceilings", slow)
+    first = threading.Thread(target=hardware.measure_ceilings, args=("float32",), kwargs=dict(refresh=True, verbose=False))
+    first.start()
+    started.wait(10)
+    spec = hardware.measure_ceilings("float32", refresh=True, verbose=False)   # asked while the first measured
+    first.join()
+    assert len(calls) == 2 and spec.bandwidth == FAKE["bandwidth"]           # the cache file's, then the first's
+    hardware.measure_ceilings("float32", refresh=True, verbose=False)         # asked after it: measured again
+    assert len(calls) == 3
 
 
 def test_hardware_spec_refuses_non_finite_figures():

@@ -33,8 +33,21 @@ __all__ = [
     "ridge_point", "predict_terms", "predict_time", "bound", "overhead_seconds", "regime",
     "predicted_prefill_tokens_per_s", "predicted_prefill_seconds", "predicted_decode_step_seconds",
     "predicted_decode_tokens_per_s", "single_stream_decode_tokens_per_s", "predicted_flip",
-    "measured_knee", "predicted_knee", "memory_needed", "SERVER_PREFILL_TOKENS", "fits", "max_batch", "allreduce_bytes", "allreduce_time", "flop_dtype",
+    "measured_knee", "predicted_knee", "CEILING_NOISE", "beats_ceiling", "memory_needed", "SERVER_PREFILL_TOKENS", "fits", "max_batch", "allreduce_bytes", "allreduce_time", "flop_dtype",
 ]
+
+
+# A measured rate may sit this far above its ceiling from timing noise alone; past it, the ceiling
+# is impossible (measured in a busy spell) and every share of it is wrong.
+CEILING_NOISE = 0.05
+
+
+def beats_ceiling(achieved: float, ceiling: float) -> bool:
+    """Whether a measured rate is past what its ceiling allows (by more than
+    :data:`CEILING_NOISE`): then the ceiling, not the measurement, is wrong. Same units for both."""
+    if not (math.isfinite(ceiling) and ceiling > 0 and math.isfinite(achieved) and achieved > 0):
+        raise ValueError(f"ceiling={ceiling!r} and achieved={achieved!r} must be positive finite rates")
+    return achieved > ceiling * (1 + CEILING_NOISE)
 
 
 def flop_dtype(cfg, dtype=None) -> str:

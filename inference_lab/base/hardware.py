@@ -7,7 +7,9 @@ peak is a promise and the lessons compare against what this machine really reach
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 
 from inference_lab.base import checks
 
@@ -417,7 +419,77 @@ def _read_cache(path, ident: dict, key: str):
     return None
 
 
-def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = True) -> HardwareSpec:
+def _cached(path, ident: dict, key: str, *, refresh: bool, max_age_s, asked: float):
+    """The cached measurement :func:`measure_ceilings` may use, or None: ``refresh`` takes only one
+    written after ``asked`` (by a process it waited for), ``max_age_s`` none older than that."""
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return None
+    if (refresh and written < asked) or (max_age_s is not None and time.time() - written > max_age_s):
+        return None
+    data = _read_cache(path, ident, key)
+    return data if data is not None and "overhead_s" in data else None
+
+
+def _measure(dev, backend: str, key: str, ident: dict, path) -> dict:
+    """Measure the ceilings (:func:`measure_ceilings`) and cache them at ``path``."""
+    import json
+
+    import jax.numpy as jnp
+
+    from pallas_kernels.ceilings import call_overhead, device_ceilings
+    from pallas_kernels.files import atomic_write_text
+
+    n, nbytes = ceiling_sizes(backend, key)
+    jdt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[key]
+    measured = device_ceilings(n=n, nbytes=nbytes, dtype=jdt, repeats=5 if backend == "cpu" else 10)
+    stats = getattr(dev, "memory_stats", lambda: None)() or {}
+    memory = stats.get("bytes_limit")
+    if memory is None and backend == "cpu":
+        memory = process_memory_limit()
+    data = {
+        "ident": ident, "name": dev.device_kind, "flops": {key: float(measured["matmul_flops"])},
+        "bandwidth": float(measured["bandwidth"]), "copy_bandwidth": float(measured["copy_bandwidth"]),
+        "memory_bytes": memory,
+        "sources": {"flops": measured["matmul_method"], "bandwidth": measured["bandwidth_method"],
+                    "copy_bandwidth": measured["copy_method"]},
+    }
+    overhead = call_overhead()
+    data["overhead_s"] = overhead["seconds"]
+    data["sources"]["overhead"] = overhead["method"]
+    try:
+        atomic_write_text(path, json.dumps(data, indent=1))
+    except OSError:
+        pass  # read-only cache: the numbers are still returned
+    return data
+
+
+@contextlib.contextmanager
+def _one_at_a_time(path):
+    """Hold an exclusive lock beside ``path`` while inside: two processes that need the ceilings at
+    once (two notebooks of a course run on two workers) measure them once, not side by side, where
+    each would slow the other's matmul and read. No lock where the OS has none (then both measure)."""
+    try:
+        import fcntl
+    except ImportError:       # Windows
+        yield
+        return
+    try:
+        handle = open(path.with_suffix(".lock"), "a")
+    except OSError:           # a read-only cache folder: nothing to share either
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = True, *,
+                     max_age_s: float | None = None) -> HardwareSpec:
     """This machine's two ceilings, measured: matmul FLOP/s in ``dtype`` and the rate it reads
     memory (``bandwidth``, what every MBU is against: decode reads), the floor under them
     (``overhead_s``, the fixed cost of one call), and beside them the rate it copies
@@ -427,11 +499,14 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     kernel benchmark uses): a large matmul in ``dtype`` (on a GPU XLA's best of three sizes), the
     fastest of four read-only kernels over a buffer several times the last-level cache (on a GPU
     never below the copy's rate), and an in-place copy of it, best of repeats, each timed over
-    several calls in one program on a GPU; and :func:`pallas_kernels.ceilings.call_overhead`, the median time of a trivial
+    several calls in one program on a GPU (on a CPU the matmul and the read are the best of spells
+    seconds apart); and :func:`pallas_kernels.ceilings.call_overhead`, the median time of a trivial
     jitted op (add 1 to a scalar), called and waited for.
 
     The result is cached as JSON under ``.cache/ceilings`` keyed by device, backend, jax and
-    jaxlib versions and dtype (``refresh=True`` measures again). A cache file that cannot be
+    jaxlib versions and dtype (``refresh=True`` measures again; ``max_age_s``: measures again if
+    the cached one is older). One process measures at a time: one that waited for another's
+    measurement reads it, a ``refresh`` included (measured after it asked). A cache file that cannot be
     used (not JSON, not an object, a missing field, a bandwidth that is not a finite positive
     number...) is measured again, with one line naming the file. The method is printed once
     per process when ``verbose``.
@@ -442,11 +517,9 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
     import platform
 
     import jax
-    import jax.numpy as jnp
     import jaxlib
 
     from inference_lab.base.disk_cache import cache_dir
-    from pallas_kernels.files import atomic_write_text
 
     key = dtype_key(dtype)
     if key not in ("bf16", "fp16", "fp32"):
@@ -460,35 +533,15 @@ def measure_ceilings(dtype="bfloat16", refresh: bool = False, verbose: bool = Tr
              "jaxlib": jaxlib.__version__, "dtype": key, "host": platform.node(),
              "processor": processor_summary(), "cpus": os.cpu_count(),
              "method": "best-of, timed in one program; bandwidth = fastest read-only kernel (on a GPU never "
-                       "below the copy; on a CPU the best of reads seconds apart); copy beside it"}  # a new method: new files
+                       "below the copy); on a CPU matmul and read the best of spells seconds apart; copy beside it"}  # a new method: new files
     digest = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
     path = cache_dir("ceilings") / f"{backend}-{key}-{digest}.json"
 
-    data = None if refresh else _read_cache(path, ident, key)
-    if data is None or "overhead_s" not in data:
-        from pallas_kernels.ceilings import call_overhead, device_ceilings
-
-        n, nbytes = ceiling_sizes(backend, key)
-        jdt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[key]
-        measured = device_ceilings(n=n, nbytes=nbytes, dtype=jdt, repeats=5 if backend == "cpu" else 10)
-        stats = getattr(dev, "memory_stats", lambda: None)() or {}
-        memory = stats.get("bytes_limit")
-        if memory is None and backend == "cpu":
-            memory = process_memory_limit()
-        data = {
-            "ident": ident, "name": dev.device_kind, "flops": {key: float(measured["matmul_flops"])},
-            "bandwidth": float(measured["bandwidth"]), "copy_bandwidth": float(measured["copy_bandwidth"]),
-            "memory_bytes": memory,
-            "sources": {"flops": measured["matmul_method"], "bandwidth": measured["bandwidth_method"],
-                        "copy_bandwidth": measured["copy_method"]},
-        }
-        overhead = call_overhead()
-        data["overhead_s"] = overhead["seconds"]
-        data["sources"]["overhead"] = overhead["method"]
-        try:
-            atomic_write_text(path, json.dumps(data, indent=1))
-        except OSError:
-            pass  # read-only cache: the numbers are still returned
+    asked = time.time()
+    with _one_at_a_time(path):
+        data = _cached(path, ident, key, refresh=refresh, max_age_s=max_age_s, asked=asked)
+        if data is None:
+            data = _measure(dev, backend, key, ident, path)
     spec = HardwareSpec(name=data["name"], flops={key: float(data["flops"][key])}, bandwidth=float(data["bandwidth"]),
                         memory_bytes=data.get("memory_bytes"), sources=dict(data["sources"]),
                         overhead_s=data.get("overhead_s"), copy_bandwidth=data.get("copy_bandwidth"))

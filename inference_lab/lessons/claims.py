@@ -389,14 +389,12 @@ def _b(n):
 
 def phases_sit_under_their_roofs(prefill, decode, spec, dtype, *, prefill_reach: float = 0.25,
                                  decode_reach: float = 0.15, below_peak: float = 0.2) -> Verdict:
-    """Each phase runs toward the roof the roofline puts over it, and not the other's: the long
-    prefill at ``prefill_reach`` or more of the compute peak (the MFU at which notebook 02 calls a
-    prefill compute-bound, :func:`prefill_compute_bound`); the batch-1 decode step at
-    ``decode_reach`` or more of its memory roof (its intensity x the read bandwidth) and below
-    ``below_peak`` of the compute peak. Same model, same math units: only the intensity differs.
-    A decode near the compute peak, or far below its memory roof (overhead-bound: a small model on
-    a GPU reaches a quarter of it, an overhead-bound step a few percent), would fail. The decode
-    margin is lower than prefill's because a batch-1 step also pays for every kernel's launch."""
+    """Each phase runs toward the roof over it, not the other's: the long prefill at
+    ``prefill_reach`` or more of the compute peak (02's compute-bound MFU); the batch-1 decode step at
+    ``decode_reach`` or more of its memory roof (intensity x read bandwidth; lower, as a batch-1 step
+    also pays every kernel's launch) and below ``below_peak`` of the peak. Same model, same math
+    units: only the intensity differs. A decode near the peak, or far below its memory roof
+    (overhead-bound), fails; a phase above its roof (a wrong ceiling) cannot decide."""
     peak, bw = spec.peak_flops(dtype), spec.bandwidth
     p_rate = prefill.flops / prefill.seconds
     d_rate = decode.flops_per_step / decode.step_seconds
@@ -404,13 +402,16 @@ def phases_sit_under_their_roofs(prefill, decode, spec, dtype, *, prefill_reach:
     u = noise(prefill, decode)
     holds = all_hold(decide(p_rate / peak, prefill_reach, u), decide(d_rate / d_roof, decode_reach, u),
                  decide(d_rate / peak, below_peak, u, at_least=False))
+    # a phase above its roof proves the roof wrong (measured in a busy spell): no share of it can decide
+    impossible = roofline.beats_ceiling(p_rate / u, peak) or roofline.beats_ceiling(d_rate / u, d_roof)
     return Verdict(f"prefill runs at >= {prefill_reach:.0%} of the compute peak; decode at >= {decode_reach:.0%} of "
-                   f"its memory roof and below {below_peak:.0%} of the peak", holds,
+                   f"its memory roof and below {below_peak:.0%} of the peak", None if impossible else holds,
                    f"prefill (T={prefill.prompt_len}) {p_rate / 1e9:,.1f} GFLOP/s = {p_rate / peak:.0%} of the "
                    f"{peak / 1e9:,.1f} GFLOP/s peak; decode (batch {decode.batch}) {d_rate / 1e9:,.1f} GFLOP/s = "
                    f"{d_rate / d_roof:.0%} of its memory roof ({d_roof / 1e9:,.1f} GFLOP/s at "
                    f"{decode.flops_per_step / decode.bytes_per_step:.2f} FLOP/byte) and {d_rate / peak:.0%} of the peak"
-                   + _noise_note(u))
+                   + _noise_note(u) + ("; a phase above its roof: a ceiling was measured in a busy spell, measure "
+                                       "the ceilings again (notebook 00)" if impossible else ""))
 
 
 # ----------------------------------------------------------------------------- 05 and 06

@@ -9,10 +9,12 @@ and when it measures a quantity again prints the record's value beside its own
 (:func:`beside_the_record`): a drift past :data:`DRIFT` (or past the run's own noise, whichever is
 larger) says so, and the record is made again.
 
-A ceiling can go wrong in two ways, and both are caught (:func:`ceiling_status`): a run's own
-read stream that cannot come within :data:`STALE` of the read ceiling means the ceiling was
-measured on a quieter machine (stale); a run that read *faster* than the ceiling means the ceiling
-is impossible. Either way it is measured again, and the record with it.
+A ceiling can go wrong in two ways, and both are caught: a run's own read stream that cannot
+come within :data:`STALE` of the read ceiling means the ceiling was measured on a quieter machine
+(stale, :func:`ceiling_status`); a rate *above* its ceiling, a read faster than the read ceiling or
+a prefill faster than the matmul peak, means the ceiling is impossible (measured in a busy spell,
+``roofline.beats_ceiling``). Either way it is measured again (:func:`remeasure_if_beaten`), and a
+record whose MFU or MBU came out above 100% is made with ceilings measured again.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import json
 import math
 import os
 import platform
-import time
 
 from inference_lab.analytic import roofline
 from inference_lab.base import hardware
@@ -32,12 +33,13 @@ from inference_lab.base.disk_cache import cache_dir
 from inference_lab.lessons import batching
 from inference_lab.lessons.machine import Machine, lesson_model
 from inference_lab.lessons.one_model_two_speeds import two_speeds
+from pallas_kernels.ceilings import spaced
 
 DRIFT = 1.15      # a re-measured quantity this far from the record (either way) is too far: make it again
 STALE = 0.25      # a read ceiling the run's best stream stays this far below is stale
-ABOVE = 0.05      # ... and one a stream beats by more than this (timing noise) is impossible
 RECHECKS = 4      # before a ceiling is called stale, it is read again up to this many times ...
 RECHECK_PAUSE_S = 3.0   # ... this far apart (a shared host's read rate moves from second to second)
+SAME_RUN_S = 600  # ceilings measured this recently belong to this course run (00 measures them once, not twice)
 VERSION = 1       # of the record's fields: a record of another version is made again
 
 
@@ -103,11 +105,9 @@ class MachineRecord:
 
 def ceiling_status(ceiling: float, achieved: float) -> str:
     """``"ok"``, ``"stale"`` (the run's best read stream, ``achieved``, stays more than
-    :data:`STALE` below ``ceiling``) or ``"impossible"`` (it beat the ceiling by more than
-    :data:`ABOVE`). Both rates in bytes/s."""
-    if not (math.isfinite(ceiling) and ceiling > 0 and math.isfinite(achieved) and achieved > 0):
-        raise ValueError(f"ceiling={ceiling!r} and achieved={achieved!r} must be positive rates (bytes/s)")
-    if achieved > ceiling * (1 + ABOVE):
+    :data:`STALE` below ``ceiling``) or ``"impossible"`` (it beat the ceiling by more than timing
+    noise, ``roofline.beats_ceiling``). Both rates in bytes/s."""
+    if roofline.beats_ceiling(achieved, ceiling):   # checks both are positive rates
         return "impossible"
     if achieved < ceiling * (1 - STALE):
         return "stale"
@@ -131,12 +131,31 @@ def recheck(ceiling: float, achieved: float, read_again, *, attempts: int = RECH
     ``achieved`` comes within reach of ``ceiling`` or ``attempts`` run out. On a host whose read
     rate moves between two levels every few seconds (measured on this project's 2-core hosts: ~35
     and ~55 GB/s), one stream in a slow spell is no proof that the ceiling is stale."""
-    rates = []
-    while len(rates) < attempts and ceiling_status(ceiling, max([achieved, *rates])) == "stale":
-        if rates:
-            time.sleep(RECHECK_PAUSE_S if pause_s is None else pause_s)
-        rates.append(float(read_again()))
-    return rates
+    if ceiling_status(ceiling, achieved) != "stale":
+        return []
+    return spaced(lambda: float(read_again()), times=attempts, pause_s=RECHECK_PAUSE_S if pause_s is None else pause_s,
+                  enough=lambda rates: ceiling_status(ceiling, max([achieved, *rates])) != "stale")
+
+
+def remeasure_if_beaten(spec, dtype, *, flops: float | None = None, read: float | None = None):
+    """``(spec, line)``: ``spec`` and ``""`` when neither measured rate beats its ceiling
+    (``flops``: FLOP/s against the matmul peak in ``dtype``; ``read``: bytes/s against the read
+    ceiling); otherwise the ceilings measured again (and cached, so the notebooks after this one
+    divide by them too) and a line saying which rate beat which ceiling and what the new
+    measurement gave. A rate above its ceiling proves the ceiling was measured in a busy spell:
+    every MFU or MBU against it would be too high, and a claim that a phase stays *below* the peak
+    could fail for no reason of its own."""
+    peak = spec.peak_flops(dtype)
+    beaten = [f"{what} {rate / 1e9:,.1f} {unit} beat the {name} {ceiling / 1e9:,.1f} {unit}"
+              for what, name, rate, ceiling, unit in (("a measured", "matmul peak", flops, peak, "GFLOP/s"),
+                                                      ("a measured read", "read ceiling", read, spec.bandwidth, "GB/s"))
+              if rate is not None and roofline.beats_ceiling(rate, ceiling)]
+    if not beaten:
+        return spec, ""
+    again = hardware.measure_ceilings(dtype, refresh=True, verbose=False)
+    return again, (f"{'; '.join(beaten)}: that ceiling was measured in a busy spell, so it was measured again: matmul "
+                   f"{again.peak_flops(dtype) / 1e9:,.1f} GFLOP/s, read {again.bandwidth / 1e9:,.1f} GB/s (was "
+                   f"{peak / 1e9:,.1f} and {spec.bandwidth / 1e9:,.1f})")
 
 
 def drifted(here: float, recorded: float, noise: float = 1.0) -> bool:
@@ -206,6 +225,10 @@ def make(here: Machine, *, refresh_ceilings: bool = False) -> MachineRecord:
     sizes = here.sizes
     speeds = two_speeds(model, sizes.prompt_len)
     gap = speeds.gap(here.config, spec)
+    if roofline.beats_ceiling(gap.mfu, 1.0) or roofline.beats_ceiling(gap.mbu, 1.0):
+        # a phase faster than the roofline allows: a ceiling came from a busy spell (remeasure_if_beaten)
+        spec = hardware.measure_ceilings(here.dtype, refresh=True, verbose=False)
+        gap = speeds.gap(here.config, spec)
     sweep = batching.batch_sweep(model, sizes.batch_sizes, sizes.context)
     record = MachineRecord(
         made=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
