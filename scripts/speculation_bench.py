@@ -53,6 +53,7 @@ def main(argv=None) -> int:
     print("\nacceptance on the 8 held-out prompts (k = 4, one ragged batch):")
     print(lesson.acceptance_table(accepted))
     acceptance = {n: r.acceptance_rate for n, r in accepted.items()}
+    unguessed = {n: r.unguessed_per_token for n, r in accepted.items()}   # rounds with no guess: plain steps
     draft_step = lesson.draft_step_seconds(draft_model)
     draft_loop = lesson.plain_step(draft_model).step_seconds
     plain_step = lesson.plain_step(target).step_seconds
@@ -60,8 +61,8 @@ def main(argv=None) -> int:
           f"{verifies[0].seconds * 1e3:.2f} ms; the draft model's step as a call {draft_step * 1e3:.2f} ms, "
           f"in its loop {draft_loop * 1e3:.2f} ms")
     predicted = lesson.predicted_from_steps(verifies, plain_step, draft_step, args.ks, acceptance,
-                                            draft_loop_s=draft_loop)
-    roof = lesson.predicted_speedups(target.cfg, draft_model.cfg, spec, args.ks, acceptance)
+                                            draft_loop_s=draft_loop, unguessed=unguessed)
+    roof = lesson.predicted_speedups(target.cfg, draft_model.cfg, spec, args.ks, acceptance, unguessed)
 
     timed = {n: d for n, d in drafts.items() if n != "the target itself"}
     speedups, plain_rates = {}, []

@@ -12,6 +12,11 @@ tokens for one verify step plus the draft's work. Plain decode makes one token p
 
     speed-up = E[tokens] x step time / (verify time + draft time).
 
+A draft that sometimes has nothing to guess (prompt lookup finding no earlier match) makes those
+rounds plain one-token steps: one token for a step's time, no verify of ``k + 1``. Where the text
+has no match does not depend on ``k``, so the model carries it as ``u``, such rounds per token
+written: a share ``min(1, u x E[tokens])`` of the rounds costs a one-token step instead.
+
 The verify step of ``k + 1`` tokens reads the weights once, as a decode step does. While a step
 is bound by those bytes its time barely grows with ``k``: on the roofline it stays flat until the
 ``batch x (k + 1)`` tokens' FLOPs take as long as the weights' bytes (:func:`compute_bound_tokens`,
@@ -56,17 +61,25 @@ def acceptance_from_tokens(tokens_per_step: float, k: int) -> float:
 
 
 def speedup(acceptance: float, k: int, *, step_s: float, verify_s: float, draft_step_s: float = 0.0,
-            draft_steps: int | None = None) -> float:
+            draft_steps: int | None = None, unguessed: float = 0.0, plain_verify_s: float | None = None) -> float:
     """Tokens per second with speculation over plain decode's: ``E[tokens] x step / round``. A
     round is one verify plus ``draft_steps`` draft steps (default ``k + 1``: the lab's draft model
-    also reads its last guess; 0 for a draft with no device work, pass ``draft_step_s=0``)."""
+    also reads its last guess; 0 for a draft with no device work, pass ``draft_step_s=0``).
+    ``unguessed``: rounds with nothing guessed per token written (``u`` in the module docstring;
+    0 for a draft that always guesses); each costs ``plain_verify_s``, a one-token target step."""
     for name, value in (("step_s", step_s), ("verify_s", verify_s)):
         checks.positive(name, value)
     if not draft_step_s >= 0:
         raise ValueError(f"draft_step_s={draft_step_s!r} must be seconds >= 0")
+    if not 0.0 <= unguessed <= 1.0:
+        raise ValueError(f"unguessed={unguessed!r} must be rounds per token in 0..1 (a round writes a token or more)")
+    if unguessed and plain_verify_s is None:
+        raise ValueError("unguessed > 0 needs plain_verify_s: the seconds of a one-token target step")
     draft_steps = k + 1 if draft_steps is None else draft_steps
-    round_s = verify_s + draft_steps * draft_step_s
-    return expected_tokens(acceptance, k) * step_s / round_s
+    tokens = expected_tokens(acceptance, k)
+    idle = min(1.0, unguessed * tokens)     # the share of rounds with nothing to verify
+    round_s = (1.0 - idle) * (verify_s + draft_steps * draft_step_s) + (idle * plain_verify_s if idle else 0.0)
+    return tokens * step_s / round_s
 
 
 def predicted_step_seconds(cfg, spec, *, batch: int = 1, context: int = 128, tokens: int = 1,
@@ -79,15 +92,16 @@ def predicted_step_seconds(cfg, spec, *, batch: int = 1, context: int = 128, tok
 
 
 def predicted_speedup(acceptance: float, k: int, target_cfg, spec, *, batch: int = 1, context: int = 128,
-                      draft_cfg=None, cache_once: bool = False) -> float:
+                      draft_cfg=None, cache_once: bool = False, unguessed: float = 0.0) -> float:
     """:func:`speedup` with every time from the roofline: the target's decode and verify steps at
     ``batch`` and ``context``, and the draft model's decode step (``draft_cfg=None``: a draft with
-    no device work, such as prompt lookup)."""
+    no device work, such as prompt lookup; ``unguessed`` as :func:`speedup` takes it)."""
     step = predicted_step_seconds(target_cfg, spec, batch=batch, context=context)
     verify = predicted_step_seconds(target_cfg, spec, batch=batch, context=context, tokens=k + 1,
                                     cache_once=cache_once)
     draft = 0.0 if draft_cfg is None else predicted_step_seconds(draft_cfg, spec, batch=batch, context=context)
-    return speedup(acceptance, k, step_s=step, verify_s=verify, draft_step_s=draft)
+    return speedup(acceptance, k, step_s=step, verify_s=verify, draft_step_s=draft, unguessed=unguessed,
+                   plain_verify_s=step)
 
 
 def best_k(acceptance: float, target_cfg, spec, *, ks=range(1, 9), **kwargs) -> int:

@@ -79,23 +79,27 @@ def prediction_table(ks, acceptance: dict, predicted: dict, roofline: dict) -> s
     return "\n".join(lines)
 
 
-def predicted_speedups(target_cfg, draft_cfg, spec, ks, acceptance: dict) -> dict:
-    """(draft name, k) -> the cost model's speed-up on this machine's ceilings."""
+def predicted_speedups(target_cfg, draft_cfg, spec, ks, acceptance: dict, unguessed: dict | None = None) -> dict:
+    """(draft name, k) -> the cost model's speed-up on this machine's ceilings (``unguessed`` as
+    :func:`predicted_from_steps` takes it)."""
     draft_cfgs = {"shakespeare": draft_cfg, "the target itself": target_cfg}
-    return {(name, k): cost_model.predicted_speedup(a, k, target_cfg, spec, draft_cfg=draft_cfgs.get(name))
+    unguessed = unguessed or {}
+    return {(name, k): cost_model.predicted_speedup(a, k, target_cfg, spec, draft_cfg=draft_cfgs.get(name),
+                                                    unguessed=unguessed.get(name, 0.0))
             for name, a in acceptance.items() for k in ks}
 
 
 def predicted_from_steps(verifies, plain_step_s: float, draft_step_s: float, ks, acceptance: dict,
-                         draft_loop_s: float | None = None) -> dict:
+                         draft_loop_s: float | None = None, unguessed: dict | None = None) -> dict:
     """(draft name, k) -> the cost model's speed-up with times measured here in place of the
     roofline's: plain decode's step inside its compiled loop (``plain_step_s``, what plain decode
     pays per token), the verify steps (``verifies``, batch 1, each a call of its own, as a round's
     is) and the draft model's steps. A draft model writes its ``k + 1`` steps in one compiled call
     (``ModelDraft.propose``), so a round's draft work is one step as a call of its own
     (``draft_step_s``) plus ``k`` steps inside its loop (``draft_loop_s``; the call's rate if not
-    given). The target drafting for itself pays its own two rates. Still a prediction: no
-    generation has been timed."""
+    given). The target drafting for itself pays its own two rates. ``unguessed``: name -> rounds
+    with nothing guessed per token (:func:`row_unguessed`; absent: the draft always guesses), each
+    a one-token verify. Still a prediction: no generation has been timed."""
     by = {r.tokens: r.seconds for r in verifies if r.batch == 1}
     rates = {"shakespeare": (draft_step_s, draft_step_s if draft_loop_s is None else draft_loop_s),
              "the target itself": (by[1], plain_step_s)}
@@ -104,8 +108,10 @@ def predicted_from_steps(verifies, plain_step_s: float, draft_step_s: float, ks,
         call, loop = rates.get(name, (0.0, 0.0))
         return call + k * loop
 
+    unguessed = unguessed or {}
     return {(name, k): cost_model.speedup(a, k, step_s=plain_step_s, verify_s=by[k + 1],
-                                          draft_step_s=draft_round(name, k), draft_steps=1)
+                                          draft_step_s=draft_round(name, k), draft_steps=1,
+                                          unguessed=unguessed.get(name, 0.0), plain_verify_s=by[1])
             for name, a in acceptance.items() for k in ks}
 
 
@@ -214,9 +220,17 @@ def row_acceptance(results: dict, row: int = 0) -> dict:
     return {name: float(r.accepted[row] / r.checked[row]) if r.checked[row] else 0.0 for name, r in results.items()}
 
 
+def row_unguessed(results: dict, row: int = 0) -> dict:
+    """name -> rounds in which the draft guessed nothing, per token written, on one prompt alone
+    (as :func:`row_acceptance`): prompt lookup finds no match at the same places of a greedy text
+    whatever ``k``, and there a round is a plain one-token step."""
+    return {name: float(r.unguessed[row] / (len(r.tokens[row]) - 1)) if len(r.tokens[row]) > 1 else 0.0
+            for name, r in results.items()}
+
+
 def acceptance_table(results: dict, row: int = 0) -> str:
     """Acceptance over all the held-out prompts and on prompt ``row`` alone (the one section 4 times)."""
-    alone = row_acceptance(results, row)
+    alone, idle = row_acceptance(results, row), row_unguessed(results, row)
     k = next(iter(results.values())).k
     lines = [f"k = {k}, {len(prompts())} held-out prompts, {NEW_TOKENS} new tokens each; the last column is prompt "
              f"{row + 1} alone, the one section 4 times",
@@ -224,6 +238,9 @@ def acceptance_table(results: dict, row: int = 0) -> str:
     for name, r in results.items():
         lines.append(f"{name:<20}{r.acceptance_rate:>12.0%}{r.tokens_per_step:>13.2f}{int(r.target_steps.sum()):>14}"
                      f"{alone[name]:>11.0%}")
+    lines += [f"{name} had nothing to guess in {int(r.unguessed[row])} of prompt {row + 1}'s {int(r.target_steps[row])} "
+              f"rounds (no earlier match): {idle[name]:.2f} such rounds per token, each a plain one-token step"
+              for name, r in results.items() if r.unguessed[row]]
     return "\n".join(lines)
 
 
@@ -256,14 +273,15 @@ class Grid:
     def speedup(self, name: str, k: int) -> float:
         return self.plain.seconds / self.runs[(name, k)].seconds
 
-    def predicted_beside(self, acceptance: dict) -> dict:
+    def predicted_beside(self, acceptance: dict, unguessed: dict | None = None) -> dict:
         """:func:`predicted_from_steps` from the steps timed beside the generations."""
         if self.draft_step is None and "shakespeare" in acceptance:
             raise ValueError("the draft model's step was not timed beside the generations: "
                              "pass speedup_grid(..., draft_model=) to predict its speed-up again")
         return predicted_from_steps(self.verify_steps, self.plain_step.step_seconds,
                                     self.draft_step.seconds if self.draft_step else 0.0, self.ks, acceptance,
-                                    draft_loop_s=self.draft_loop_step.step_seconds if self.draft_loop_step else None)
+                                    draft_loop_s=self.draft_loop_step.step_seconds if self.draft_loop_step else None,
+                                    unguessed=unguessed)
 
     def table(self, predicted: dict, roofline: dict) -> str:
         """Measured speed-up, then the predictions from the measured steps and from the roofline."""

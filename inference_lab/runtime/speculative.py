@@ -152,7 +152,9 @@ class SpeculativeResult:
     ``checked``: guesses per row compared up to and including the first wrong one (a guess the
     draft could not make, such as prompt lookup finding no match, counts as wrong); ``accepted``:
     guesses kept. Their ratio is the acceptance rate ``a`` of the cost model (the chance that a
-    guess is right given the ones before it were).
+    guess is right given the ones before it were). ``unguessed``: per row, the rounds in which the
+    draft had nothing to guess (prompt lookup finding no match); when no row has a guess, the
+    round's target step is a plain one-token step, far cheaper than a verify of ``k + 1``.
     """
 
     tokens: list
@@ -163,6 +165,7 @@ class SpeculativeResult:
     checked: np.ndarray
     accepted: np.ndarray
     round_tokens: list         # per row: tokens each round wrote (the prefill's one first)
+    unguessed: np.ndarray      # per row: rounds in which the draft guessed nothing
 
     @property
     def acceptance_rate(self) -> float:
@@ -173,6 +176,14 @@ class SpeculativeResult:
         """New tokens per target step, the first token (from the prefill) not counted."""
         made = sum(len(t) - 1 for t in self.tokens)
         return made / float(self.target_steps.sum()) if self.target_steps.sum() else 1.0
+
+    @property
+    def unguessed_per_token(self) -> float:
+        """Rounds with nothing guessed per new token (the prefill's first not counted): where in
+        a text prompt lookup finds no match, whatever ``k``, so a rate the cost model can carry
+        from one ``k`` to another (:func:`inference_lab.analytic.speculation.speedup`)."""
+        made = sum(len(t) - 1 for t in self.tokens)
+        return float(self.unguessed.sum()) / made if made else 0.0
 
 
 def room_needed(longest_prompt: int, max_new_tokens: int, k: int) -> int:
@@ -215,7 +226,7 @@ def speculative_generate(target, draft, prompts, max_new_tokens: int = 16, *, k:
     new = [[int(t)] for t in last]
     pieces = [[1] for _ in rows]
     histories = [r + [int(t)] for r, t in zip(rows, last)]
-    steps, checked, accepted = (np.zeros(b, np.int64) for _ in range(3))
+    steps, checked, accepted, unguessed = (np.zeros(b, np.int64) for _ in range(4))
     active = np.array([max_new_tokens > 1] * b)
 
     while active.any():
@@ -235,6 +246,7 @@ def speculative_generate(target, draft, prompts, max_new_tokens: int = 16, *, k:
             histories[r] += emitted
             last[r] = chosen[r, n]
             steps[r] += 1
+            unguessed[r] += int(real[r] == 0)
             accepted[r] += min(n, int(real[r]))
             checked[r] += min(n + 1, int(k))    # a guess the draft could not make counts as wrong
         done = active & np.array([len(row) >= max_new_tokens for row in new])
@@ -246,4 +258,5 @@ def speculative_generate(target, draft, prompts, max_new_tokens: int = 16, *, k:
     out = [row[:max_new_tokens] for row in new]
     text = [tokenizer.decode(r) for r in out] if as_text else None
     return SpeculativeResult(tokens=out, text=text, k=int(k), draft=draft.name, target_steps=steps,
-                             checked=checked, accepted=accepted, round_tokens=pieces)
+                             checked=checked, accepted=accepted, round_tokens=pieces,
+                             unguessed=unguessed)
