@@ -195,6 +195,22 @@ def test_prompt_lookups_rounds_without_a_match_keep_its_prediction_honest():
         lesson.predicted_from_steps(verifies, 2.54e-3, 0.0, (6,), {"n-gram": 0.48})
 
 
+def test_a_prediction_near_plain_decode_is_told_from_the_rooflines():
+    """Prompt lookup predicted x0.86 from the measured steps, x1.47 from the roofline (08's stored
+    run): too close to 1 for a speed-up or a slow-down, but the two predictions are far apart, so the
+    run must fall on the measured steps' side of their log-midpoint (x1.12). A CPU without the
+    fixed costs the roofline leaves out would run near x1.47, and fail."""
+    plain = _gen(None, 1.0)
+    near_steps, near_roof = _gen("n-gram", 1 / 0.76, k=1, tps=1.34, acc=0.34), _gen("n-gram", 1 / 1.40, k=1, tps=1.34, acc=0.34)
+    v = claims.speedup_as_predicted(plain, near_steps, predicted=0.86, roofline=1.47)
+    assert v.holds and "at most x1.12" in v.claim
+    assert claims.speedup_as_predicted(plain, near_roof, predicted=0.86, roofline=1.47).holds is False
+    # the roofline below the steps' prediction: the run must come out at least the midpoint
+    assert claims.speedup_as_predicted(plain, near_roof, predicted=1.1, roofline=0.7).holds
+    # the two predictions agree: nothing to tell apart
+    assert claims.speedup_as_predicted(plain, near_steps, predicted=0.86, roofline=0.95).holds is None
+
+
 def test_verify_cost_by_hand():
     cfg = ModelConfig.preset("shakespeare_large")
     assert costs.verify_cost(cfg, 2, 100, 1) == costs.decode_cost(cfg, 2, 100)
@@ -376,6 +392,10 @@ def test_lesson_tables_readings_and_views():
     assert "k = 2" in text and "n-gram" in alt_text(fig)
     reading = lesson.speedup_reading(grid, verifies, 0.8, predicted, roof, "n-gram", 4)
     assert "measured x1.80" in reading and "leaves out" not in reading       # said once, not per draft
+    assert "1400.00 ms of it the target's step (a verify of 5 tokens)" in reading
+    # 0.1 rounds with no guess per token, 3 tokens a round: 30% of the rounds a one-token step of 1 s
+    idle = lesson.speedup_reading(grid, verifies, 0.8, predicted, roof, "n-gram", 4, unguessed={"n-gram": 0.1})
+    assert "1280.00 ms of it the target's step (about 30% of the rounds had nothing to guess" in idle
     assert "as a call of its own costs 1000.00 ms" in lesson.roofline_leaves_out(verifies, 0.8)
     assert "stops paying at batch" in lesson.where_it_stops_paying(0.8, 4, spec)
     step = types.SimpleNamespace(step_seconds=2e-3, bytes_per_step=50e6, mbu=0.81)

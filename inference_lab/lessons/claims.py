@@ -503,14 +503,12 @@ def verify_ratio(verifies, batch: int, tokens: int):
 
 
 def verify_costs_about_one_step(verifies, k: int, *, predicted: float, matmuls=()) -> Verdict:
-    """Checking ``k`` guesses (a verify of ``k + 1`` tokens per row at batch 1) costs about one decode
-    step, not ``k + 1``: the step is bound by reading the weights, which the tokens share. Holds if
-    the measured ratio is at most the log-midpoint between the expected one and ``k + 1`` (every
-    token a step of its own). Expected: ``predicted``, the roofline's; or, where ``matmuls`` (the
-    model's weight matrices alone at 1 and ``k + 1`` rows, timed in the same rounds) say more, the
-    one-token step plus what the extra rows cost them: a CPU's one-row kernel (matrix-vector) is not
-    its several-row one, and a busy core can slow the second most. Matmuls that alone cost more
-    than halfway to ``k + 1`` steps (log scale) leave no room to see the shared read: undecided."""
+    """Checking ``k`` guesses (a verify of ``k + 1`` tokens per row, batch 1) costs about one decode
+    step, not ``k + 1``: the tokens share the weight read. Holds if the measured ratio is at most
+    the log-midpoint between the expected one and ``k + 1``. Expected: ``predicted``, the roofline's,
+    or where ``matmuls`` (the weight matrices alone at 1 and ``k + 1`` rows, same rounds) say more,
+    the step plus their extra rows' cost (a CPU's one-row kernel is not its several-row one).
+    Matmuls alone past halfway to ``k + 1`` steps (log scale) leave no room to see it: undecided."""
     _need(k >= 1 and 1.0 <= predicted < k + 1, "k must be at least 1, predicted the roofline's ratio in 1..k+1")
     ratio, one, many = verify_ratio(verifies, 1, k + 1)
     expected, u, kernels = predicted, noise(one, many), ""
@@ -534,18 +532,17 @@ def verify_costs_about_one_step(verifies, k: int, *, predicted: float, matmuls=(
 
 
 def speedup_as_predicted(plain, speculative, *, predicted: float, min_effect: float = 1.25,
-                         moved: float = 1.0) -> Verdict:
-    """Speculative decoding changes decode's speed as the cost model predicted it would, made
-    before the run from the measured acceptance rate and step times: a predicted speed-up of at
-    least ``min_effect`` must reach the log-midpoint between no change and ``predicted``; a
-    predicted slow-down (a draft never right, or too costly: ``predicted`` at most ``1 /
-    min_effect``) must reach the log-midpoint the other way. A prediction in between has no effect
-    to test: undecided. The text is checked apart (speculation never changes it).
+                         moved: float = 1.0, roofline: float | None = None) -> Verdict:
+    """Speculative decoding changes decode's speed as the cost model predicted, made before the run
+    from the measured acceptance and step times: a predicted speed-up of at least ``min_effect``
+    must reach the log-midpoint between no change and ``predicted``, a predicted slow-down (at most
+    ``1 / min_effect``) the log-midpoint the other way. A prediction in between has no effect to
+    test; given the ``roofline``'s prediction, ``min_effect`` or more apart from it, the run must
+    then fall on the measured steps' side of their log-midpoint (what the roofline leaves out is
+    what decides), else undecided. The text is checked apart (speculation never changes it).
 
     ``moved``: :func:`drift` between the prediction and the same one made again from the steps
-    timed beside the generations. If the machine's load changed since the steps were first timed
-    (it moves a one-row step and a several-row verify differently), the prediction is off by about
-    that much, whatever the repeats' spread says: it widens the noise allowance."""
+    timed beside the generations (a load that changed since): it widens the noise allowance."""
     _need(plain.draft is None and speculative.draft is not None, "pass the plain record, then a speculative one")
     _need(plain.batch == speculative.batch and plain.new_tokens == speculative.new_tokens,
           "pass records of the same prompts and lengths")
@@ -557,15 +554,18 @@ def speedup_as_predicted(plain, speculative, *, predicted: float, min_effect: fl
                 f"{speculative.tokens_per_step:.2f} tokens per target step, acceptance in this run "
                 f"{speculative.acceptance:.0%})" + _noise_note(u, moved))
     u *= moved
-    need = log_midpoint(predicted)
+    need, what = log_midpoint(predicted), f"speculation ({speculative.draft}, k={speculative.k})"
     if predicted >= min_effect:
-        return Verdict(f"speculation ({speculative.draft}, k={speculative.k}) writes at least x{need:.2f} the "
-                       f"tokens/s of plain decode (half the predicted x{predicted:.2f}, on a log scale)",
-                       decide(gain, need, u), evidence)
+        return Verdict(f"{what} writes at least x{need:.2f} the tokens/s of plain decode (half the predicted "
+                       f"x{predicted:.2f}, on a log scale)", decide(gain, need, u), evidence)
     if predicted <= 1 / min_effect:
-        return Verdict(f"speculation ({speculative.draft}, k={speculative.k}) is slower than plain decode: at most "
-                       f"x{need:.2f} its tokens/s (half the predicted x{predicted:.2f}, on a log scale)",
-                       decide(gain, need, u, at_least=False), evidence)
+        return Verdict(f"{what} is slower than plain decode: at most x{need:.2f} its tokens/s (half the predicted "
+                       f"x{predicted:.2f}, on a log scale)", decide(gain, need, u, at_least=False), evidence)
+    if roofline is not None and max(roofline / predicted, predicted / roofline) >= min_effect:
+        mid = log_midpoint(predicted, roofline)
+        return Verdict(f"{what} runs nearer the measured steps' x{predicted:.2f} than the roofline's x{roofline:.2f}: "
+                       f"{'at most' if roofline > predicted else 'at least'} x{mid:.2f} (their log-midpoint)",
+                       decide(gain, mid, u, at_least=roofline < predicted), evidence)
     return Verdict(f"the cost model predicts x{predicted:.2f}: too close to plain decode to test", None, evidence)
 
 

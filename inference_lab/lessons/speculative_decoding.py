@@ -495,9 +495,12 @@ def verify_reading(verifies, predicted: dict, k: int, spec, dtype, matmuls=()) -
     return text
 
 
-def speedup_reading(grid: Grid, verifies, plain_step_s: float, predicted: dict, roofline: dict, name: str, k: int) -> str:
-    """Measured speed-up against the two predictions, and where a round's time goes: the verify
-    step (a call of its own, as plain decode's steps are not) and the rest (the draft, the host)."""
+def speedup_reading(grid: Grid, verifies, plain_step_s: float, predicted: dict, roofline: dict, name: str, k: int,
+                    unguessed: dict | None = None) -> str:
+    """Measured speed-up against the two predictions, and where a round's time goes: the target's
+    step (a call of its own, as plain decode's steps are not: a verify of ``k + 1`` tokens, or a
+    one-token step in a round with nothing guessed, ``unguessed`` as :func:`predicted_from_steps`
+    takes it) and the rest (the draft, the host)."""
     run = grid.runs[(name, k)]
     by = {r.tokens: r.seconds for r in verifies if r.batch == 1}
     if k + 1 not in by:
@@ -505,10 +508,16 @@ def speedup_reading(grid: Grid, verifies, plain_step_s: float, predicted: dict, 
     rounds = (run.new_tokens - 1) / run.tokens_per_step
     prefill = max(grid.plain.seconds - (run.new_tokens - 1) * plain_step_s, 0.0)
     per_round = (run.seconds - prefill) / rounds
+    idle = min(1.0, (unguessed or {}).get(name, 0.0) * run.tokens_per_step)   # the share of rounds with no guess
+    step = (1 - idle) * by[k + 1] + idle * by[1]
+    where = (f"about {idle:.0%} of the rounds had nothing to guess, a one-token step of {by[1] * 1e3:.2f} ms, the "
+             f"others a verify of {k + 1} tokens, {by[k + 1] * 1e3:.2f} ms" if idle else
+             f"a verify of {k + 1} tokens")
     return (f"{name}, k = {k}: measured x{grid.speedup(name, k):.2f}; predicted x{predicted[(name, k)]:.2f} from the "
             f"steps measured here, x{roofline[(name, k)]:.2f} from the roofline alone. A round wrote "
-            f"{run.tokens_per_step:.2f} tokens in {per_round * 1e3:.2f} ms ({by[k + 1] * 1e3:.2f} ms of it the verify "
-            f"step); plain decode writes one per {plain_step_s * 1e3:.2f} ms.")
+            f"{run.tokens_per_step:.2f} tokens in {per_round * 1e3:.2f} ms, {step * 1e3:.2f} ms of it the target's "
+            f"step ({where}), the rest the draft's and the host's work; plain decode writes one per "
+            f"{plain_step_s * 1e3:.2f} ms.")
 
 
 def roofline_leaves_out(verifies, plain_step_s: float) -> str:
