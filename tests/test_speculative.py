@@ -195,6 +195,25 @@ def test_prompt_lookups_rounds_without_a_match_keep_its_prediction_honest():
         lesson.predicted_from_steps(verifies, 2.54e-3, 0.0, (6,), {"n-gram": 0.48})
 
 
+def test_the_verdicts_test_the_weaker_of_two_predictions():
+    """Under one spinner and one stream (2026-12-05) prompt lookup at k = 6 was predicted x0.82
+    from the steps timed first and x1.46 from those timed beside the generations (a one-token call
+    7.72 ms, a verify of 7 tokens 7.43 ms), and ran at x0.98: tested against x1.46, the cost model
+    FAILED for a busy spell; the weaker claim, x0.82, is too close to plain decode and is told
+    from the roofline's x1.85 instead, which the run satisfies. A slow-down predicted by both
+    timings still fails when the run is as fast as plain decode."""
+    from inference_lab.lessons import speculative_decoding as lesson
+
+    before = {("n-gram", 6): 0.82, ("x", 1): 0.5, ("y", 1): 2.0}
+    tested = lesson.nearer_plain(before, {("n-gram", 6): 1.46, ("x", 1): 0.4, ("y", 1): 0.9})
+    assert tested == {("n-gram", 6): 0.82, ("x", 1): 0.5, ("y", 1): 0.9}
+    plain, run = _gen(None, 1.0), _gen("n-gram", 1 / 0.98, k=6, tps=1.74, acc=0.47)
+    assert claims.speedup_as_predicted(plain, run, predicted=1.46).holds is False
+    assert claims.speedup_as_predicted(plain, run, predicted=tested[("n-gram", 6)], roofline=1.85).holds
+    never = _gen("never right", 1.0, tps=1.0, acc=0.0)
+    assert claims.speedup_as_predicted(plain, never, predicted=tested[("x", 1)]).holds is False
+
+
 def test_a_prediction_near_plain_decode_is_told_from_the_rooflines():
     """Prompt lookup predicted x0.86 from the measured steps, x1.47 from the roofline (08's stored
     run): too close to 1 for a speed-up or a slow-down, but the two predictions are far apart, so the

@@ -145,6 +145,15 @@ def most_decisive(predicted: dict, name: str) -> int:
     return max((k for n, k in predicted if n == name), key=lambda k: abs(math.log(predicted[(name, k)])))
 
 
+def nearer_plain(before: dict, beside: dict) -> dict:
+    """(draft name, k) -> whichever of two predictions lies nearer plain decode's x1 (log scale):
+    the one made before the generations (``before``) or again from the steps timed beside them
+    (``beside``, :meth:`Grid.predicted_beside`). A machine whose load moved between the two timings
+    makes either one uncertain by that much; the verdicts test the weaker claim of the two, so a
+    busy spell during one timing cannot make the cost model promise an effect it never made."""
+    return {key: min(before[key], beside[key], key=lambda p: abs(math.log(p))) for key in beside}
+
+
 # ----------------------------------------------------------------------------- measurements
 CACHE_LEN = 256      # positions of every cache the lesson times: the trained models' whole context
 
