@@ -290,6 +290,39 @@ def test_two_processes_needing_ceilings_at_once_measure_them_once(tmp_path, monk
     assert len(calls) == 3
 
 
+def test_unoptimized_programs_read_the_lessons_ceilings_but_never_write_them(tmp_path, monkeypatch):
+    """The unit tests compile without XLA's optimizations (tests/conftest.py), which reads memory
+    more slowly: they read the ceilings a lesson measured, and what they measure themselves goes to
+    a file of its own, which a lesson never reads."""
+    import jax
+
+    calls = []
+
+    def measured(unoptimized: bool):
+        before = jax.config.read("jax_disable_most_optimizations")
+        jax.config.update("jax_disable_most_optimizations", unoptimized)
+        try:
+            return hardware.measure_ceilings("float32", verbose=False)
+        finally:
+            jax.config.update("jax_disable_most_optimizations", before)
+
+    monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(ceilings, "device_ceilings", lambda **k: calls.append(k) or dict(FAKE))
+    measured(unoptimized=False)                                         # a lesson measures
+    (lessons,) = (tmp_path / "ceilings").glob("*.json")
+    measured(unoptimized=False)
+    measured(unoptimized=True)
+    assert len(calls) == 1                                              # the lesson's, read by both
+    lessons.unlink()
+    measured(unoptimized=True)
+    (own,) = (tmp_path / "ceilings").glob("*.json")
+    assert len(calls) == 2 and own != lessons and json.loads(own.read_text())["ident"]["xla_optimized"] is False
+    measured(unoptimized=True)                                          # its own file, read
+    assert len(calls) == 2
+    measured(unoptimized=False)                                         # never read by a lesson
+    assert len(calls) == 3 and lessons.exists()
+
+
 def test_hardware_spec_refuses_non_finite_figures():
     for bad in (float("nan"), float("inf"), -1.0, True):
         with pytest.raises(ValueError, match="bandwidth"):
