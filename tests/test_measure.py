@@ -290,7 +290,7 @@ def test_two_processes_needing_ceilings_at_once_measure_them_once(tmp_path, monk
     assert len(calls) == 3
 
 
-def test_unoptimized_programs_read_the_lessons_ceilings_but_never_write_them(tmp_path, monkeypatch):
+def test_unoptimized_programs_read_the_lessons_ceilings_but_never_write_them(tmp_path, monkeypatch, capsys):
     """The unit tests compile without XLA's optimizations (tests/conftest.py), which reads memory
     more slowly: they read the ceilings a lesson measured, and what they measure themselves goes to
     a file of its own, which a lesson never reads."""
@@ -321,6 +321,10 @@ def test_unoptimized_programs_read_the_lessons_ceilings_but_never_write_them(tmp
     assert len(calls) == 2
     measured(unoptimized=False)                                         # never read by a lesson
     assert len(calls) == 3 and lessons.exists()
+    lessons.write_text("{not json")                                     # damaged: one line, measured again
+    capsys.readouterr()
+    measured(unoptimized=False)
+    assert len(calls) == 4 and capsys.readouterr().err.count("is damaged") == 1
 
 
 def test_hardware_spec_refuses_non_finite_figures():
