@@ -84,3 +84,17 @@ def pytest_collection_modifyitems(config, items):
     reason = "needs an NVIDIA GPU of compute capability >= 8.0 (" + mode.describe() + ")"
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def xla_optimized():
+    """A unit test that times a model (the course record's test) compiles as a lesson does: its
+    timed loops run ~4x longer unoptimized (35 s in place of 9 s for that test). What it
+    compiles before this fixture's turn may still be reused unoptimized (jax's in-memory cache
+    does not key on the flag): it asserts no rate's size."""
+    import jax
+
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)

@@ -77,7 +77,7 @@ def test_the_record_reads_back_and_a_damaged_or_old_one_is_made_again(tmp_path):
     assert cr.read(tmp_path / "missing.json") is None
 
 
-def test_the_record_is_measured_once_and_read_by_the_next_notebook(tmp_path, monkeypatch):
+def test_the_record_is_measured_once_and_read_by_the_next_notebook(tmp_path, monkeypatch, xla_optimized):
     from inference_lab.lessons.machine import this_machine
 
     monkeypatch.setenv("INFERENCE_LAB_CACHE", str(tmp_path))
