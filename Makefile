@@ -124,9 +124,9 @@ test: check-python
 	$(MAKE) --no-print-directory browser-test
 	@echo "make test: all passed in $(elapsed)"
 
-# Two workers: most of a unit test's time is XLA compiling one program, on one core; no unit
-# test times anything (performance is measured by the benchmarks), so sharing the cores bends
-# no result. UNIT_WORKERS=0 runs them in this process.
+# Two workers: most of a unit test's time is XLA compiling one program, on one core (unoptimized
+# on a CPU: tests/conftest.py); no unit test times anything (performance is measured by the
+# benchmarks), so sharing the cores bends no result. UNIT_WORKERS=0 runs them in this process.
 UNIT_WORKERS ?= 2
 unit-test: setup-dev
 	@$(compile_sources)
