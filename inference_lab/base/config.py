@@ -48,6 +48,12 @@ class ModelConfig:
     # The KV cache's storage: "auto" (the dtype above) or "int8" (a float32 scale per token and KV
     # head). Made by Transformer.with_kv_cache_dtype(); the roofline reads the KV bytes from here.
     kv_cache_dtype: str = "auto"
+    # Llama 3's long-context RoPE (a Hugging Face config's rope_scaling with rope_type "llama3"):
+    # (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings), or None for
+    # plain RoPE. The model turns it into its rotary frequencies (transformer.rope_frequencies).
+    rope_scaling: tuple | None = None
+    # Biases on the Q, K and V projections (Qwen2): one more tensor per layer, b_qkv [Hkv, G + 2, Dh].
+    qkv_bias: bool = False
 
     def __post_init__(self):
         for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -68,6 +74,8 @@ class ModelConfig:
         checks.positive("ModelConfig.rope_theta", self.rope_theta)
         checks.finite("ModelConfig.norm_eps", self.norm_eps, 1e-12, 1.0)
         checks.flag("ModelConfig.tie_embeddings", self.tie_embeddings)
+        checks.flag("ModelConfig.qkv_bias", self.qkv_bias)
+        self._check_rope_scaling()
         self._check_quantization()
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"ModelConfig.name={self.name!r} must be a non-empty string")
@@ -76,6 +84,27 @@ class ModelConfig:
                 f"ModelConfig.vocab_size={self.vocab_size} is too small for the byte-level "
                 "tokenizer (256 bytes + 3 special tokens): use at least 259"
             )
+
+    def _check_rope_scaling(self) -> None:
+        scaling = self.rope_scaling
+        if scaling is None:
+            return
+        if isinstance(scaling, list):   # read back from JSON (a weights file's metadata): keep it hashable
+            scaling = tuple(scaling)
+            object.__setattr__(self, "rope_scaling", scaling)
+        fix = ("; give (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) as Llama 3's "
+               "config.json has them, e.g. (32.0, 1.0, 4.0, 8192), or None")
+        if not isinstance(scaling, tuple) or len(scaling) != 4:
+            raise ValueError(f"ModelConfig.rope_scaling={scaling!r} is not four numbers{fix}")
+        factor, low, high, original = scaling
+        for name, value in (("factor", factor), ("low_freq_factor", low), ("high_freq_factor", high)):
+            checks.positive(f"ModelConfig.rope_scaling's {name}", value)
+        if not (factor >= 1 and high > low):
+            raise ValueError(f"ModelConfig.rope_scaling={scaling!r} needs factor >= 1 and high_freq_factor > "
+                             f"low_freq_factor{fix}")
+        if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+            raise ValueError(f"ModelConfig.rope_scaling's original_max_position_embeddings={original!r} must be a "
+                             f"positive integer{fix}")
 
     def _check_quantization(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -149,7 +178,12 @@ class ModelConfig:
         kv = 2 * self.d_model * self.n_kv_heads * self.head_dim
         o = self.n_heads * self.head_dim * self.d_model
         mlp = 3 * self.d_model * self.d_ff
-        return q + kv + o + mlp + 2 * self.d_model
+        return q + kv + o + mlp + 2 * self.d_model + self.bias_params
+
+    @property
+    def bias_params(self) -> int:
+        """The Q, K and V biases of one block (zero unless ``qkv_bias``): added, never multiplied."""
+        return (self.n_heads + 2 * self.n_kv_heads) * self.head_dim if self.qkv_bias else 0
 
     @property
     def embedding_params(self) -> int:
@@ -169,7 +203,7 @@ class ModelConfig:
     @property
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul for every token (layers + output head)."""
-        return self.n_layers * (self.layer_params - 2 * self.d_model) + self.head_params
+        return self.n_layers * (self.layer_params - 2 * self.d_model - self.bias_params) + self.head_params
 
 
 PRESETS: dict[str, ModelConfig] = {

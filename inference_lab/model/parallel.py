@@ -54,6 +54,7 @@ PARTITION = {
     "final_norm": P(None),
     "attn_norm": P(None),
     "w_qkv": P(None, AXIS, None, None),   # by KV head (each with its query heads)
+    "b_qkv": P(AXIS, None, None),         # its biases, by KV head the same way
     "w_o": P(AXIS, None),                 # by input rows = query heads -> partial sums, psum
     "mlp_norm": P(None),
     "w_gate_up": P(None, None, AXIS),     # by d_ff columns

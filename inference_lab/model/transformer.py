@@ -38,6 +38,7 @@ w_o        [Hq * Dh, D]          per layer: rows ordered like the query heads
 mlp_norm   [D]                   per layer
 w_gate_up  [D, 2, F]             per layer: SwiGLU gate and up projections
 w_down     [F, D]                per layer
+b_qkv      [Hkv, G + 2, Dh]      per layer, only with ``cfg.qkv_bias`` (Qwen2): Q/K/V biases
 ========== ===================== ====================================================
 
 Q, K and V come out of one matmul (and gate/up out of another) because on a GPU a batch-1
@@ -65,7 +66,7 @@ import pallas_kernels as pk
 from inference_lab.model import kv_cache, parallel, quantize, weights
 from inference_lab.base import checks, random_arrays
 from inference_lab.base.config import ModelConfig
-from inference_lab.model.weights import LAYER_PARAMS
+from inference_lab.model.weights import layer_params
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -121,14 +122,34 @@ def rms_norm(x, scale, eps):
     return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x, positions, theta):
-    """Rotary position embedding (the "rotate half" form of Llama).
+def rope_frequencies(head_dim: int, theta: float, scaling: tuple | None = None):
+    """The rotary frequencies ``theta ** (-2i / Dh)`` for ``i < Dh / 2``, float32.
+
+    With Llama 3's ``scaling`` (factor, low, high, original context; ``ModelConfig.rope_scaling``)
+    a frequency whose wavelength ``2 pi / f`` is longer than ``original / low`` positions turns
+    ``factor`` times slower (it has to stretch over the longer context), one shorter than
+    ``original / high`` stays (it encodes nearby order, which the longer context does not change),
+    and those between blend the two linearly in ``original / wavelength``."""
+    inv_freq = theta ** (-jnp.arange(head_dim // 2, dtype=jnp.float32) * 2.0 / head_dim)
+    if scaling is None:
+        return inv_freq
+    factor, low, high, original = scaling
+    wavelength = 2 * jnp.pi / inv_freq
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return jnp.where(wavelength > original / low, inv_freq / factor,
+                     jnp.where(wavelength < original / high, inv_freq, blended))
+
+
+def rope(x, positions, theta, scaling=None):
+    """Rotary position embedding (the "rotate half" form of Llama, and of Hugging Face's Llama,
+    Qwen2 and Mistral checkpoints).
 
     x [..., H, Dh]; positions broadcastable to x.shape[:-2] (int). Pair ``(i, i + Dh/2)`` is
-    rotated by the angle ``position * theta ** (-2i / Dh)``; computed in float32.
+    rotated by the angle ``position * f_i`` (:func:`rope_frequencies`); computed in float32.
     """
     half = x.shape[-1] // 2
-    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1])
+    inv_freq = rope_frequencies(x.shape[-1], theta, scaling)
     angle = positions.astype(jnp.float32)[..., None, None] * inv_freq  # [..., 1, half]
     cos, sin = jnp.cos(angle), jnp.sin(angle)
     x32 = x.astype(jnp.float32)
@@ -163,9 +184,12 @@ def _qkv(p, h, positions, cfg, mode):
     """h [..., D] -> q [..., Hq, Dh], k, v [..., Hkv, Dh] with RoPE applied to q and k."""
     _, hkv, g2, dh = p["w_qkv"].shape           # local head counts come from the weight
     qkv = dense(h, p["w_qkv"], mode).reshape(*h.shape[:-1], hkv, g2, dh)
+    if "b_qkv" in p:   # Qwen2's biases, added before RoPE as its attention adds them
+        qkv = qkv + p["b_qkv"].astype(qkv.dtype)
     q = qkv[..., : g2 - 2, :].reshape(*h.shape[:-1], hkv * (g2 - 2), dh)
     k, v = qkv[..., g2 - 2, :], qkv[..., g2 - 1, :]
-    return rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta), v
+    theta, scaling = cfg.rope_theta, cfg.rope_scaling
+    return rope(q, positions, theta, scaling), rope(k, positions, theta, scaling), v
 
 
 def _attention_out(p, attn, mode):
@@ -469,7 +493,7 @@ class LayerWeights(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, init: _Initializer | None = None, weights: dict | None = None):
         if weights is not None:  # existing arrays (Transformer.load): no init work
-            for name in LAYER_PARAMS:
+            for name in layer_params(cfg):
                 setattr(self, name, nnx.Param(weights[name]))
             return
         d, dh, f = cfg.d_model, cfg.head_dim, cfg.d_ff
@@ -482,6 +506,8 @@ class LayerWeights(nnx.Module):
         self.mlp_norm = nnx.Param(jnp.ones((d,), dt))
         self.w_gate_up = nnx.Param(init((d, 2, f), d ** -0.5, dt))
         self.w_down = nnx.Param(init((f, d), f ** -0.5, dt))
+        if cfg.qkv_bias:
+            self.b_qkv = nnx.Param(jnp.zeros((hkv, g + 2, dh), dt))
 
 
 class Transformer(nnx.Module):
@@ -536,7 +562,7 @@ class Transformer(nnx.Module):
         # get_raw_value(): the stored array itself, ~20x cheaper than `param[...]` (which
         # walks nnx's variable machinery); this runs on every engine call.
         out = {"head": self.head.get_raw_value(), "final_norm": self.final_norm.get_raw_value(),
-               "layers": [{name: getattr(blk, name).get_raw_value() for name in LAYER_PARAMS}
+               "layers": [{name: getattr(blk, name).get_raw_value() for name in layer_params(self.cfg)}
                           for blk in self.layers]}
         if not self.cfg.tie_embeddings:
             out["embed"] = self.embed.get_raw_value()

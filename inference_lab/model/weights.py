@@ -26,6 +26,7 @@ from inference_lab.model import quantize
 
 FORMAT = "inference_lab.Transformer/1"
 LAYER_PARAMS = ("attn_norm", "w_qkv", "w_o", "mlp_norm", "w_gate_up", "w_down")
+BIAS_PARAMS = ("b_qkv",)   # a layer's tensors too when its config has qkv_bias (Qwen2)
 # safetensors' dtype codes <-> the config's dtype names
 _FILE_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64",
                 "I32": "int32", "I64": "int64", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
@@ -35,7 +36,14 @@ _SHAPES = {  # what each tensor's shape is made of, for the error message
     "attn_norm": "[d_model]", "mlp_norm": "[d_model]",
     "w_qkv": "[d_model, n_kv_heads, n_heads / n_kv_heads + 2, head_dim]",
     "w_o": "[n_heads * head_dim, d_model]", "w_gate_up": "[d_model, 2, d_ff]", "w_down": "[d_ff, d_model]",
+    "b_qkv": "[n_kv_heads, n_heads / n_kv_heads + 2, head_dim]",
 }
+
+
+def layer_params(cfg: ModelConfig) -> tuple[str, ...]:
+    """The names of one layer's tensors for ``cfg``: :data:`LAYER_PARAMS`, and the Q/K/V biases
+    when ``cfg.qkv_bias``."""
+    return LAYER_PARAMS + BIAS_PARAMS if cfg.qkv_bias else LAYER_PARAMS
 
 
 def expected(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -48,6 +56,8 @@ def expected(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         out.update({f"layers.{i}.attn_norm": (d,), f"layers.{i}.w_qkv": (d, hkv, g + 2, dh),
                     f"layers.{i}.w_o": (cfg.n_heads * dh, d), f"layers.{i}.mlp_norm": (d,),
                     f"layers.{i}.w_gate_up": (d, 2, f), f"layers.{i}.w_down": (f, d)})
+        if cfg.qkv_bias:
+            out[f"layers.{i}.b_qkv"] = (hkv, g + 2, dh)
     return out
 
 
@@ -75,7 +85,7 @@ def _tensors(params: dict) -> dict:
 def nest(flat: dict, cfg: ModelConfig) -> dict:
     """The inverse of :func:`flatten` (the names are assumed checked)."""
     params = {k: v for k, v in flat.items() if not k.startswith("layers.")}
-    params["layers"] = [{name: flat[f"layers.{i}.{name}"] for name in LAYER_PARAMS} for i in range(cfg.n_layers)]
+    params["layers"] = [{name: flat[f"layers.{i}.{name}"] for name in layer_params(cfg)} for i in range(cfg.n_layers)]
     return params
 
 
@@ -85,7 +95,7 @@ def check(cfg: ModelConfig, found: dict, source: str) -> None:
     want = expected(cfg)
     summary = (f"{cfg.name}: vocab_size={cfg.vocab_size}, d_model={cfg.d_model}, n_layers={cfg.n_layers}, "
                f"n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}, d_ff={cfg.d_ff}, "
-               f"tie_embeddings={cfg.tie_embeddings}, dtype={cfg.dtype}")
+               f"tie_embeddings={cfg.tie_embeddings}, qkv_bias={cfg.qkv_bias}, dtype={cfg.dtype}")
     missing = [n for n in want if n not in found]
     if missing:
         raise ValueError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} of {len(want)} missing); "
@@ -182,7 +192,7 @@ def read(path) -> tuple[ModelConfig, dict]:
     found = _as_float_view(found, cfg, source)
     check(cfg, found, source)
     tensors = load_file(str(path))
-    bad = next((name for name, t in tensors.items() if not bool(_all_finite(t))), None)
+    bad = next((name for name, t in tensors.items() if not bool(all_finite(t))), None)
     if bad is not None:   # a NaN or infinite weight poisons every token after it
         raise ValueError(f"{source}: tensor {bad!r} holds NaN or infinite values; the file is damaged "
                          "(or training diverged): train again or load another file")
@@ -227,7 +237,7 @@ def _assemble(tensors: dict, cfg: ModelConfig, source: str) -> dict:
     return out
 
 
-def _all_finite(t) -> bool:
+def all_finite(t) -> bool:
     """Whether every value of the array ``t`` is finite (a jax or NumPy array, any float dtype).
     On the host with NumPy: a jax reduction would compile one program per tensor shape."""
     import numpy as np
