@@ -1,0 +1,172 @@
+"""Hugging Face folders (Llama, Qwen2, Mistral) as the lab's Transformer: logits and greedy tokens
+equal a float64 NumPy forward written from each architecture's definition (tests/hf_checkpoints.py),
+and every bad folder is refused in one line naming the file and the fix, before a tensor loads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import hf_checkpoints as hf
+from inference_lab.model import huggingface
+from inference_lab.runtime.generation import generate
+
+PROMPT = [5, 17, 250, 3, 99, 42, 7, 120, 64, 1, 299, 88]
+
+
+def _logits(model, tokens):
+    return np.asarray(model(np.asarray([tokens], np.int32))[0], np.float64)
+
+
+def _close(lab, ref):
+    """Relative to the largest logit: float32 arithmetic against float64."""
+    return float(np.max(np.abs(lab - ref)) / np.max(np.abs(ref)))
+
+
+CASES = {   # name: (architecture, config overrides, shards)
+    "llama": ("llama", {}, 1),
+    "llama-tied-llama3-rope": ("llama", {"tie_word_embeddings": True, "rope_scaling": hf.LLAMA3_SCALING}, 1),
+    "qwen2-qkv-bias": ("qwen2", {}, 1),
+    "mistral-sharded": ("mistral", {}, 3),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def checkpoint(request, tmp_path_factory):
+    kind, overrides, shards = CASES[request.param]
+    c = hf.config(kind, **overrides)
+    weights = hf.tensors(c, seed=len(request.param))
+    folder = hf.write(tmp_path_factory.mktemp(request.param), c, weights, shards=shards)
+    return c, weights, folder, huggingface.load(folder, dtype="float32")
+
+
+def test_logits_equal_the_float64_forward_of_the_architecture(checkpoint):
+    c, weights, folder, model = checkpoint
+    assert _close(_logits(model, PROMPT), hf.forward(c, weights, PROMPT)) <= 1e-4
+
+
+def test_greedy_tokens_equal_the_float64_forward(checkpoint):
+    c, weights, folder, model = checkpoint
+    assert generate(model, [PROMPT], max_new_tokens=32)[0] == hf.greedy(c, weights, PROMPT, 32)
+
+
+def test_the_comparison_sees_a_missed_bias_or_rope_scaling(tmp_path):
+    """The two features a wrong loader could drop silently change the logits far past the
+    tolerance above: the check can fail."""
+    for kind, overrides, drop in (("qwen2", {}, "bias"), ("llama", {"rope_scaling": hf.LLAMA3_SCALING}, "rope")):
+        c = hf.config(kind, **overrides)
+        weights = hf.tensors(c)
+        model = huggingface.load(hf.write(tmp_path / kind, c, weights), dtype="float32")
+        if drop == "bias":
+            wrong = {k: (np.zeros_like(v) if k.endswith(".bias") else v) for k, v in weights.items()}
+            ref = hf.forward(c, wrong, PROMPT)
+        else:
+            ref = hf.forward({**c, "rope_scaling": None}, weights, PROMPT)
+        assert _close(_logits(model, PROMPT), ref) > 1e-2, drop
+
+
+def test_config_maps_shape_dtype_context_and_features(tmp_path):
+    c = hf.config("llama", tie_word_embeddings=True, rope_scaling=hf.LLAMA3_SCALING, torch_dtype="bfloat16",
+                  max_position_embeddings=8192)
+    folder = hf.write(tmp_path / "SmolLM-ish", c, hf.tensors(c))
+    cfg = huggingface.read_config(folder)
+    assert (cfg.name, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff) == \
+        ("SmolLM-ish", 64, 2, 4, 2, 16, 96)
+    assert cfg.dtype == "bfloat16" and cfg.tie_embeddings and not cfg.qkv_bias
+    assert cfg.max_seq_len == huggingface.DEFAULT_MAX_MODEL_LEN and cfg.rope_scaling == (8.0, 1.0, 4.0, 64)
+    assert huggingface.read_config(folder, max_model_len=8192).max_seq_len == 8192
+    assert huggingface.read_config(hf.write(tmp_path / "q", hf.config("qwen2"), {}), dtype="float32").qkv_bias
+    model = huggingface.load(folder)   # bfloat16 as the folder says
+    assert model.cfg.dtype == "bfloat16" and model.params()["head"].dtype == np.dtype("bfloat16")
+
+
+# ----------------------------------------------------------------------------- bad folders
+def _folder(tmp_path, kind="llama", shards=1, **overrides):
+    c = hf.config(kind, **overrides)
+    return hf.write(tmp_path / "model", c, hf.tensors(c), shards=shards), c
+
+
+def _edit_config(folder, **changes):
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"architectures": ["GPT2LMHeadModel"]}, r"config\.json: architecture 'GPT2LMHeadModel' is not supported"),
+    ({"num_local_experts": 8}, r"config\.json: a mixture of experts is not supported"),
+    ({"hidden_act": "gelu"}, r"hidden_act='gelu'"),
+    ({"attention_bias": True}, r"attention_bias=true"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"rope_scaling of type 'yarn' is not supported"),
+    ({"sliding_window": 128}, r"sliding_window=128 .*pass max_model_len <= 128"),
+    ({"hidden_size": "64"}, r"hidden_size='64' must be a positive int"),
+    ({"torch_dtype": "int8"}, r"torch_dtype='int8' is not a float dtype"),
+])
+def test_unsupported_or_damaged_configs_are_refused_by_name(tmp_path, change, match):
+    folder, _ = _folder(tmp_path, "mistral")
+    _edit_config(folder, **change)
+    with pytest.raises(ValueError, match=match):
+        huggingface.load(folder)
+
+
+def test_a_sliding_window_longer_than_the_context_never_applies_and_loads(tmp_path):
+    folder, _ = _folder(tmp_path, "mistral", sliding_window=128)
+    assert huggingface.read_config(folder, max_model_len=128).max_seq_len == 128
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("no config", r"config\.json: missing"),
+    ("no weights", r"no model\.safetensors and no model\.safetensors\.index\.json"),
+    ("truncated", r"model\.safetensors: not a readable safetensors file .*fetch it again"),
+    ("missing tensor", r"tensor 'model\.layers\.1\.mlp\.down_proj\.weight' is missing"),
+    ("wrong shape", r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' has shape \(64, 64\) but config\.json "
+                    r"implies \(32, 64\)"),
+    ("int tensor", r"tensor 'model\.norm\.weight' is I32, not a float"),
+    ("nan", r"tensor 'model\.layers\.0\.mlp\.up_proj\.weight' holds NaN"),
+    ("not a folder", r"is not a folder"),
+])
+def test_damaged_folders_are_refused_naming_the_file(tmp_path, damage, match):
+    from safetensors.numpy import save_file
+
+    folder, c = _folder(tmp_path)
+    weights = hf.tensors(c)
+    target = folder / "model.safetensors"
+    if damage == "no config":
+        (folder / "config.json").unlink()
+    elif damage == "no weights":
+        target.unlink()
+    elif damage == "truncated":
+        data = target.read_bytes()
+        target.write_bytes(data[: len(data) // 2])
+    elif damage == "missing tensor":
+        del weights["model.layers.1.mlp.down_proj.weight"]
+        save_file(weights, str(target))
+    elif damage == "wrong shape":
+        _edit_config(folder, num_attention_heads=2, head_dim=16)   # q_proj of 2 x 16 rows; the file has 4 x 16
+    elif damage == "int tensor":
+        weights["model.norm.weight"] = weights["model.norm.weight"].astype(np.int32)
+        save_file(weights, str(target))
+    elif damage == "nan":
+        weights["model.layers.0.mlp.up_proj.weight"][3, 4] = np.nan
+        save_file(weights, str(target))
+    elif damage == "not a folder":
+        folder = target
+    with pytest.raises(ValueError, match=match) as err:
+        huggingface.load(folder)
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_shard_is_named(tmp_path):
+    folder, _ = _folder(tmp_path, shards=2)
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"model-00002-of-00002\.safetensors: missing \(1 shard\(s\) of 2\)"):
+        huggingface.load(folder)
+
+
+def test_weights_too_large_for_the_memory_are_refused_before_loading(tmp_path, monkeypatch):
+    folder, _ = _folder(tmp_path)
+    monkeypatch.setattr(huggingface.hardware, "process_memory_limit", lambda: 1_000)
+    monkeypatch.setattr(huggingface, "_read", lambda *a, **k: pytest.fail("read a tensor before the memory check"))
+    with pytest.raises(ValueError, match=r"float32 weights do not fit the 0\.0 GB there is"):
+        huggingface.load(folder)
