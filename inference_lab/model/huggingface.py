@@ -35,8 +35,8 @@ tensor is read: another architecture, mixtures of experts, a sliding window shor
 context asked for, RoPE scalings other than Llama 3's, biases the lab's layers do not have.
 Every tensor's name, shape and dtype is checked against ``config.json`` from the files' headers
 first; the weights' bytes in the requested dtype are checked against the memory there is; then
-each tensor is read, checked finite and converted on its own, so nothing is half-loaded and
-the host never holds more than the model and one tensor.
+each tensor is read, checked finite and converted on its own, and each layer goes to the device
+as soon as its tensors are in: a bad tensor stops the load with nothing kept.
 """
 
 from __future__ import annotations
