@@ -85,6 +85,29 @@ def write(folder: Path, c: dict, weights: dict[str, np.ndarray], *, shards: int 
     return folder
 
 
+SPECIAL = ["<unk>", "<s>", "</s>"]   # ids 0, 1, 2: config()'s bos_token_id 1 and eos_token_id 2
+TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
+        "arrows of outrageous fortune, or to take arms against a sea of troubles.")
+
+
+def write_tokenizer(folder: Path, vocab_size: int = 280, generation_config: dict | None = None) -> Path:
+    """A byte-level BPE ``tokenizer.json`` trained here with ``tokenizers`` (Llama 3's and Qwen2's
+    kind: 256 byte symbols, three special tokens, the rest merges), adding ``<s>`` in front as
+    Llama's post-processor does; and ``generation_config.json`` when given."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([TEXT] * 4, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.save(str(folder / "tokenizer.json"))
+    if generation_config is not None:
+        (folder / "generation_config.json").write_text(json.dumps(generation_config))
+    return folder
+
+
 # ----------------------------------------------------------------------------- the float64 reference
 def _rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w

@@ -170,3 +170,41 @@ def test_weights_too_large_for_the_memory_are_refused_before_loading(tmp_path, m
     monkeypatch.setattr(huggingface, "_read", lambda *a, **k: pytest.fail("read a tensor before the memory check"))
     with pytest.raises(ValueError, match=r"float32 weights do not fit the 0\.0 GB there is"):
         huggingface.load(folder)
+
+
+# ----------------------------------------------------------------------------- the tokenizer
+def test_the_folders_tokenizer_round_trips_and_ends_where_generation_config_says(tmp_path):
+    folder, c = _folder(tmp_path)
+    hf.write_tokenizer(folder, generation_config={"bos_token_id": 1, "eos_token_id": [2, 0]})
+    cfg = huggingface.read_config(folder)
+    tok = huggingface.load_tokenizer(folder, cfg)
+    text = "To be, or not to be: whether 'tis nobler!"
+    ids = tok.encode(text)
+    assert ids[0] == 1 and tok.encode(text, bos=False) == ids[1:]
+    assert len(ids) < len(text.encode()), "the merges it learned shorten the text"
+    assert tok.decode(ids) == text
+    assert (tok.bos_id, tok.eos_ids, tok.vocab_size) == (1, (2, 0), 280)
+    # without generation_config.json, config.json's ids
+    (folder / "generation_config.json").unlink()
+    assert huggingface.load_tokenizer(folder).eos_ids == (c["eos_token_id"],)
+    # the model reads those ids: its greedy tokens from the tokenized prompt equal the float64 forward's
+    model = huggingface.load(folder)
+    assert generate(model, [ids], max_new_tokens=8)[0] == hf.greedy(c, hf.tensors(c), ids, 8)
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("missing", r"tokenizer\.json: missing"),
+    ("damaged", r"tokenizer\.json: not a readable tokenizer"),
+    ("too large", r"tokenizer\.json: 320 token ids, past the model's vocab_size=300"),
+    ("bad eos", r"generation_config\.json: eos_token_id='x' must be a token id"),
+])
+def test_a_bad_tokenizer_is_refused_naming_the_file(tmp_path, damage, match):
+    folder, _ = _folder(tmp_path)
+    hf.write_tokenizer(folder, vocab_size=320 if damage == "too large" else 280,
+                       generation_config={"eos_token_id": "x"} if damage == "bad eos" else None)
+    if damage == "missing":
+        (folder / "tokenizer.json").unlink()
+    elif damage == "damaged":
+        (folder / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    with pytest.raises(ValueError, match=match):
+        huggingface.load_tokenizer(folder, huggingface.read_config(folder))

@@ -329,3 +329,67 @@ def load(folder, *, dtype: str | None = None, max_model_len: int | None = None, 
     (:func:`read_config`'s ``dtype`` and ``max_model_len``; ``kernels`` as for every model)."""
     cfg = read_config(folder, dtype=dtype, max_model_len=max_model_len)
     return Transformer(cfg, kernels=kernels, params=read_params(folder, cfg))
+
+
+# ----------------------------------------------------------------------------- the tokenizer
+class FolderTokenizer:
+    """A folder's ``tokenizer.json`` through the ``tokenizers`` library (the fast one every
+    Hugging Face model ships), with the lab's tokenizer interface: ``encode(text, bos=True)``,
+    ``decode(ids)``, ``bos_id``, ``eos_ids`` (every id that ends an answer) and ``vocab_size``.
+
+    ``bos=True`` adds what the tokenizer's own post-processor adds (Llama's ``<|begin_of_text|>``;
+    Qwen2 adds nothing); ``decode`` drops special tokens, as an answer's text does."""
+
+    def __init__(self, tokenizer, *, bos_id: int | None, eos_ids: tuple[int, ...]):
+        self._tokenizer = tokenizer
+        self.bos_id, self.eos_ids = bos_id, eos_ids
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, *, bos: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}; decode bytes first")
+        return self._tokenizer.encode(text, add_special_tokens=bos).ids
+
+    def decode(self, ids) -> str:
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def _ids(value, where: Path, key: str) -> tuple[int, ...]:
+    ids = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"{where}: {key}={value!r} must be a token id or a list of them")
+    return tuple(ids)
+
+
+def load_tokenizer(folder, cfg: ModelConfig | None = None) -> FolderTokenizer:
+    """The tokenizer of ``folder``: ``tokenizer.json``, with the BOS and EOS ids of
+    ``generation_config.json`` (what ends an answer there) or else ``config.json``. With ``cfg``
+    (the folder's :func:`read_config`), a tokenizer whose ids reach past the model's vocabulary is
+    refused: those ids would index past the embedding."""
+    from tokenizers import Tokenizer
+
+    folder = Path(folder).expanduser()
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise ValueError(f"{path}: missing; the lab reads the fast tokenizer's tokenizer.json (fetch it with the "
+                         "folder; a folder with only tokenizer.model needs converting with transformers once)")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:   # tokenizers raises its own Exception for a damaged file
+        raise ValueError(f"{path}: not a readable tokenizer ({str(err)[:100]}); fetch it again") from None
+    ids = {}
+    for name in ("generation_config.json", "config.json"):
+        file = folder / name
+        try:
+            data = json.loads(file.read_text()) if file.is_file() else {}
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{file}: not readable JSON ({str(err)[:100]}); fetch the folder again") from None
+        for key in ("bos_token_id", "eos_token_id"):
+            if key not in ids and isinstance(data, dict) and data.get(key) is not None:
+                ids[key] = _ids(data[key], file, key)
+    result = FolderTokenizer(tokenizer, bos_id=(ids.get("bos_token_id") or (None,))[0],
+                             eos_ids=ids.get("eos_token_id", ()))
+    if cfg is not None and result.vocab_size > cfg.vocab_size:
+        raise ValueError(f"{path}: {result.vocab_size} token ids, past the model's vocab_size={cfg.vocab_size} in "
+                         "config.json; the tokenizer belongs to another model")
+    return result
