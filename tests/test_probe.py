@@ -77,6 +77,46 @@ def test_probe_errors(capsys):
         probe_args.build_parser().parse_args(["--batch", "1,x"])
 
 
+def test_probe_measures_a_hugging_face_folder(tmp_path, quick_ceilings, capsys):
+    """--model DIR: the folder's model (Qwen2's biases included) in the file, named by its folder,
+    its parameters and bytes the loaded model's; a class's loader reads the file."""
+    import hf_checkpoints as hf
+    from inference_lab.model import huggingface
+
+    c = hf.config("qwen2")
+    folder = hf.write(tmp_path / "tiny-qwen2", c, hf.tensors(c))
+    path = tmp_path / "probe.json"
+    code = probe.main(["--model", str(folder), "--max-model-len", "64", "--prompt-len", "16", "--batch", "2",
+                       "--new-tokens", "3", "--kernels", "reference", "--repeats", "1", "--json", str(path)])
+    assert code == 0, capsys.readouterr().err
+    r = json.loads(path.read_text())
+    assert probe_schema.validate_probe(r) == 2 and r["complete"]
+    cfg = huggingface.read_config(folder)
+    assert (r["model"]["preset"], r["model"]["params"], r["model"]["dtype"]) == ("tiny-qwen2", cfg.num_params, "float32")
+    assert r["weight_bytes_per_device"] == 4 * cfg.num_params and cfg.bias_params > 0
+    assert [x.phase for x in records.load_records(path)] == ["prefill", "decode", "decode"]
+
+
+@pytest.mark.parametrize("flags, blamed", [
+    (["--preset", "tiny"], "--model and --preset: pick one"),
+    (["--prompt-len", "64"], "--prompt-len 64 leaves no room for --new-tokens within the --max-model-len 64"),
+    (["--max-model-len", "999"], "max_model_len=999 must be an integer from 1 to the checkpoint's"),
+])
+def test_bad_model_flags_are_refused_in_one_line(tmp_path, flags, blamed, never_measures, capsys):
+    import hf_checkpoints as hf
+
+    c = hf.config("llama", max_position_embeddings=128)
+    folder = hf.write(tmp_path / "m", c, hf.tensors(c))
+    base = ["--model", str(folder), "--max-model-len", "64"]
+    assert probe.main(base + flags) == 2
+    err = capsys.readouterr().err
+    assert blamed in err and err.count("\n") == 1, err
+    assert probe.main(["--preset", "tiny", "--max-model-len", "64"]) == 2
+    assert "--max-model-len applies to --model only" in capsys.readouterr().err
+    assert probe.main(["--model", str(tmp_path / "nothing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
 @pytest.fixture
 def never_measures(monkeypatch):
     """Any measurement fails the test: the refusals below must come first."""

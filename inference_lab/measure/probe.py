@@ -56,8 +56,8 @@ import json
 import platform
 import sys
 
-from inference_lab.measure.probe_args import (build_parser, check_args, machine, mode_error, output_path,
-                                              preset_for, simulate_cpu_devices)
+from inference_lab.measure.probe_args import (build_parser, check_args, machine, mode_error, model_config,
+                                              output_path, simulate_cpu_devices)
 from inference_lab.measure.schema import SCHEMA_VERSION, validate_probe
 
 TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "kernel_tier", "versions", "model", "ceilings",
@@ -105,26 +105,26 @@ def run(args, *, path=None) -> dict:
     import jax
 
     from inference_lab.base import progress
-    from inference_lab.base.config import ModelConfig
     from inference_lab.base.hardware import measure_ceilings
     from inference_lab.measure import timing
-    from inference_lab.model import parallel
+    from inference_lab.model import huggingface, parallel
     from inference_lab.model.kv_cache import KVCache
     from inference_lab.model.transformer import Transformer
     from inference_lab.runtime import hlo
     from pallas_kernels import mode as pk_mode
 
-    cfg = ModelConfig.preset(preset_for(args))
+    cfg = model_config(args)
     batches = sorted(set(args.batch) | {1})  # batch 1 is always measured: `ratio` needs it
     check_memory(cfg, args, batches)
-    model = (Transformer(cfg, kernels=args.kernels).quantized(args.quantization, args.quantize_group_size)
-             .with_kv_cache_dtype(args.kv_cache_dtype))
+    model = (huggingface.load(args.model, max_model_len=args.max_model_len, kernels=args.kernels) if args.model
+             else Transformer(cfg, kernels=args.kernels))
+    model = model.quantized(args.quantization, args.quantize_group_size).with_kv_cache_dtype(args.kv_cache_dtype)
     if args.tp > 1:
         model = parallel.shard(model, parallel.make_mesh(args.tp))
     spec = measure_ceilings(cfg.dtype, verbose=True)
     head = {"machine": machine(args.name), "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "kernels": model.kernels, "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(),
-            "model": {"preset": cfg.name, "params": cfg.num_params, "dtype": cfg.dtype,
+            "model": {"preset": cfg.name[:40], "params": cfg.num_params, "dtype": cfg.dtype,
                       "quantization": model.cfg.quantization, "group_size": model.cfg.group_size,
                       "kv_cache_dtype": model.cfg.kv_cache_dtype},
             "ceilings": {"matmul_flops_per_s": spec.peak_flops(cfg.dtype), "bandwidth_bytes_per_s": spec.bandwidth,

@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--preset", type=_preset, default=None,
                    help=f"model preset: {', '.join(PRESETS)} (default: base on a GPU, small elsewhere)")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="a local Hugging Face model folder (Llama, Qwen2, Mistral: config.json and safetensors "
+                        "weights) to measure instead of a preset; nothing is downloaded")
+    p.add_argument("--max-model-len", type=_int_arg("--max-model-len", 1, 2**21, 2048), default=None,
+                   help="with --model: positions per sequence (default: the checkpoint's, at most 2048)")
     p.add_argument("--prompt-len", type=_int_arg("--prompt-len", 1, 2**21, 512), default=None,
                    help="prompt length = decode context (default 512, or less where the preset's "
                         "max_seq_len leaves no room for --new-tokens after it)")
@@ -160,23 +165,45 @@ def preset_for(args) -> str:
     return args.preset or ("base" if jax.default_backend() == "gpu" else "small")
 
 
+def model_config(args):
+    """The measured model's config: the ``--model`` folder's (read from its config.json, nothing
+    else loaded) or the preset's."""
+    from inference_lab.base.config import ModelConfig
+    from inference_lab.model import huggingface
+
+    if args.model is None:
+        if args.max_model_len is not None:
+            raise ValueError("--max-model-len applies to --model only; a preset's context is its max_seq_len")
+        return ModelConfig.preset(preset_for(args))
+    if args.preset:
+        raise ValueError("--model and --preset: pick one (the folder's model, or a preset)")
+    try:
+        return huggingface.read_config(args.model, max_model_len=args.max_model_len)
+    except ValueError as err:
+        raise ValueError(f"--model {args.model}: {err}") from None
+
+
+def model_name(args) -> str:
+    """What the probe file calls the model: the preset, or the folder's name (at most 40 characters)."""
+    return model_config(args).name[:40] if args.model else preset_for(args)
+
+
 def check_args(args) -> None:
     """Every check that needs no measurement, with the flag to change in the message."""
-    from inference_lab.base.config import ModelConfig
-
     if args.tp > 1:
-        if args.preset:  # a degree that cannot split the model fails before any device work
-            _check_tp(ModelConfig.preset(args.preset), args.tp)
+        if args.preset or args.model:  # a degree that cannot split the model fails before any device work
+            _check_tp(model_config(args), args.tp)
         simulate_cpu_devices(args.tp)
-    cfg = ModelConfig.preset(preset_for(args))
+    cfg = model_config(args)
+    context = f"--max-model-len {cfg.max_seq_len}" if args.model else f"{cfg.name} preset's max_seq_len {cfg.max_seq_len}"
     if args.prompt_len is None:   # the default fits the preset: 512, or what its context leaves room for
         args.prompt_len = max(1, min(DEFAULT_PROMPT_LEN, cfg.max_seq_len - args.new_tokens))
     if args.prompt_len >= cfg.max_seq_len:
-        raise ValueError(f"--prompt-len {args.prompt_len} leaves no room for --new-tokens within the {cfg.name} "
-                         f"preset's max_seq_len {cfg.max_seq_len}; use a smaller --prompt-len")
+        raise ValueError(f"--prompt-len {args.prompt_len} leaves no room for --new-tokens within the {context}; "
+                         "use a smaller --prompt-len")
     if args.prompt_len + args.new_tokens > cfg.max_seq_len:
         raise ValueError(f"--new-tokens {args.new_tokens}: --prompt-len {args.prompt_len} + --new-tokens "
-                         f"{args.new_tokens} is past the {cfg.name} preset's max_seq_len {cfg.max_seq_len}; "
+                         f"{args.new_tokens} is past the {context}; "
                          f"use --new-tokens {cfg.max_seq_len - args.prompt_len} or fewer")
     if args.tp > 1:
         _check_tp(cfg, args.tp)
@@ -219,7 +246,7 @@ def output_path(args):
     text = str(args.json)
     if text.strip() and Path(text).expanduser().is_dir():
         kernels = mode.resolve_mode(args.kernels)
-        return check_output_path(Path(text).expanduser() / filename(machine(args.name), preset_for(args), kernels,
+        return check_output_path(Path(text).expanduser() / filename(machine(args.name), model_name(args), kernels,
                                                                        args.quantization, args.kv_cache_dtype),
                                  force=args.force, flag="--json")
     return check_output_path(text, force=args.force, flag="--json")
