@@ -85,15 +85,23 @@ def write(folder: Path, c: dict, weights: dict[str, np.ndarray], *, shards: int 
     return folder
 
 
-SPECIAL = ["<unk>", "<s>", "</s>"]   # ids 0, 1, 2: config()'s bos_token_id 1 and eos_token_id 2
+SPECIAL = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]   # ids 0..4: config()'s bos 1 and eos 2
 TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
         "arrows of outrageous fortune, or to take arms against a sea of troubles.")
+# ChatML, as SmolLM2's and Qwen2's templates write it, with a refusal as Llama 2's and Mistral's have
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}"
+                 "{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+                 "{{ raise_exception('Unknown role: ' + m['role']) }}{% endif %}"
+                 "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def write_tokenizer(folder: Path, vocab_size: int = 280, generation_config: dict | None = None) -> Path:
+def write_tokenizer(folder: Path, vocab_size: int = 280, generation_config: dict | None = None,
+                    chat_template: str | None = CHAT_TEMPLATE) -> Path:
     """A byte-level BPE ``tokenizer.json`` trained here with ``tokenizers`` (Llama 3's and Qwen2's
-    kind: 256 byte symbols, three special tokens, the rest merges), adding ``<s>`` in front as
-    Llama's post-processor does; and ``generation_config.json`` when given."""
+    kind: 256 byte symbols, five special tokens, the rest merges), adding ``<s>`` in front as
+    Llama's post-processor does; ``tokenizer_config.json`` with the chat template (none when
+    ``chat_template`` is None); and ``generation_config.json`` when given."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -103,6 +111,11 @@ def write_tokenizer(folder: Path, vocab_size: int = 280, generation_config: dict
                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tok.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "add_bos_token": True, "model_max_length": 256}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
     if generation_config is not None:
         (folder / "generation_config.json").write_text(json.dumps(generation_config))
     return folder

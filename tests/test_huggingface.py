@@ -52,6 +52,26 @@ def test_greedy_tokens_equal_the_float64_forward(checkpoint):
     assert generate(model, [PROMPT], max_new_tokens=32)[0] == hf.greedy(c, weights, PROMPT, 32)
 
 
+def _transformers_model(folder):
+    """Hugging Face's own model of the folder, float32 on the CPU (the optional `hf` extra)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    return torch, transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def test_logits_and_greedy_tokens_equal_transformers_own_model(checkpoint):
+    """The same folder through `transformers` (skipped without the `hf` extra: README, "Your own
+    model"): logits within 1e-4 of the largest, and the same 32 greedy tokens."""
+    c, weights, folder, model = checkpoint
+    torch, reference = _transformers_model(folder)
+    with torch.no_grad():
+        ref = reference(torch.tensor([PROMPT])).logits[0].double().numpy()
+        ref_tokens = reference.generate(torch.tensor([PROMPT]), max_new_tokens=32, min_new_tokens=32,
+                                        do_sample=False, pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert _close(_logits(model, PROMPT), ref) <= 1e-4
+    assert generate(model, [PROMPT], max_new_tokens=32)[0] == ref_tokens
+
+
 def test_the_comparison_sees_a_missed_bias_or_rope_scaling(tmp_path):
     """The two features a wrong loader could drop silently change the logits far past the
     tolerance above: the check can fail."""
@@ -172,39 +192,61 @@ def test_weights_too_large_for_the_memory_are_refused_before_loading(tmp_path, m
         huggingface.load(folder)
 
 
-# ----------------------------------------------------------------------------- the tokenizer
-def test_the_folders_tokenizer_round_trips_and_ends_where_generation_config_says(tmp_path):
-    folder, c = _folder(tmp_path)
-    hf.write_tokenizer(folder, generation_config={"bos_token_id": 1, "eos_token_id": [2, 0]})
-    cfg = huggingface.read_config(folder)
-    tok = huggingface.load_tokenizer(folder, cfg)
-    text = "To be, or not to be: whether 'tis nobler!"
-    ids = tok.encode(text)
-    assert ids[0] == 1 and tok.encode(text, bos=False) == ids[1:]
-    assert len(ids) < len(text.encode()), "the merges it learned shorten the text"
-    assert tok.decode(ids) == text
-    assert (tok.bos_id, tok.eos_ids, tok.vocab_size) == (1, (2, 0), 280)
-    # without generation_config.json, config.json's ids
-    (folder / "generation_config.json").unlink()
-    assert huggingface.load_tokenizer(folder).eos_ids == (c["eos_token_id"],)
-    # the model reads those ids: its greedy tokens from the tokenized prompt equal the float64 forward's
-    model = huggingface.load(folder)
-    assert generate(model, [ids], max_new_tokens=8)[0] == hf.greedy(c, hf.tensors(c), ids, 8)
+# ----------------------------------------------------------------------------- writing a folder
+@pytest.mark.parametrize("overrides", [
+    {}, {"qkv_bias": True, "tie_embeddings": True}, {"rope_scaling": (8.0, 1.0, 4.0, 64), "dtype": "bfloat16"},
+], ids=["llama", "qwen2-tied", "llama3-rope-bf16"])
+def test_a_saved_model_reads_back_exactly_and_in_transformers(tmp_path, overrides):
+    """huggingface.save writes what load (the same logits, bit for bit) and transformers read."""
+    from flax import nnx
+
+    from inference_lab.base.config import ModelConfig
+    from inference_lab.model.transformer import Transformer
+
+    model = Transformer(ModelConfig.preset("tiny", **overrides), rngs=nnx.Rngs(7))
+    folder = huggingface.save(model, tmp_path / "mine")
+    back = huggingface.load(folder)
+    assert back.cfg.replace(name=model.cfg.name) == model.cfg
+    assert np.array_equal(_logits(back, PROMPT), _logits(model, PROMPT))
+    if model.cfg.dtype != "float32":
+        return
+    torch, reference = _transformers_model(folder)
+    with torch.no_grad():
+        ref = reference(torch.tensor([PROMPT])).logits[0].double().numpy()
+    assert _close(_logits(model, PROMPT), ref) <= 1e-4
 
 
-@pytest.mark.parametrize("damage, match", [
-    ("missing", r"tokenizer\.json: missing"),
-    ("damaged", r"tokenizer\.json: not a readable tokenizer"),
-    ("too large", r"tokenizer\.json: 320 token ids, past the model's vocab_size=300"),
-    ("bad eos", r"generation_config\.json: eos_token_id='x' must be a token id"),
-])
-def test_a_bad_tokenizer_is_refused_naming_the_file(tmp_path, damage, match):
-    folder, _ = _folder(tmp_path)
-    hf.write_tokenizer(folder, vocab_size=320 if damage == "too large" else 280,
-                       generation_config={"eos_token_id": "x"} if damage == "bad eos" else None)
-    if damage == "missing":
-        (folder / "tokenizer.json").unlink()
-    elif damage == "damaged":
-        (folder / "tokenizer.json").write_text('{"version": "1.0", "model": ')
-    with pytest.raises(ValueError, match=match):
-        huggingface.load_tokenizer(folder, huggingface.read_config(folder))
+def test_a_saved_folder_tokenizes_as_the_lab_does(tmp_path):
+    from flax import nnx
+
+    from inference_lab.base import folder_tokenizer, tokenizer
+    from inference_lab.base.config import ModelConfig
+    from inference_lab.model.transformer import Transformer
+
+    folder = huggingface.save(Transformer(ModelConfig.preset("tiny"), rngs=nnx.Rngs(0)), tmp_path / "mine")
+    tok, byte = folder_tokenizer.load(folder), tokenizer.ByteTokenizer()
+    text = "ROMEO:\nBut soft, what light — naïve 東京 🎭"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    assert tok.encode(text) == byte.encode(text) and tok.decode(byte.encode(text)) == text
+    assert tok.apply_chat_template(messages) == byte.apply_chat_template(messages)
+    assert (tok.bos_id, tok.eos_ids) == (tokenizer.BOS, (tokenizer.EOS,))
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoTokenizer.from_pretrained(folder)
+    assert reference.encode(text) == byte.encode(text)
+    assert reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                         return_dict=False) == byte.apply_chat_template(messages)
+
+
+def test_save_refuses_an_existing_folder_and_quantized_weights(tmp_path):
+    from flax import nnx
+
+    from inference_lab.base.config import ModelConfig
+    from inference_lab.model.transformer import Transformer
+
+    model = Transformer(ModelConfig.preset("tiny"), rngs=nnx.Rngs(0))
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ValueError, match="exists; pass a new folder's path"):
+        huggingface.save(model, tmp_path / "taken")
+    with pytest.raises(ValueError, match="weights are int8; save the float model"):
+        huggingface.save(model.quantized("int8"), tmp_path / "q")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"], "nothing half-written"

@@ -10,6 +10,8 @@ replaces invalid UTF-8 sequences with U+FFFD, so decoding never fails.
 
 from __future__ import annotations
 
+import codecs
+
 BYTES = 256   # ids 0..BYTES - 1 are bytes
 BOS = 256
 EOS = 257
@@ -33,9 +35,14 @@ def decode(ids) -> str:
 
 
 class ByteTokenizer:
-    """The same two functions as an object, for code that expects ``tok.encode``/``tok.decode``."""
+    """The byte-level tokenizer as an object, with the interface every tokenizer the server uses
+    has (a Hugging Face folder's too: ``model.huggingface.FolderTokenizer``): ``encode``/``decode``,
+    ``eos_ids`` (what ends an answer), ``stream()`` (text as tokens come), ``token_text``/
+    ``token_bytes`` (a token's own text and bytes, as a log-probability entry names it) and
+    ``apply_chat_template`` (the Shakespeare models' dialogue format)."""
 
     bos_id, eos_id, pad_id = BOS, EOS, PAD
+    eos_ids = (EOS,)
     vocab_size = MIN_VOCAB
 
     def encode(self, text: str, *, bos: bool = True) -> list[int]:
@@ -43,3 +50,34 @@ class ByteTokenizer:
 
     def decode(self, ids) -> str:
         return decode(ids)
+
+    def stream(self) -> "ByteStream":
+        return ByteStream()
+
+    def token_text(self, token: int) -> str:
+        """Its byte decoded alone (a byte of a longer character shows as U+FFFD); "" for a special id."""
+        return bytes([token]).decode("utf-8", errors="replace") if 0 <= token < BYTES else ""
+
+    def token_bytes(self, token: int) -> list[int]:
+        """OpenAI's ``bytes`` field: the one byte, or none for a special id."""
+        return [token] if 0 <= token < BYTES else []
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """Messages (``{"role", "content"}`` dicts, checked by the caller) as the Shakespeare models
+        know dialogue, ``ROLE:\ncontent\n\n`` each, then the assistant's turn opened; BOS first."""
+        text = "".join(f"{m['role'].upper()}:\n{m['content']}\n\n" for m in messages)
+        return encode(text + "ASSISTANT:\n")
+
+
+class ByteStream:
+    """Text as byte ids come: ``step(token)`` returns the characters it completes (a character
+    may take several bytes), ``flush()`` what is left at the end (U+FFFD for a cut character)."""
+
+    def __init__(self):
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def step(self, token: int) -> str:
+        return self.decoder.decode(bytes([token]) if 0 <= token < BYTES else b"")
+
+    def flush(self) -> str:
+        return self.decoder.decode(b"", final=True)

@@ -37,6 +37,10 @@ Every tensor's name, shape and dtype is checked against ``config.json`` from the
 first; the weights' bytes in the requested dtype are checked against the memory there is; then
 each tensor is read, checked finite and converted on its own, and each layer goes to the device
 as soon as its tensors are in: a bad tensor stops the load with nothing kept.
+
+The other way, :func:`save` writes any float model of the lab (a preset's random weights, the
+trained Shakespeare models) as such a folder, the byte-level tokenizer with it: ``transformers``
+and vLLM read it, so the lab and vLLM can serve the same weights.
 """
 
 from __future__ import annotations
@@ -331,65 +335,80 @@ def load(folder, *, dtype: str | None = None, max_model_len: int | None = None, 
     return Transformer(cfg, kernels=kernels, params=read_params(folder, cfg))
 
 
-# ----------------------------------------------------------------------------- the tokenizer
-class FolderTokenizer:
-    """A folder's ``tokenizer.json`` through the ``tokenizers`` library (the fast one every
-    Hugging Face model ships), with the lab's tokenizer interface: ``encode(text, bos=True)``,
-    ``decode(ids)``, ``bos_id``, ``eos_ids`` (every id that ends an answer) and ``vocab_size``.
-
-    ``bos=True`` adds what the tokenizer's own post-processor adds (Llama's ``<|begin_of_text|>``;
-    Qwen2 adds nothing); ``decode`` drops special tokens, as an answer's text does."""
-
-    def __init__(self, tokenizer, *, bos_id: int | None, eos_ids: tuple[int, ...]):
-        self._tokenizer = tokenizer
-        self.bos_id, self.eos_ids = bos_id, eos_ids
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def encode(self, text: str, *, bos: bool = True) -> list[int]:
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}; decode bytes first")
-        return self._tokenizer.encode(text, add_special_tokens=bos).ids
-
-    def decode(self, ids) -> str:
-        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+# ----------------------------------------------------------------------------- writing a folder
+def hf_config(cfg: ModelConfig) -> dict:
+    """The ``config.json`` of a Hugging Face checkpoint of ``cfg``'s shape: Llama's, or Qwen2's when
+    the layers have QKV biases (the inverse of :func:`read_config`)."""
+    arch = "Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"
+    c = {"architectures": [arch], "model_type": "qwen2" if cfg.qkv_bias else "llama",
+         "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
+         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+         "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+         "rope_theta": cfg.rope_theta, "hidden_act": "silu", "tie_word_embeddings": cfg.tie_embeddings,
+         "torch_dtype": cfg.dtype, "attention_bias": False, "mlp_bias": False, "rope_scaling": None}
+    if cfg.rope_scaling is not None:
+        factor, low, high, original = cfg.rope_scaling
+        c["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                             "high_freq_factor": high, "original_max_position_embeddings": original}
+    if cfg.qkv_bias:
+        c["use_sliding_window"] = False
+    return c
 
 
-def _ids(value, where: Path, key: str) -> tuple[int, ...]:
-    ids = value if isinstance(value, list) else [] if value is None else [value]
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ValueError(f"{where}: {key}={value!r} must be a token id or a list of them")
-    return tuple(ids)
+def _hf_layer(cfg: ModelConfig, layer: dict) -> dict:
+    """One layer of the lab's layout as Hugging Face tensors (the inverse of :func:`_lab_layer`)."""
+    d, g = cfg.d_model, cfg.n_heads // cfg.n_kv_heads
+    w = layer["w_qkv"]                                   # [D, Hkv, G + 2, Dh]
+    out = {"input_layernorm.weight": layer["attn_norm"], "post_attention_layernorm.weight": layer["mlp_norm"],
+           "self_attn.q_proj.weight": w[:, :, :g].reshape(d, -1).T,
+           "self_attn.k_proj.weight": w[:, :, g].reshape(d, -1).T,
+           "self_attn.v_proj.weight": w[:, :, g + 1].reshape(d, -1).T, "self_attn.o_proj.weight": layer["w_o"].T,
+           "mlp.gate_proj.weight": layer["w_gate_up"][:, 0].T, "mlp.up_proj.weight": layer["w_gate_up"][:, 1].T,
+           "mlp.down_proj.weight": layer["w_down"].T}
+    if cfg.qkv_bias:
+        b = layer["b_qkv"]                               # [Hkv, G + 2, Dh]
+        out.update({"self_attn.q_proj.bias": b[:, :g].reshape(-1), "self_attn.k_proj.bias": b[:, g].reshape(-1),
+                    "self_attn.v_proj.bias": b[:, g + 1].reshape(-1)})
+    return out
 
 
-def load_tokenizer(folder, cfg: ModelConfig | None = None) -> FolderTokenizer:
-    """The tokenizer of ``folder``: ``tokenizer.json``, with the BOS and EOS ids of
-    ``generation_config.json`` (what ends an answer there) or else ``config.json``. With ``cfg``
-    (the folder's :func:`read_config`), a tokenizer whose ids reach past the model's vocabulary is
-    refused: those ids would index past the embedding."""
-    from tokenizers import Tokenizer
+def save(model, folder) -> Path:
+    """``model`` (a float :class:`~inference_lab.model.transformer.Transformer`: a preset's, a
+    trained one, a loaded folder's) as a Hugging Face folder that :func:`load`, ``transformers`` and
+    vLLM read: ``config.json`` (:func:`hf_config`), ``model.safetensors`` in the model's dtype, and
+    the lab's byte-level tokenizer as ``tokenizer.json`` with its chat template
+    (:func:`inference_lab.base.folder_tokenizer.save_byte_tokenizer`). A learner can then serve the
+    same weights with the lab and with vLLM. ``folder`` must not exist yet: the folder is written
+    beside it and renamed into place, so it is whole or absent."""
+    import shutil
+    import tempfile
 
+    from safetensors.flax import save_file
+
+    from inference_lab.base import folder_tokenizer
+
+    cfg = model.cfg
+    if cfg.quantization != "none":
+        raise ValueError(f"the model's weights are {cfg.quantization}; save the float model (before .quantized())")
     folder = Path(folder).expanduser()
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise ValueError(f"{path}: missing; the lab reads the fast tokenizer's tokenizer.json (fetch it with the "
-                         "folder; a folder with only tokenizer.model needs converting with transformers once)")
+    if folder.exists():
+        raise ValueError(f"folder={str(folder)!r} exists; pass a new folder's path (nothing is overwritten)")
+    params = model.params()
+    tensors = {"model.norm.weight": params["final_norm"],
+               "model.embed_tokens.weight": params["head"].T if cfg.tie_embeddings else params["embed"]}
+    if not cfg.tie_embeddings:
+        tensors["lm_head.weight"] = params["head"].T
+    for i, layer in enumerate(params["layers"]):
+        tensors.update({f"model.layers.{i}.{name}": x for name, x in _hf_layer(cfg, layer).items()})
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as err:   # tokenizers raises its own Exception for a damaged file
-        raise ValueError(f"{path}: not a readable tokenizer ({str(err)[:100]}); fetch it again") from None
-    ids = {}
-    for name in ("generation_config.json", "config.json"):
-        file = folder / name
-        try:
-            data = json.loads(file.read_text()) if file.is_file() else {}
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{file}: not readable JSON ({str(err)[:100]}); fetch the folder again") from None
-        for key in ("bos_token_id", "eos_token_id"):
-            if key not in ids and isinstance(data, dict) and data.get(key) is not None:
-                ids[key] = _ids(data[key], file, key)
-    result = FolderTokenizer(tokenizer, bos_id=(ids.get("bos_token_id") or (None,))[0],
-                             eos_ids=ids.get("eos_token_id", ()))
-    if cfg is not None and result.vocab_size > cfg.vocab_size:
-        raise ValueError(f"{path}: {result.vocab_size} token ids, past the model's vocab_size={cfg.vocab_size} in "
-                         "config.json; the tokenizer belongs to another model")
-    return result
+        (staging / "config.json").write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
+        save_file({name: jnp.asarray(x) for name, x in tensors.items()}, str(staging / SINGLE_FILE),
+                  metadata={"format": "pt"})   # "pt": what transformers asks of a safetensors file
+        folder_tokenizer.save_byte_tokenizer(staging)
+        staging.rename(folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return folder

@@ -39,10 +39,11 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from inference_lab.base.tokenizer import ByteTokenizer
 from inference_lab.serving.metrics import CONTENT_TYPE, ServingMetrics
 from inference_lab.serving.protocol import APIError, Parsed, bad, read_request
 from inference_lab.serving.requests import QueueFull, now
-from inference_lab.serving.text import TextStream, token_bytes, token_text
+from inference_lab.serving.text import TextStream
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -53,11 +54,13 @@ def _error_response(error: APIError) -> JSONResponse:
 
 class Served:
     """What the API serves: the engine (anything with ``submit``, ``cancel`` and ``stats``),
-    the model's name, context and vocabulary, and the request limits."""
+    the model's name, context, vocabulary and tokenizer (the byte-level one unless given: a Hugging
+    Face folder's ``FolderTokenizer``), and the request limits."""
 
-    def __init__(self, backend, *, model_name: str, max_seq_len: int, vocab_size: int,
+    def __init__(self, backend, *, model_name: str, max_seq_len: int, vocab_size: int, tokenizer=None,
                  api_key: str | None = None, max_body: int = MAX_BODY_BYTES, request_timeout: float | None = None):
         self.backend, self.model_name = backend, model_name
+        self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.max_seq_len, self.vocab_size = max_seq_len, vocab_size
         self.api_key, self.max_body, self.request_timeout = api_key, max_body, request_timeout
         self.relay: _Relay | None = None   # made in the event loop, by the first request
@@ -67,7 +70,7 @@ class Served:
     def read(self, body: dict, chat: bool) -> Parsed:
         """The checked request (:func:`inference_lab.serving.protocol.read_request`), or an APIError."""
         return read_request(body, chat, model_name=self.model_name, max_seq_len=self.max_seq_len,
-                            vocab_size=self.vocab_size)
+                            vocab_size=self.vocab_size, tokenizer=self.tokenizer)
 
 
 # ----------------------------------------------------------------------------- answering
@@ -139,7 +142,9 @@ class _Choices:
         self.relay, self.served, self.parsed = served.relay, served, parsed
         self.queue: asyncio.Queue = asyncio.Queue()
         n = len(parsed.requests)
-        self.texts = [TextStream(parsed.stops, skip=r.stop_token_ids, min_tokens=r.min_tokens) for r in parsed.requests]
+        # the tokens that end a request add no text (a folder's EOS may be an ordinary token; vLLM drops it too)
+        self.texts = [TextStream(served.tokenizer, parsed.stops, skip=r.stop_tokens(), min_tokens=r.min_tokens)
+                      for r in parsed.requests]
         self.completion_tokens = [0] * n
         self.open = set(range(n))          # choices not finished
         self.arrival, self.last = now(), [None] * n
@@ -216,32 +221,33 @@ class _Choices:
 
 
 # ----------------------------------------------------------------------------- the answer's shapes
-def _completion_logprobs(entries: list, offset: int) -> dict:
+def _completion_logprobs(tokenizer, entries: list, offset: int) -> dict:
     """The legacy completions API's ``logprobs`` of these tokens (their text starting at ``offset``)."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in entries:
-        out["tokens"].append(token_text(e["token"]))
+        out["tokens"].append(tokenizer.token_text(e["token"]))
         out["token_logprobs"].append(e["logprob"])
-        out["top_logprobs"].append({token_text(t): lp for t, lp in e["top"]})
+        out["top_logprobs"].append({tokenizer.token_text(t): lp for t, lp in e["top"]})
         out["text_offset"].append(offset)
-        offset += len(token_text(e["token"]))
+        offset += len(tokenizer.token_text(e["token"]))
     return out
 
 
-def _chat_logprobs(entries: list) -> dict:
+def _chat_logprobs(tokenizer, entries: list) -> dict:
     """The chat API's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}, ...]}``."""
     def one(token, logprob):
-        return {"token": token_text(token), "logprob": logprob, "bytes": token_bytes(token)}
+        return {"token": tokenizer.token_text(token), "logprob": logprob, "bytes": tokenizer.token_bytes(token)}
     return {"content": [{**one(e["token"], e["logprob"]), "top_logprobs": [one(t, lp) for t, lp in e["top"]]}
                         for e in entries]}
 
 
-def _choice(parsed: Parsed, i: int, text: str, finish, entries: list, *, delta: bool, first: bool = False,
-            offset: int = 0) -> dict:
+def _choice(served: Served, parsed: Parsed, i: int, text: str, finish, entries: list, *, delta: bool,
+            first: bool = False, offset: int = 0) -> dict:
     """One choice of an answer: a whole one, or a streamed chunk's (``delta``)."""
     lp = None
     if parsed.logprobs is not None:
-        lp = _chat_logprobs(entries) if parsed.chat else _completion_logprobs(entries, offset)
+        tok = served.tokenizer
+        lp = _chat_logprobs(tok, entries) if parsed.chat else _completion_logprobs(tok, entries, offset)
     if not parsed.chat:
         return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
     if delta:
@@ -260,8 +266,8 @@ async def _streamed(served: Served, choices: _Choices):
     started, offsets = set(), [0] * len(parsed.requests)
     try:
         async for i, piece, finish, entry in choices.events():
-            choice = _choice(parsed, i, piece, finish, [entry] if entry else [], delta=True, first=i not in started,
-                             offset=offsets[i])
+            choice = _choice(served, parsed, i, piece, finish, [entry] if entry else [], delta=True,
+                             first=i not in started, offset=offsets[i])
             started.add(i)
             offsets[i] += len(piece)
             yield f"data: {json.dumps({**_envelope(served, parsed, chunk=True), 'choices': [choice]})}\n\n"
@@ -309,7 +315,7 @@ async def _collected(served: Served, choices: _Choices, http: HTTPRequest):
     finally:
         choices.cancel()
     return JSONResponse({**_envelope(served, parsed, chunk=False),
-                         "choices": [_choice(parsed, i, "".join(texts[i]), finishes[i], entries[i], delta=False)
+                         "choices": [_choice(served, parsed, i, "".join(texts[i]), finishes[i], entries[i], delta=False)
                                      for i in range(n)],
                          "usage": choices.usage()})
 

@@ -81,7 +81,8 @@ def _start(spec: dict, role: str):
     one_core(spec["cores"][0 if role == "prefill" else 1])
     from inference_lab.serving.models import load_model
 
-    return load_model(spec["preset"], spec.get("weights"))
+    return load_model(spec["preset"], spec.get("weights"), folder=spec.get("folder"),
+                      max_model_len=spec.get("max_model_len"))
 
 
 def _serve(engine, inbox, events, role: str, on_message, helpers=()) -> None:
@@ -214,7 +215,8 @@ class _Held:
 class TwoPoolEngine:
     """The two worker processes behind the interface of :class:`~inference_lab.serving.engine.Engine`
     (``submit``, ``cancel``, ``stats``, ``start``, ``stop``), for the server. ``preset`` and
-    ``weights`` name the model (:func:`inference_lab.serving.models.load_model`), ``cfg`` its config
+    ``weights`` (or a Hugging Face ``folder`` of ``max_model_len`` positions) name the model
+    (:func:`inference_lab.serving.models.load_model`), ``cfg`` its config
     (read from ``preset`` when not given); at most ``n_slots + max_queue`` requests are held at
     once, in both pools together; ``speculative``: the decode pool's, as the Engine takes it;
     ``time_steps``: each worker times its own steps on its core before it serves
@@ -222,14 +224,16 @@ class TwoPoolEngine:
 
     policy = "disaggregated"
 
-    def __init__(self, preset: str, weights=None, *, cfg: ModelConfig | None = None, n_slots: int = 8,
-                 max_queue: int = 64, speculative: tuple | None = None, time_steps: bool = False):
+    def __init__(self, preset: str, weights=None, *, folder=None, max_model_len: int | None = None,
+                 cfg: ModelConfig | None = None, n_slots: int = 8, max_queue: int = 64,
+                 speculative: tuple | None = None, time_steps: bool = False):
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
         self.cores = (cores[0], cores[1] if len(cores) > 1 else cores[0])
         self.cfg = cfg if cfg is not None else ModelConfig.preset(preset)
         self.n_slots, self.max_queue = int(n_slots), int(max_queue)
         self.n_buffers = 2 * self.n_slots
         self.spec = {"preset": preset, "weights": None if weights is None else str(weights),
+                     "folder": None if folder is None else str(folder), "max_model_len": max_model_len,
                      "cfg": dataclasses.asdict(self.cfg), "n_slots": self.n_slots, "cores": self.cores,
                      "parent": os.getpid(), "n_buffers": self.n_buffers, "speculative": speculative,
                      "time_steps": bool(time_steps)}

@@ -32,7 +32,7 @@ import numpy as np
 
 from inference_lab.analytic.serving_metrics import ServingTrace, trace_from_token_times
 from inference_lab.analytic.workload import Requests, sample_requests
-from inference_lab.base import tokenizer
+from inference_lab.base import tokenizer as byte_tokenizer
 from inference_lab.serving.requests import Request
 from pallas_kernels import files
 
@@ -52,6 +52,18 @@ def prompt_texts(lengths, seed: int = 0) -> list[str]:
         text = source * (want // len(source) + 2)
         start = int(rng.integers(0, len(source)))
         out.append(text[start:start + want])
+    return out
+
+
+def prompt_ids(lengths, tokenizer, seed: int = 0) -> list[list[int]]:
+    """One prompt of token ids per length, ``tokenizer``'s (BOS included where it adds one): the
+    texts of :func:`prompt_texts`, long enough to cut, encoded and cut to each length."""
+    out = []
+    for n, text in zip(lengths, prompt_texts([4 * int(n) + 64 for n in lengths], seed)):
+        ids = tokenizer.encode(text)
+        while len(ids) < n:
+            ids += tokenizer.encode(text, bos=False)
+        out.append(ids[:int(n)])
     return out
 
 
@@ -109,6 +121,8 @@ async def _one(client, url, payload, headers, sent, t0) -> RequestResult:
         return result
     result.latency = last - start
     result.output_len = int(usage["completion_tokens"]) if usage else chunks
+    if usage:   # the server's own count of the prompt (its tokenizer's, for a text prompt)
+        result.prompt_len = int(usage["prompt_tokens"])
     if result.ttft is None:
         result.error = "the stream ended without a token"
     return result
@@ -209,13 +223,18 @@ class BenchResult:
 
 def bench_serve(base_url: str, requests: Requests, *, model: str, api_key: str | None = None,
                 max_concurrency: int | None = None, label: str = "inference-lab", seed: int = 0,
-                timeout: float = 300.0, request_rate: float | None = None, prompts=None) -> BenchResult:
+                timeout: float = 300.0, request_rate: float | None = None, prompts=None,
+                tokenizer=None) -> BenchResult:
     """Send ``requests`` (arrival times, prompt and output lengths) to the OpenAI-compatible
     server at ``base_url`` (``http://host:port/v1``) and time every token. ``request_rate`` is
     only recorded (the arrivals carry it). In a notebook, where an event loop already runs,
-    the run takes a thread of its own. ``prompts``: the texts to send (default: held-out
-    Shakespeare cut to each prompt length)."""
-    prompts = prompt_texts(requests.prompt_len, seed) if prompts is None else list(prompts)
+    the run takes a thread of its own. ``prompts``: the texts (or token-id lists) to send; by
+    default held-out Shakespeare cut to each prompt length, as text, or as ``tokenizer``'s ids
+    when one is given (:func:`prompt_ids`)."""
+    if prompts is None:
+        lengths = requests.prompt_len
+        prompts = prompt_texts(lengths, seed) if tokenizer is None else prompt_ids(lengths, tokenizer, seed)
+    prompts = list(prompts)
     run = _run(base_url, model, requests, prompts, api_key=api_key, max_concurrency=max_concurrency,
                timeout=timeout)
     try:
@@ -244,7 +263,7 @@ def drive_engine(backend, requests: Requests, *, label: str | None = None, seed:
     import threading
 
     texts = prompt_texts(requests.prompt_len, seed) if prompts is None else list(prompts)
-    prompts = [tokenizer.encode(t) for t in texts]
+    prompts = [byte_tokenizer.encode(t) for t in texts]
     n = len(requests)
     times: list[list[float]] = [[] for _ in range(n)]
     failed = np.zeros(n, bool)
@@ -283,6 +302,9 @@ def main(argv=None) -> int:
                                             "save the result in vllm bench serve's --save-result format.")
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the server's /v1 URL (default: %(default)s)")
     p.add_argument("--model", default="shakespeare_large", help="the model name /v1/models lists")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="a Hugging Face folder whose tokenizer cuts the prompts: they go as its token ids, exactly "
+                        "--prompt-len each (default: text cut for the byte-level tokenizer)")
     p.add_argument("--api-key", default=None, help="sent as `Authorization: Bearer KEY`")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, Poisson (default: all at once)")
@@ -307,13 +329,22 @@ def main(argv=None) -> int:
             files.check_output_path(args.save_result, force=args.force, flag="--save-result")
         except ValueError as e:
             p.error(str(e))
+    tok = None
+    if args.tokenizer is not None:
+        from inference_lab.base import folder_tokenizer
+
+        try:
+            tok = folder_tokenizer.load(args.tokenizer)
+        except ValueError as e:
+            p.error(f"--tokenizer {args.tokenizer}: {e}")
     rate = args.request_rate
     requests = sample_requests(args.num_prompts, rate if math.isfinite(rate) else 1.0, output_len=args.output_len,
                                prompt_len=args.prompt_len, ratio=(19, 47) if args.rag else None, seed=args.seed)
     if not math.isfinite(rate):
         requests = dataclasses.replace(requests, arrival=np.zeros(len(requests)))
     result = bench_serve(args.base_url, requests, model=args.model, api_key=args.api_key,
-                         max_concurrency=args.max_concurrency, label=args.label, seed=args.seed, request_rate=rate)
+                         max_concurrency=args.max_concurrency, label=args.label, seed=args.seed, request_rate=rate,
+                         tokenizer=tok)
     row = result.trace().summary()
     failed = sum(1 for r in result.results if r.error)
     print(f"{row['completed']} of {len(requests)} requests completed in {result.duration:.2f} s "

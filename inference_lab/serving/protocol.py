@@ -22,7 +22,7 @@ import math
 import secrets
 import time
 
-from inference_lab.base import checks, tokenizer
+from inference_lab.base import checks
 from inference_lab.serving.requests import MAX_STOP_TOKEN_IDS, Request
 
 MAX_SEED = 2**64 - 1        # seeds are 64-bit, every bit used (generation.seed_key); -2**63.. too, as int64
@@ -123,8 +123,9 @@ def _only_known(body: dict, chat: bool) -> None:
         raise bad(f"{name} is not a field this engine supports on {route}", name)
 
 
-def _prompt_ids(prompt, vocab: int) -> list[int]:
-    """A completion's ``prompt``: a str or a list of token ids (or a list holding one of them)."""
+def _prompt_ids(prompt, vocab: int, tokenizer) -> list[int]:
+    """A completion's ``prompt``: a str (tokenized with BOS, as vLLM does) or a list of token ids
+    (or a list holding one of them)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
@@ -136,18 +137,19 @@ def _prompt_ids(prompt, vocab: int) -> list[int]:
               f"(0..{vocab - 1}); send one prompt per request", "prompt")
 
 
-def _chat_prompt(messages) -> str:
-    """Messages as the Shakespeare models know dialogue: ``ROLE:\\ncontent\\n\\n``, then the
-    assistant's turn opened."""
+def _chat_prompt(messages, tokenizer) -> list[int]:
+    """The chat's token ids: ``messages`` checked, then the served tokenizer's chat template (a
+    Hugging Face folder's own; the Shakespeare models' ``ROLE:`` dialogue for the byte-level one)."""
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list of {\"role\": ..., \"content\": ...}", "messages")
-    parts = []
     for i, m in enumerate(messages):
         if (not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]
                 or not isinstance(m.get("content"), str)):
             raise bad(f"messages[{i}] must be {{\"role\": str, \"content\": str}}", "messages")
-        parts.append(f"{m['role'].upper()}:\n{m['content']}\n\n")
-    return "".join(parts) + "ASSISTANT:\n"
+    try:
+        return tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages])
+    except ValueError as err:
+        raise bad(str(err), "messages") from None
 
 
 def _stops(body: dict) -> tuple:
@@ -202,8 +204,10 @@ def _seed(body: dict) -> int:
 
 
 # ----------------------------------------------------------------------------- the request
-def read_request(body: dict, chat: bool, *, model_name: str, max_seq_len: int, vocab_size: int) -> Parsed:
-    """The checked request of a completions (or chat) ``body``, or an :class:`APIError`."""
+def read_request(body: dict, chat: bool, *, model_name: str, max_seq_len: int, vocab_size: int,
+                 tokenizer) -> Parsed:
+    """The checked request of a completions (or chat) ``body``, or an :class:`APIError`.
+    ``tokenizer``: the served model's (``ByteTokenizer`` or a folder's ``FolderTokenizer``)."""
     _only_known(body, chat)
     model = body.get("model")
     if not isinstance(model, str):
@@ -212,11 +216,11 @@ def read_request(body: dict, chat: bool, *, model_name: str, max_seq_len: int, v
         raise APIError(404, f"The model `{model}` does not exist; this server serves `{model_name}`",
                        param="model", code="model_not_found")
     if chat:
-        prompt = tokenizer.encode(_chat_prompt(body.get("messages")))
+        prompt = _chat_prompt(body.get("messages"), tokenizer)
     else:
         if "prompt" not in body:
             raise bad("prompt is required", "prompt")
-        prompt = _prompt_ids(body["prompt"], vocab_size)
+        prompt = _prompt_ids(body["prompt"], vocab_size, tokenizer)
     room = max_seq_len - len(prompt)
     if room < 1:
         raise bad(f"This model's maximum context length is {max_seq_len} tokens; the prompt "
@@ -250,7 +254,8 @@ def read_request(body: dict, chat: bool, *, model_name: str, max_seq_len: int, v
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(_ids)}"
     common = dict(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
                   top_k=None if top_k in (-1, 0) else top_k, stop_at_eos=not ignore_eos, top_p=top_p, min_p=min_p,
-                  stop_token_ids=_stop_token_ids(body, vocab_size), min_tokens=min_tokens, logprobs=logprobs)
+                  stop_token_ids=_stop_token_ids(body, vocab_size), min_tokens=min_tokens, logprobs=logprobs,
+                  eos_ids=tuple(tokenizer.eos_ids))
     # choice i draws with seed + i (a seeded request gives the same n choices every time); every
     # choice after the first starts once the first's prompt is in the prefix cache (it shares its blocks)
     requests = [Request(rid=f"{rid}-{i}", seed=(seed + i) & MAX_SEED, after=f"{rid}-0" if i else None, **common)

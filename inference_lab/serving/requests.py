@@ -28,7 +28,9 @@ class Request:
     (nor is drawn) before this many tokens; ``logprobs``: None, or how many of the likeliest
     alternatives each token's event carries beside its own log-probability (0..``checks.MAX_LOGPROBS``);
     ``after``: another request's id whose prompt this one shares (the choices of one ``n > 1``
-    request): with prefix caching it starts once that one's prompt is scheduled, to share its blocks."""
+    request): with prefix caching it starts once that one's prompt is scheduled, to share its blocks;
+    ``eos_ids``: the model's end-of-sequence ids (the byte-level tokenizer's EOS unless the served
+    tokenizer says otherwise: a Hugging Face folder's ``generation_config.json``)."""
 
     rid: str
     prompt: list
@@ -43,10 +45,11 @@ class Request:
     min_tokens: int = 0
     logprobs: int | None = None
     after: str | None = None
+    eos_ids: tuple = (tokenizer.EOS,)
 
     def stop_tokens(self) -> tuple:
         """The tokens that end this request: its stop tokens, and end-of-sequence unless ignored."""
-        return tuple(self.stop_token_ids) + ((tokenizer.EOS,) if self.stop_at_eos else ())
+        return tuple(self.stop_token_ids) + (tuple(self.eos_ids) if self.stop_at_eos else ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +102,11 @@ def check_request(request: Request, *, vocab_size: int, max_len: int) -> None:
             raise ValueError(f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
         if stops:
             checks.token_ids("stop_token_ids", stops, vocab_size)
+        eos = request.eos_ids
+        if not isinstance(eos, (list, tuple)) or len(eos) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"eos_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
+        if eos:
+            checks.token_ids("eos_ids", eos, vocab_size)
         if (isinstance(request.min_tokens, bool) or not isinstance(request.min_tokens, int)
                 or not 0 <= request.min_tokens <= request.max_tokens):
             raise ValueError(f"min_tokens={request.min_tokens!r} must be an integer in 0..max_tokens "

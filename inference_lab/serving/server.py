@@ -1,6 +1,7 @@
 """``python -m inference_lab serve``: the engine behind the OpenAI-compatible API, on uvicorn.
 
     python -m inference_lab serve                        # shakespeare_large, chunked, 127.0.0.1:8000
+    python -m inference_lab serve --model models/SmolLM2-135M --max-model-len 2048   # a Hugging Face folder
     python -m inference_lab serve --policy disaggregated --max-num-seqs 8
     python -m inference_lab serve --speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'
     python -m inference_lab serve --kv-cache-memory 8MiB --max-num-seqs 32   # paged, prefix caching: the default
@@ -33,6 +34,7 @@ import sys
 import threading
 
 from inference_lab.serving.lifetime import die_with_parent
+from inference_lab.serving.models import DEFAULT_PRESET
 from inference_lab.serving.scheduler import DEFAULT_BUDGET, PIECE, POLICIES
 from inference_lab.serving.slo import SLO_BUDGET
 
@@ -55,10 +57,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m inference_lab serve",
                                 description="Serve the lab's model with an OpenAI-compatible API "
                                             "(/v1/completions, /v1/chat/completions, /v1/models, /health).")
-    p.add_argument("--preset", default="shakespeare_large", choices=list(PRESETS),
+    p.add_argument("--preset", default=None, choices=list(PRESETS),
                    help="the model: the trained shakespeare / shakespeare_large, or any preset with "
-                        "random weights (default: %(default)s)")
+                        f"random weights (default: {DEFAULT_PRESET})")
     p.add_argument("--weights", default=None, help="a .safetensors file to serve instead of the shipped weights")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="a local Hugging Face model folder instead of a preset (Llama, Qwen2, Mistral: config.json, "
+                        "safetensors, tokenizer.json; its chat template serves /v1/chat/completions)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="with --model: positions per sequence (vLLM's flag; default: the checkpoint's, at most "
+                        "2048)")
     p.add_argument("--policy", default="chunked", choices=POLICIES, help="the scheduler (default: %(default)s)")
     p.add_argument("--max-num-seqs", "--slots", dest="slots", type=int, default=8,
                    help="requests running at once: the largest decode batch (vLLM's flag; --slots is the lab's "
@@ -112,8 +120,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("INFERENCE_LAB_API_KEY"),
                    help="required on every request as `Authorization: Bearer KEY`; needed to bind a "
                         "non-loopback address (default: $INFERENCE_LAB_API_KEY)")
-    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the preset)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model's name in the API (default: the preset, or the --model folder's name)")
     args = p.parse_args(argv)
+    _check_model(p, args)
     for name in ("slots", "max_queue"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
@@ -148,6 +158,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _check_model(p: argparse.ArgumentParser, args) -> None:
+    """--preset, --weights or --model: which model, its config into ``args.cfg`` (a folder's from
+    its config.json alone, a --weights file's once it is read: None until then)."""
+    from inference_lab.base.config import ModelConfig
+
+    if args.model is None:
+        if args.max_model_len is not None:
+            p.error("--max-model-len applies to --model only; a preset's context is its max_seq_len")
+        args.preset = args.preset or DEFAULT_PRESET
+        args.cfg = None if args.weights else ModelConfig.preset(args.preset)
+        return
+    if args.preset or args.weights:
+        p.error("--model serves a Hugging Face folder: drop --preset/--weights (or drop --model)")
+    if args.max_model_len is not None and args.max_model_len < 1:
+        p.error(f"--max-model-len={args.max_model_len} must be a positive number of positions")
+    from inference_lab.model import huggingface
+
+    try:
+        args.cfg = huggingface.read_config(args.model, max_model_len=args.max_model_len)
+    except ValueError as e:
+        p.error(f"--model {args.model}: {e}")
+
+
 def _check_speculative(p: argparse.ArgumentParser, args) -> None:
     """--speculative-config (vLLM's JSON), or the older --speculative / --num-speculative-tokens, into
     ``args.speculative_config``: (method, guesses) or None."""
@@ -177,10 +210,9 @@ def _check_speculative(p: argparse.ArgumentParser, args) -> None:
 
 
 def _check_paged(p: argparse.ArgumentParser, args) -> None:
-    """The paged-cache flags, checked before anything loads against the preset's context (a
-    ``--weights`` file's own context is known once it is read: the engine checks them then, and
-    ``serve`` exits with the same one line)."""
-    from inference_lab.base.config import ModelConfig
+    """The paged-cache flags, checked before anything loads against the preset's (or folder's)
+    context (a ``--weights`` file's own context is known once it is read: the engine checks them
+    then, and ``serve`` exits with the same one line)."""
     from inference_lab.serving.blocks import paged_kv
 
     if args.kv_cache_layout == "contiguous":
@@ -189,10 +221,10 @@ def _check_paged(p: argparse.ArgumentParser, args) -> None:
                                 ("--enable-prefix-caching", args.enable_prefix_caching)) if v]
         if given:
             p.error(f"--kv-cache-layout contiguous has no blocks: drop {', '.join(given)} (or serve paged)")
-    if args.weights is not None:
+    if args.cfg is None:
         return
     try:
-        paged_kv(ModelConfig.preset(args.preset), policy=args.policy, n_slots=args.slots, **_paged_flags(args),
+        paged_kv(args.cfg, policy=args.policy, n_slots=args.slots, **_paged_flags(args),
                  piece=PIECE)
     except ValueError as e:
         p.error(str(e).replace("num_kv_blocks", "--num-kv-blocks").replace("kv_cache_memory", "--kv-cache-memory")
@@ -200,8 +232,7 @@ def _check_paged(p: argparse.ArgumentParser, args) -> None:
 
 
 def _check_quantization(p: argparse.ArgumentParser, args) -> None:
-    """--quantization and --quantize-group-size, checked against the preset before anything loads."""
-    from inference_lab.base.config import ModelConfig
+    """--quantization and --quantize-group-size, checked against the preset (or folder) before anything loads."""
     from inference_lab.model import quantize
 
     if args.quantization == "none":
@@ -215,8 +246,8 @@ def _check_quantization(p: argparse.ArgumentParser, args) -> None:
         p.error("--quantize-group-size applies to --quantization int4 only (int8 has a scale per column)")
     group_size = quantize.group_size_for(args.quantization, args.quantize_group_size)
     try:
-        if args.weights is None:   # a file's own shapes are known once it is read: load_model checks them then
-            ModelConfig.preset(args.preset).replace(quantization=args.quantization, group_size=group_size)
+        if args.cfg is not None:   # a file's own shapes are known once it is read: load_model checks them then
+            args.cfg.replace(quantization=args.quantization, group_size=group_size)
         else:
             quantize.check_scheme(args.quantization, group_size)
     except ValueError as e:
@@ -240,15 +271,15 @@ def build_backend(args):
 
     speculative = args.speculative_config
     if args.policy == "disaggregated":
-        from inference_lab.base.config import ModelConfig
         from inference_lab.serving.disaggregated import TwoPoolEngine
 
-        cfg = load_model(args.preset, args.weights).cfg if args.weights else ModelConfig.preset(args.preset)
-        return TwoPoolEngine(args.preset, args.weights, cfg=cfg, n_slots=args.slots, max_queue=args.max_queue,
-                             speculative=speculative).start(), cfg
+        cfg = args.cfg or load_model(args.preset, args.weights).cfg
+        return TwoPoolEngine(args.preset, args.weights, folder=args.model, max_model_len=args.max_model_len, cfg=cfg,
+                             n_slots=args.slots, max_queue=args.max_queue, speculative=speculative).start(), cfg
     from inference_lab.serving.engine import Engine
 
-    model = load_model(args.preset, args.weights, quantization=args.quantization, group_size=args.quantize_group_size)
+    model = load_model(args.preset, args.weights, quantization=args.quantization, group_size=args.quantize_group_size,
+                       folder=args.model, max_model_len=args.max_model_len)
     flags = _paged_flags(args)
     engine = Engine(model, policy=args.policy, n_slots=args.slots, max_num_batched_tokens=args.max_num_batched_tokens,
                     max_queue=args.max_queue, async_scheduling=args.async_scheduling, speculative=speculative,
@@ -256,6 +287,20 @@ def build_backend(args):
                     step_timeline=args.step_timeline, **flags)
     engine.warmup()
     return engine.start(), model.cfg
+
+
+def load_tokenizer(args):
+    """The served model's tokenizer: the --model folder's (refused here, before the weights load,
+    when it is missing or damaged), else the byte-level one every preset uses."""
+    from inference_lab.base import folder_tokenizer
+    from inference_lab.base.tokenizer import ByteTokenizer
+
+    if args.model is None:
+        return ByteTokenizer()
+    try:
+        return folder_tokenizer.load(args.model, args.cfg)
+    except ValueError as e:
+        raise ValueError(f"--model {args.model}: {e}") from None
 
 
 def main(argv=None) -> int:
@@ -268,6 +313,7 @@ def main(argv=None) -> int:
     if parent:
         die_with_parent(int(parent), on_death=lambda: os.kill(os.getpid(), signal.SIGTERM))
     try:
+        tokenizer = load_tokenizer(args)
         backend, cfg = build_backend(args)
     except (ValueError, RuntimeError) as e:
         print(f"serve: {e}", file=sys.stderr)
@@ -279,7 +325,8 @@ def main(argv=None) -> int:
         backend.stop(reason="the server is stopping")
 
     served = Served(backend, model_name=args.served_model_name or cfg.name, max_seq_len=cfg.max_seq_len,
-                    vocab_size=cfg.vocab_size, api_key=args.api_key, request_timeout=args.request_timeout)
+                    vocab_size=cfg.vocab_size, tokenizer=tokenizer, api_key=args.api_key,
+                    request_timeout=args.request_timeout)
     app = create_app(served, lifespan=lifespan)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -330,12 +377,13 @@ class ServerProcess:
 
     ``with ServerProcess(policy="chunked") as server: server.url`` (``.../v1`` is the
     OpenAI base URL). :meth:`stop` sends SIGINT and waits; the child also stops by itself
-    when this process goes away. ``args`` are more ``serve`` flags."""
+    when this process goes away. ``model``: a Hugging Face folder to serve instead of ``preset``;
+    ``args`` are more ``serve`` flags."""
 
-    def __init__(self, *args: str, policy: str = "chunked", preset: str = "shakespeare_large",
+    def __init__(self, *args: str, policy: str = "chunked", preset: str = DEFAULT_PRESET, model=None,
                  start_timeout: float = 600.0):
-        cmd = [sys.executable, "-m", "inference_lab", "serve", "--port", "0", "--policy", policy,
-               "--preset", preset, *args]
+        which = ["--preset", preset] if model is None else ["--model", str(model)]
+        cmd = [sys.executable, "-m", "inference_lab", "serve", "--port", "0", "--policy", policy, *which, *args]
         env = {**os.environ, "INFERENCE_LAB_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.log: list[str] = []
