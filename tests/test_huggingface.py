@@ -193,6 +193,14 @@ def test_weights_too_large_for_the_memory_are_refused_before_loading(tmp_path, m
 
 
 # ----------------------------------------------------------------------------- writing a folder
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @pytest.mark.parametrize("overrides", [
     {}, {"qkv_bias": True, "tie_embeddings": True}, {"rope_scaling": (8.0, 1.0, 4.0, 64), "dtype": "bfloat16"},
 ], ids=["llama", "qwen2-tied", "llama3-rope-bf16"])
@@ -205,6 +213,8 @@ def test_a_saved_model_reads_back_exactly_and_in_transformers(tmp_path, override
 
     model = Transformer(ModelConfig.preset("tiny", **overrides), rngs=nnx.Rngs(7))
     folder = huggingface.save(model, tmp_path / "mine")
+    assert folder.stat().st_mode & 0o777 == 0o777 & ~_umask() and all(
+        p.stat().st_mode & 0o777 == 0o666 & ~_umask() for p in folder.iterdir()), "made as any folder is"
     back = huggingface.load(folder)
     assert back.cfg.replace(name=model.cfg.name) == model.cfg
     assert np.array_equal(_logits(back, PROMPT), _logits(model, PROMPT))
@@ -250,3 +260,16 @@ def test_save_refuses_an_existing_folder_and_quantized_weights(tmp_path):
     with pytest.raises(ValueError, match="weights are int8; save the float model"):
         huggingface.save(model.quantized("int8"), tmp_path / "q")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"], "nothing half-written"
+
+
+def test_the_comparison_with_transformers_measures_both_on_one_folder(checkpoint):
+    """python -m inference_lab.measure.versus_transformers, on a tiny folder: the two models agree
+    and each phase has a time from each (docs/benchmarks.md holds the SmolLM2-135M run)."""
+    pytest.importorskip("transformers")
+    from inference_lab.measure import versus_transformers
+
+    c, weights, folder, model = checkpoint
+    r = versus_transformers.compare(folder, prompt_len=16, steps=2, repeats=1)
+    assert r["agreement"] <= 1e-4
+    assert all(r[side][key] > 0 for side in ("lab", "transformers") for key in ("prefill_s", "decode_step_s"))
+    assert "prefill of 16 tokens" in versus_transformers.format_table(r)

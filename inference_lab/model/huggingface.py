@@ -380,6 +380,7 @@ def save(model, folder) -> Path:
     (:func:`inference_lab.base.folder_tokenizer.save_byte_tokenizer`). A learner can then serve the
     same weights with the lab and with vLLM. ``folder`` must not exist yet: the folder is written
     beside it and renamed into place, so it is whole or absent."""
+    import os
     import shutil
     import tempfile
 
@@ -407,6 +408,11 @@ def save(model, folder) -> Path:
         save_file({name: jnp.asarray(x) for name, x in tensors.items()}, str(staging / SINGLE_FILE),
                   metadata={"format": "pt"})   # "pt": what transformers asks of a safetensors file
         folder_tokenizer.save_byte_tokenizer(staging)
+        mask = os.umask(0)
+        os.umask(mask)   # (read the umask: the staging folder and safetensors' file were made private)
+        for path in staging.iterdir():
+            path.chmod(0o666 & ~mask)
+        staging.chmod(0o777 & ~mask)
         staging.rename(folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
