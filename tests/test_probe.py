@@ -37,7 +37,7 @@ def test_probe_json_matches_schema(tmp_path, quick_ceilings, capsys):
     assert len(r["machine"]["id"]) == 8 and r["machine"]["processor"]
     assert (r["complete"], r["skipped"]) == (True, [])
     assert set(r["versions"]) == {"python", "jax", "jaxlib", "flax"}
-    assert set(r["model"]) == {"preset", "params", "dtype", "quantization", "group_size", "kv_cache_dtype"} \
+    assert set(r["model"]) == {"preset", "params", "dtype", "quantization", "group_size", "kv_cache_dtype", "shape"} \
         and r["model"]["preset"] == "tiny"
     assert (r["model"]["quantization"], r["model"]["group_size"]) == ("none", None)
     assert set(r["ceilings"]) == {"matmul_flops_per_s", "bandwidth_bytes_per_s", "copy_bandwidth_bytes_per_s", "method"}
@@ -94,7 +94,16 @@ def test_probe_measures_a_hugging_face_folder(tmp_path, quick_ceilings, capsys):
     cfg = huggingface.read_config(folder)
     assert (r["model"]["preset"], r["model"]["params"], r["model"]["dtype"]) == ("tiny-qwen2", cfg.num_params, "float32")
     assert r["weight_bytes_per_device"] == 4 * cfg.num_params and cfg.bias_params > 0
-    assert [x.phase for x in records.load_records(path)] == ["prefill", "decode", "decode"]
+    assert r["model"]["shape"]["d_model"] == cfg.d_model and r["model"]["shape"]["qkv_bias"]
+    # the file carries the folder's shape: a class's loader sizes its steps as the probe did (MFU, MBU)
+    loaded = records.load_records(path)
+    assert [x.phase for x in loaded] == ["prefill", "decode", "decode"]
+    assert loaded[0].mfu == pytest.approx(r["prefill"]["mfu"], rel=1e-6)
+    assert [x.mbu for x in loaded[1:]] == pytest.approx([d["mbu"] for d in r["decode"]], rel=1e-6)
+    # without it (an older file), the same figures load as written, with no FLOPs of their own
+    del r["model"]["shape"]
+    path.write_text(json.dumps(r))
+    assert records.load_records(path)[0].flops is None
 
 
 @pytest.mark.parametrize("flags, blamed", [

@@ -18,7 +18,9 @@ Schema (every key always present)::
     {"schema_version": 2, "machine": {"id", "name", "processor"},
      "device", "backend", "kernels",
      "versions": {"python", "jax", "jaxlib", "flax"},
-     "model": {"preset", "params", "dtype"},
+     "model": {"preset", "params", "dtype", "quantization", "group_size", "kv_cache_dtype",
+               "shape": {"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff",
+                         "max_seq_len", "tie_embeddings", "qkv_bias"}},
      "ceilings": {"matmul_flops_per_s", "bandwidth_bytes_per_s", "copy_bandwidth_bytes_per_s", "method"},
      "prompt_len", "new_tokens",
      "prefill": {"batch", "prompt_len", "seconds", "prefill_tokens_per_s", "mfu", "spread", "compile_seconds"},
@@ -58,7 +60,7 @@ import sys
 
 from inference_lab.measure.probe_args import (build_parser, check_args, machine, mode_error, model_config,
                                               output_path, simulate_cpu_devices)
-from inference_lab.measure.schema import SCHEMA_VERSION, validate_probe
+from inference_lab.measure.schema import SCHEMA_VERSION, SHAPE_FIELDS, validate_probe
 
 TOP_KEYS = ("schema_version", "machine", "device", "backend", "kernels", "kernel_tier", "versions", "model", "ceilings",
             "prompt_len", "new_tokens", "prefill", "decode", "streamed_decode", "ratio", "tp",
@@ -126,7 +128,8 @@ def run(args, *, path=None) -> dict:
             "kernels": model.kernels, "kernel_tier": pk_mode.tier(model.kernels), "versions": _versions(),
             "model": {"preset": cfg.name[:40], "params": cfg.num_params, "dtype": cfg.dtype,
                       "quantization": model.cfg.quantization, "group_size": model.cfg.group_size,
-                      "kv_cache_dtype": model.cfg.kv_cache_dtype},
+                      "kv_cache_dtype": model.cfg.kv_cache_dtype,
+                      "shape": {f: getattr(cfg, f) for f in (*SHAPE_FIELDS, "tie_embeddings", "qkv_bias")}},
             "ceilings": {"matmul_flops_per_s": spec.peak_flops(cfg.dtype), "bandwidth_bytes_per_s": spec.bandwidth,
                          "method": f"matmul: {spec.sources.get('flops', '?')}; "
                                    f"bandwidth (read): {spec.sources.get('bandwidth', '?')}"[:500]},

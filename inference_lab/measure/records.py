@@ -314,12 +314,16 @@ def _from_probe(data: dict, path: Path) -> list:
         spec = None   # version 1 did not say what its ceilings were: its MFU and MBU are kept as written
     identity = dict(who, device=data["device"], backend=data["backend"], kernels=data["kernels"],
                     preset=data["model"]["preset"], dtype=data["model"]["dtype"])
+    shape = data["model"].get("shape")   # newer files: the model's own shape (a Hugging Face folder's too)
     try:
-        cfg = ModelConfig.preset(identity["preset"], dtype=identity["dtype"])
+        if shape is None:
+            cfg = ModelConfig.preset(identity["preset"], dtype=identity["dtype"])
+        else:
+            cfg = ModelConfig(name=identity["preset"], dtype=identity["dtype"], **shape)
         tp = data["tp"]
         costs.weight_bytes(cfg, tp=tp)   # a tp this preset cannot be split by: as an unknown preset
     except (ValueError, TypeError):
-        cfg, tp = None, 1   # a preset this lab does not know: no FLOPs, the measured figures still load
+        cfg, tp = None, 1   # a model this lab cannot size: no FLOPs, the measured figures still load
     if cfg is None and spec is not None:
         spec = None         # nothing to divide by the ceilings: keep the file's MFU and MBU
     _check_probe_fields(data, cfg)

@@ -97,6 +97,16 @@ PROBE_V1 = {
 }
 
 
+# The measured model's shape (optional, newer files): what the FLOPs and bytes of its steps need
+# (analytic.costs), so a file of a model no preset names (probe --model DIR) keeps its MFU and MBU
+# computable when a class loads it. Sizes are bounded as ModelConfig bounds nothing: 2**24.
+_SIZE = {"type": "integer", "minimum": 1, "maximum": 2**24}
+SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
+SHAPE = {"type": "object", "required": [*SHAPE_FIELDS, "tie_embeddings", "qkv_bias"], "additionalProperties": False,
+         "properties": {**{f: _SIZE for f in SHAPE_FIELDS}, "tie_embeddings": {"type": "boolean"},
+                        "qkv_bias": {"type": "boolean"}}}
+
+
 def _v2() -> dict:
     s = copy.deepcopy(PROBE_V1)
     s["title"] = "inference_lab probe result, schema_version 2"
@@ -131,7 +141,7 @@ def _v2() -> dict:
     p["model"] = copy.deepcopy(p["model"])
     p["model"]["properties"].update(quantization={"enum": ["none", "int8", "int4"]},
                                     group_size={"enum": [None, 32, 64, 128]},
-                                    kv_cache_dtype={"enum": ["auto", "int8"]})
+                                    kv_cache_dtype={"enum": ["auto", "int8"]}, shape=SHAPE)
     p["skipped"] = {"type": "array", "maxItems": 64,
                     "items": {"type": "object", "required": ["batch", "reason"], "additionalProperties": False,
                               "properties": {"batch": _BATCH, "reason": {"type": "string", "maxLength": 500}}}}
