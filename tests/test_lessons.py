@@ -327,6 +327,33 @@ def test_probe_writes_json_the_classroom_reads(here, tmp_path, capsys):
     assert classroom.probe_filename(here).startswith("probe-") and " " not in classroom.probe_filename(here)
 
 
+def test_your_own_model_is_probed_beside_the_lesson_model(here, tmp_path, monkeypatch, capsys):
+    """Notebook 06, section 4: a Hugging Face folder through probe --model at the lesson's sizes,
+    its ratio predicted from config.json first, then set beside the lesson model's."""
+    import hf_checkpoints as hf
+    from inference_lab.base import disk_cache
+    from inference_lab.measure.records import load_records
+
+    c = hf.config("qwen2", max_position_embeddings=64)
+    folder = hf.write(tmp_path / "tiny-qwen2", c, hf.tensors(c))
+    classroom.run_probe(here, tmp_path / "lesson", new_tokens=2, repeats=1)
+    lesson_records = load_records(tmp_path / "lesson" / classroom.probe_filename(here))
+    assert classroom.own_model_sizes(here, folder) == (min(SIZES.prompt_len, 64 - 8), SIZES.probe_batches)
+    predicted = classroom.predicted_own_ratio(folder, lesson_records, 16)
+    assert 1 < predicted < 1e4
+    own = load_records(classroom.run_own_probe(here, folder, tmp_path / "own", new_tokens=2, repeats=1))
+    assert own[0].preset == "tiny-qwen2" and own[0].mfu is not None        # sized from the file's own shape
+    table = classroom.own_model_table(lesson_records, own).splitlines()
+    assert table[0].split()[:2] == ["model", "step"] and [r.split()[0] for r in table[1:]] == ["tiny", "tiny-qwen2"]
+    assert "MFU / MBU" in classroom.own_model_readout(lesson_records, own)
+    with pytest.raises(ValueError, match=r"config\.json: missing"):
+        classroom.own_model_folder(tmp_path)                                # a folder that is not a model's
+    # no folder of the learner's: the trained shakespeare_large written as one, once
+    monkeypatch.setattr(disk_cache, "cache_dir", lambda *parts: tmp_path.joinpath("cache", *parts))
+    written = classroom.own_model_folder()
+    assert (written / "config.json").is_file() and classroom.own_model_folder() == written
+
+
 def test_the_projects_measurements_load():
     machines = classroom.load_measured(classroom.MEASUREMENTS)
     assert machines, "docs/measurements/ holds at least this project's own CPU probe"

@@ -303,3 +303,98 @@ def classroom_view(machines: dict, batch: int):
         names = [str(getattr(p, "name", p)) for p, _ in skipped]
         text += f"; {len(names)} file(s) skipped: {', '.join(names[:5])}" + (", ..." if len(names) > 5 else "")
     return fig, text
+
+
+# ----------------------------------------------------------------------------- your own model
+OWN_MODEL_DEFAULT = "shakespeare_large"   # measured when the learner names no folder of their own
+
+
+def own_model_folder(folder=None) -> Path:
+    """The Hugging Face folder section 4 measures: ``folder``, the one the learner fetched (README,
+    "Your own model"), checked readable; or, with none, the lab's trained ``shakespeare_large``
+    written as such a folder once (:func:`inference_lab.model.huggingface.save`, into the lab's
+    cache), so the section runs offline and in CI through the same loader a fetched folder takes."""
+    from inference_lab.base.disk_cache import cache_dir
+    from inference_lab.model import huggingface, pretrained
+
+    if folder is not None:
+        huggingface.read_config(folder)   # a one-line error naming the file, before anything runs
+        return Path(folder).expanduser()
+    path = cache_dir("models") / OWN_MODEL_DEFAULT
+    if not (path / "config.json").is_file():   # save writes the whole folder or none of it
+        huggingface.save(pretrained.load(preset=OWN_MODEL_DEFAULT), path)
+    return path
+
+
+def own_model_sizes(here: Machine, folder) -> tuple[int, tuple]:
+    """(prompt length, decode batches) for the folder's probe: the lesson probe's, the prompt cut
+    to what the folder's context holds beside the decode steps (8 here)."""
+    from inference_lab.model import huggingface
+
+    cfg = huggingface.read_config(folder)
+    return min(here.sizes.prompt_len, cfg.max_seq_len - 8), tuple(here.sizes.probe_batches)
+
+
+def predicted_own_ratio(folder, lesson_records, prompt_len: int) -> float:
+    """The prefill/decode ratio at batch 1 the roofline predicts for the folder's model, from its
+    config.json alone and the ceilings the lesson's probe measured here (before its own probe runs)."""
+    from inference_lab.base.hardware import HardwareSpec
+    from inference_lab.model import huggingface
+
+    cfg = huggingface.read_config(folder)
+    peak, bandwidth = ceilings_of(lesson_records)
+    spec = HardwareSpec(name="here", flops={roofline.flop_dtype(cfg): peak}, bandwidth=bandwidth)
+    return (roofline.predicted_prefill_tokens_per_s(cfg, spec, 1, prompt_len)
+            / roofline.predicted_decode_tokens_per_s(cfg, spec, 1, prompt_len))
+
+
+def run_own_probe(here: Machine, folder, results, *, new_tokens: int = 8, repeats: int | None = 3) -> Path:
+    """``python -m inference_lab probe --model FOLDER`` at the lesson probe's sizes
+    (:func:`own_model_sizes`), its file in ``results`` (kept apart from the classroom's overlay);
+    returns the file's path."""
+    from inference_lab.measure import probe, probe_args
+
+    prompt_len, batches = own_model_sizes(here, folder)
+    results = Path(results)
+    results.mkdir(parents=True, exist_ok=True)
+    flags = ["--model", str(folder), "--prompt-len", str(prompt_len), "--batch", ",".join(map(str, batches)),
+             "--new-tokens", str(new_tokens), "--json", str(results), "--force"]
+    flags += ["--repeats", str(repeats)] if repeats is not None else []
+    args = probe_args.build_parser().parse_args(flags)
+    probe_args.check_args(args)
+    path = probe_args.output_path(args)
+    print(probe.format_table(probe.run(args, path=path)))
+    return path
+
+
+def own_model_table(lesson_records, own_records) -> str:
+    """The lesson's model and the learner's side by side: size, the batch-1 ratio (allowed by the
+    ceilings and measured), the knee, batch 1's MBU and the prefill's MFU."""
+    rows = []
+    for recs in (lesson_records, own_records):
+        pre, dec = split(recs)
+        peak, bandwidth = ceilings_of(recs)
+        b = 2 if pre.dtype in ("bfloat16", "float16") else 4
+        knee = roofline.measured_knee(dec.values())
+        rows.append((pre.preset, f"{dec[1].bytes_per_step / 1e6:,.0f} MB", f"{peak / bandwidth * b / 2:,.1f}x",
+                     f"{pre.prefill_tokens_per_s / dec[1].decode_tokens_per_s:,.1f}x",
+                     f"batch {knee}" if knee else f"> {max(dec)}", f"{dec[1].mbu:.0%}", f"{pre.mfu:.0%}"))
+    head = ("model", "step bytes", "allowed", "measured", "knee", "MBU (b=1)", "MFU (prefill)")
+    widths = [max(len(str(r[i])) for r in (head, *rows)) + 2 for i in range(len(head))]
+    return "\n".join("".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in (head, *rows))
+
+
+def own_model_readout(lesson_records, own_records) -> str:
+    """Why the two ratios differ, in this run's numbers: measured = allowed x MFU / MBU, so the
+    model that reads its weights nearer the ceiling (MBU) writes nearer what the ceilings allow."""
+    parts = []
+    for recs in (own_records, lesson_records):
+        pre, dec = split(recs)
+        parts.append((pre.preset, pre.prefill_tokens_per_s / dec[1].decode_tokens_per_s, pre.mfu, dec[1].mbu))
+    (own, r_own, f_own, b_own), (base, r_base, f_base, b_base) = parts
+    nearer = own if b_own > b_base else base
+    return (f"{own}: {r_own:.1f}x against {base}'s {r_base:.1f}x. MFU / MBU: {f_own:.0%} / {b_own:.0%} = "
+            f"{f_own / b_own:.2f} against {f_base:.0%} / {b_base:.0%} = {f_base / b_base:.2f}; {nearer} reads its "
+            f"weights nearer the bandwidth ceiling at batch 1, so its decode is nearer what the ceilings allow.")
+
