@@ -49,6 +49,10 @@ def test_streamed_text_equals_the_whole_decode_and_never_shows_half_a_character(
     assert "".join(pieces) == TEXT
     assert not any("\ufffd" in p for p in pieces)
     assert "" in pieces, "some token ends inside a character: its step waits for the rest"
+    # a long run of tokens with no text (a random model's ids past the vocabulary) keeps the window short
+    stream = tok.stream()
+    assert [stream.step(299) for _ in range(50)] == [""] * 50 and len(stream._tokens) - stream._context <= 1
+    assert "".join(stream.step(t) for t in ids) + stream.flush() == TEXT
     # special tokens and ids past the tokenizer's vocabulary (a random model draws them) add nothing
     stream = tok.stream()
     assert [stream.step(t) for t in (1, 2, 279 + 5, 299)] == ["", "", "", ""]
@@ -89,6 +93,10 @@ def test_chat_template_jinja_wins_and_a_template_can_refuse(tmp_path):
     # the template runs sandboxed: it cannot reach Python's internals
     (folder / "chat_template.jinja").write_text("{{ messages.__class__.__mro__ }}")
     with pytest.raises(ValueError, match="refused the messages"):
+        folder_tokenizer.load(folder).apply_chat_template(MESSAGES)
+    # a template whose own code breaks on these messages is their refusal too, not a crash
+    (folder / "chat_template.jinja").write_text("{{ messages[0]['content'] + 1 }}")
+    with pytest.raises(ValueError, match=r"failed on these messages \(TypeError"):
         folder_tokenizer.load(folder).apply_chat_template(MESSAGES)
 
 

@@ -134,3 +134,12 @@ def test_bad_model_flags_are_refused_in_one_line(folder, capsys, flags, match):
 def test_served_model_name_replaces_the_folders(folder):
     args = serving_server.parse_args(["--model", str(folder["path"]), "--served-model-name", "mine"])
     assert (args.served_model_name, args.cfg.name) == ("mine", folder["path"].name)
+
+
+def test_a_folder_without_its_tokenizer_is_refused_before_the_weights_load(tmp_path, capsys, monkeypatch):
+    c = hf.config("llama")
+    folder = hf.write(tmp_path / "no-tokenizer", c, hf.tensors(c))
+    monkeypatch.setattr(serving_server, "build_backend", lambda args: pytest.fail("loaded the weights first"))
+    assert serving_server.main(["--model", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"serve: --model {folder}: {folder / 'tokenizer.json'}: missing") and "\n" not in err

@@ -74,7 +74,8 @@ class FolderTokenizer:
         return self._tokenizer.encode(text, add_special_tokens=bos).ids
 
     def decode(self, ids) -> str:
-        return self._tokenizer.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size], skip_special_tokens=True)
+        known = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]   # a random model draws past the tokenizer
+        return self._tokenizer.decode(known, skip_special_tokens=True)
 
     def stream(self) -> "TokenStream":
         return TokenStream(self)
@@ -110,8 +111,11 @@ class FolderTokenizer:
         try:
             text = self.chat_template.render(messages=messages, add_generation_prompt=True, tools=None,
                                              documents=None, **self._special_strings)
-        except jinja2.TemplateError as err:
+        except jinja2.TemplateError as err:   # raise_exception(...) in the template, or the sandbox
             raise ValueError(f"the model's chat template refused the messages: {str(err)[:200]}") from None
+        except Exception as err:   # the template's own code failed on these messages (a TypeError, ...)
+            raise ValueError(f"the model's chat template failed on these messages ({type(err).__name__}: "
+                             f"{str(err)[:150]})") from None
         return self.encode(text, bos=False)
 
 
@@ -136,8 +140,9 @@ class TokenStream:
     def step(self, token: int) -> str:
         self._tokens.append(int(token))
         text = self._new_text()
-        if not text or text.endswith("\ufffd"):
+        if text.endswith("\ufffd"):   # a character still partial: wait for the rest of it
             return ""
+        # sent (even when empty: a special token's nothing), so the window decoded stays a few tokens
         self._context, self._sent = self._sent, len(self._tokens)
         return text
 
