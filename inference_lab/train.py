@@ -34,13 +34,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from inference_lab.base import tokenizer
+from inference_lab.base import checks, tokenizer
 from inference_lab.base.config import ModelConfig
 from inference_lab.base.progress import bar as progress_bar
 
@@ -235,17 +236,80 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.step, self.steps, self.saved = step, steps, saved
 
 
+class WeightsNotSaved(Exception):
+    """Training finished but ``out`` could not be written (``reason``): the weights went to
+    ``kept`` instead (None: nowhere could hold them)."""
+
+    def __init__(self, out: Path, kept: Path | None, reason: str):
+        super().__init__(out, kept, reason)
+        self.out, self.kept, self.reason = out, kept, reason
+
+
+MAX_BATCH = 1 << 20   # windows per step: past any machine's memory for any preset (a sanity bound)
+
+
+def _save_or_keep(model, out: Path) -> Path:
+    """``model.save(out)``; if that fails (a disk that filled while training: safetensors' own
+    error or an OSError), the weights go to the lab's cache folder or else the system's temporary
+    folder, and :class:`WeightsNotSaved` says where. A finished training is never lost to a save."""
+    import tempfile
+
+    from inference_lab.base.disk_cache import cache_dir
+
+    try:
+        model.save(out)
+        return out
+    except Exception as err:   # safetensors raises its own SafetensorError (an Exception)
+        reason = getattr(err, "strerror", None) or str(err)[:120] or type(err).__name__
+    for folder in (lambda: cache_dir("unsaved-weights"), lambda: Path(tempfile.gettempdir())):
+        try:
+            where = folder()
+            where.mkdir(parents=True, exist_ok=True)
+            kept = where / f"{out.stem}-{time.strftime('%Y%m%d-%H%M%S')}{out.suffix or '.safetensors'}"
+            model.save(kept)
+        except Exception:   # full too, or not writable: the next place
+            continue
+        raise WeightsNotSaved(out, kept, reason)
+    raise WeightsNotSaved(out, None, reason)
+
+
 def _interrupted(cfg, params, out, done: int, steps: int) -> TrainingInterrupted:
-    """Keep what was trained: the weights after ``done`` steps, saved whole to ``out``."""
+    """Keep what was trained: the weights after ``done`` steps, saved whole to ``out`` (or, if
+    that fails, where :func:`_save_or_keep` could)."""
     from inference_lab.model.transformer import Transformer
 
     if done == 0:
         return TrainingInterrupted(0, steps, None)
     try:
-        Transformer(cfg, kernels="reference", params=params).save(out)
-    except (Exception, KeyboardInterrupt):   # a full disk, a second Ctrl-C, or params caught mid-update
+        saved = _save_or_keep(Transformer(cfg, kernels="reference", params=params), out)
+        return TrainingInterrupted(done, steps, saved)
+    except WeightsNotSaved as not_saved:
+        return TrainingInterrupted(done, steps, not_saved.kept)
+    except (Exception, KeyboardInterrupt):   # a second Ctrl-C, or params caught mid-update
         return TrainingInterrupted(done, steps, None)
-    return TrainingInterrupted(done, steps, out)
+
+
+def _check_resources(cfg: ModelConfig, batch: int, seq_len: int, out: Path) -> None:
+    """Before an hour of training: the step's activations fit this machine's memory (an
+    estimate: float32 logits and their gradient, each layer's saved activations and attention
+    scores), and the disk holding ``out`` has room for the weights."""
+    from inference_lab.base.hardware import process_memory_limit
+
+    if batch > MAX_BATCH:
+        raise ValueError(f"batch={batch} is past {MAX_BATCH:,} windows per step; lower --batch")
+    per_token = 4 * (2 * cfg.vocab_size + cfg.n_layers * (12 * cfg.d_model + 3 * cfg.d_ff + 2 * cfg.n_heads * seq_len))
+    need, limit = batch * seq_len * per_token, process_memory_limit()
+    if limit and need > limit:
+        raise ValueError(f"batch={batch} x seq_len={seq_len} needs about {need / 1e9:,.1f} GB for one training step "
+                         f"and this process may use {limit / 1e9:,.1f} GB; lower --batch")
+    weights = cfg.num_params * 4 + (1 << 20)   # float32, and the file's header with its config
+    try:
+        free = shutil.disk_usage(out.parent).free
+    except OSError:
+        return   # cannot tell: check_writable already showed the folder takes a file
+    if free < weights:
+        raise ValueError(f"--out {out}: the weights need {weights / 1e6:,.1f} MB and its disk has {free / 1e6:,.1f} "
+                         "MB free; free some space or choose another --out")
 
 
 def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int = 1200, batch: int = 32,
@@ -274,8 +338,7 @@ def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int =
         raise ValueError(f"seq_len={seq_len} must be at least 2 (BOS + one byte to predict)")
     if seq_len > cfg.max_seq_len:
         raise ValueError(f"seq_len={seq_len} exceeds {cfg.name}'s max_seq_len={cfg.max_seq_len}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed={seed!r} must be an integer >= 0")
+    seed = checks.seed("seed", seed)   # 64 bits, as everywhere in the lab
     if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
     lr = _finite("lr", lr, 0.0, 1.0, lo_open=True)
@@ -287,6 +350,7 @@ def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int =
     if out.resolve() == Path(corpus_path).expanduser().resolve():
         raise ValueError(f"--out {out_path} is the corpus itself: saving would replace the text with weights; "
                          "choose another --out")
+    _check_resources(cfg, batch, seq_len, out)
     train_arr, held = split_corpus(data, heldout_fraction, seq_len)
 
     import jax
@@ -295,7 +359,9 @@ def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int =
 
     from inference_lab.model.transformer import Transformer
 
-    model = Transformer(cfg, rngs=nnx.Rngs(int(seed)), kernels="reference")
+    from inference_lab.runtime.generation import seed_key
+
+    model = Transformer(cfg, rngs=nnx.Rngs(seed_key(seed)), kernels="reference")
     params = jax.tree.map(jnp.array, model.params())           # our own copies: they get donated
     del model
     tx, step_fn, eval_fn, schedule = _build(cfg, lr=lr, warmup=int(warmup), steps=steps,
@@ -364,7 +430,7 @@ def train(corpus_path, out_path, *, cfg: ModelConfig | None = None, steps: int =
     history.append((steps, float(np.mean(since_eval)) if since_eval else float("nan"), final_held))
 
     trained = Transformer(cfg, kernels="reference", params=params)
-    trained.save(out)   # whole or not at all: a temporary file beside it, then renamed over it
+    _save_or_keep(trained, out)   # whole or not at all: a temporary file beside it, then renamed over it
     result = TrainResult(
         out_path=str(out), cfg=cfg, num_params=cfg.num_params, steps=steps, batch=batch, seq_len=seq_len,
         tokens_seen=steps * tokens_per_step, train_seconds=loop_s, tokens_per_s=tokens_per_s,
@@ -422,6 +488,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"train: interrupted before training started; {args.out} is as it was", file=sys.stderr)
         return 130
+    except WeightsNotSaved as err:
+        where = (f"the trained weights are in {err.kept} instead: move them where you want them" if err.kept else
+                 "and nowhere else could hold them: the trained weights are lost")
+        print(f"train: error: could not write {args.out} ({err.reason}); {args.out} is as it was, {where}",
+              file=sys.stderr)
+        return 1
     except OSError as err:
         print(f"train: error: could not write {args.out} ({err.strerror or err}): the trained weights were not "
               f"saved and {args.out} is as it was; free some space or choose another --out", file=sys.stderr)

@@ -74,6 +74,31 @@ def is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def value_range(x) -> tuple[int, int]:
+    """(min, max) of a concrete integer array, read on the host: ``jnp.min`` would be staged
+    into the program when ``x`` is a constant closed over inside ``jit``, and ``int()`` of that fails."""
+    values = np.asarray(x)
+    return int(values.min()), int(values.max())
+
+
+def lengths_inside_jit(lengths, most: int):
+    """Inside ``jit`` the values of ``lengths`` cannot be checked (outside, the kernels' checks
+    refuse any outside 1..``most``). Returns ``(safe, ok)``: the lengths clipped into 1..``most``, so
+    no kernel reads or writes past a row, and which rows were in range, for
+    :func:`zero_bad_rows`. Concrete lengths pass as they are (``ok`` None): they were checked."""
+    if is_concrete(lengths):
+        return lengths, None
+    return jnp.clip(lengths, 1, most), (lengths >= 1) & (lengths <= most)
+
+
+def zero_bad_rows(out, ok):
+    """``out`` [B, ...] with the rows whose length was out of range (``ok`` False) set to zeros:
+    a row with no keys attends to nothing, where a softmax over none would give NaN."""
+    if ok is None:
+        return out
+    return jnp.where(ok.reshape((-1,) + (1,) * (out.ndim - 1)), out, jnp.zeros_like(out))
+
+
 def kv_scales(k_cache, v_cache, k_scales, v_scales) -> bool:
     """Whether the caches are int8 with their per-vector scales (checked: float32 ``[B, S, Hkv]``,
     both or neither, int8 caches with them and only with them)."""

@@ -78,8 +78,7 @@ def roofline_phases(cfg, spec, dtype=None, *, step_overhead_s: float = 0.0, mfu:
     """
     checks.model_config(cfg)
     checks.hardware_spec(spec)
-    if step_overhead_s < 0:
-        raise ValueError(f"step_overhead_s={step_overhead_s!r} must be >= 0")
+    step_overhead_s = checks.finite("step_overhead_s", step_overhead_s, 0.0)   # NaN would make every latency NaN
     mfu, mbu = _efficiency("mfu", mfu), _efficiency("mbu", mbu)
     dt = dtype_key(cfg.dtype if dtype is None else dtype)
     peak, bw = spec.peak_flops(dt) * mfu, spec.bandwidth * mbu

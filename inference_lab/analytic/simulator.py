@@ -235,9 +235,10 @@ def simulate_requests(requests: Requests, phases: PhaseModel, *, mode: str = "co
     n = len(requests)
     if kv is not None and (mode == "disaggregated" or not isinstance(kv, KVMemory)):
         raise ValueError("kv must be a KVMemory, for the colocated and chunked modes")
-    hit = np.zeros(n, np.int64) if cached_prompt is None else np.broadcast_to(np.asarray(cached_prompt), (n,))
-    if (hit < 0).any():
-        raise ValueError("cached_prompt must be tokens >= 0")
+    hit = np.zeros(n, np.int64) if cached_prompt is None else np.asarray(cached_prompt)
+    if hit.dtype == bool or not np.issubdtype(hit.dtype, np.integer) or hit.shape not in ((), (n,)) or (hit < 0).any():
+        raise ValueError(f"cached_prompt must be prompt tokens >= 0: one int, or one per request ({n})")
+    hit = np.broadcast_to(hit, (n,))
     hit = np.minimum(hit.astype(np.int64), plen - 1)       # at least one prompt token is computed
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)

@@ -157,11 +157,17 @@ class ModelConfig:
         return self.matmul_weight_bytes / self.matmul_params
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "ModelConfig":
-        """A named preset (``tiny``, ``small``, ``shakespeare``, ``base``, ``llama3_8b``), fields overridable."""
-        if name not in PRESETS:
-            raise ValueError(f"preset={name!r} is unknown; choose one of {', '.join(PRESETS)}")
-        return dataclasses.replace(PRESETS[name], **overrides)
+    def preset(cls, preset: str, /, **overrides) -> "ModelConfig":
+        """A named preset (``tiny``, ``small``, ``shakespeare``, ``base``, ``llama3_8b``), fields
+        overridable, ``name`` too (the preset's name is positional only, so it never collides with
+        the field). An override that is not a field is refused by name."""
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise ValueError(f"preset={preset!r} is unknown; choose one of {', '.join(PRESETS)}")
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"{unknown[0]}= is not a ModelConfig field; the fields are "
+                             f"{', '.join(f.name for f in dataclasses.fields(cls))}")
+        return dataclasses.replace(PRESETS[preset], **overrides)
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)

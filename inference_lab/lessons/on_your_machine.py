@@ -79,11 +79,14 @@ MAX_FILES = 1000   # files read per folder (each is checked against the schema: 
 
 def load_measured(*folders) -> Runs:
     """Every probe or records file in ``folders`` (``load_records``' rules: ``.json`` or
-    ``.csv`` in any case, hidden files left out), one entry per file (a file is one run of one
-    machine), labelled by the machine's name or processor and id and the folder (and the file,
-    where one machine has two files there). A damaged or foreign file goes to ``.skipped`` with
-    its reason, and so does a folder that does not exist; a file given instead of a folder is
-    read as one run; a run that did not finish is labelled "(partial)"."""
+    ``.csv`` in any case, hidden files left out), one entry per machine in each file (a probe
+    file is one run of one machine; a records file a class aggregated holds several machines:
+    each is its own run), labelled by the machine's name or processor and id and the folder (and
+    the file, where one machine has two files there). A damaged or foreign file goes to
+    ``.skipped`` with its reason, and so do a folder that does not exist or cannot be listed and
+    an entry that is itself a folder (``loop.json -> .``: a link back to the class's folder would
+    read every machine again as one run); a file given instead of a folder is read as one run; a
+    run that did not finish is labelled "(partial)"."""
     out = Runs()
     out.skipped, out.partial, out.folder = [], [], {}
     for folder in folders:
@@ -91,8 +94,12 @@ def load_measured(*folders) -> Runs:
         if folder.is_file():
             paths = [folder]
         elif folder.is_dir():
-            paths = [p for p in sorted(folder.iterdir()) if p.suffix.lower() in (".json", ".csv")
-                     and not p.name.startswith(".")]
+            try:
+                paths = [p for p in sorted(folder.iterdir()) if p.suffix.lower() in (".json", ".csv")
+                         and not p.name.startswith(".")]
+            except OSError as err:
+                out.skipped.append((folder, f"cannot be listed ({err.strerror or err}); check its permissions"))
+                continue
             if len(paths) > MAX_FILES:
                 out.skipped.append((folder, f"holds {len(paths):,} files; the overlay read the first {MAX_FILES:,} "
                                             "(split the class into folders to see the rest)"))
@@ -101,22 +108,30 @@ def load_measured(*folders) -> Runs:
             out.skipped.append((folder, "the folder does not exist (a typo in its name?)"))
             continue
         for path in paths:
+            if path.is_dir():   # listed by its name: a folder called x.json, or a link to a folder
+                out.skipped.append((path, "is a folder (or a link to one), not a probe or records file"))
+                continue
             try:
                 records = load_records(path)
             except ValueError as err:
                 reason = str(err)  # the message starts with the path; the file name is shown beside it
                 out.skipped.append((path, reason.removeprefix(str(path)).lstrip(": ")))
                 continue
-            if records:  # the folder says whose file it is; the file name only where a machine ran twice
-                where = path.parent.name
-                who = f"{machine_label(records[0])} [{records[0].preset}]"   # the model: tiny is not small
-                label = f"{who} ({where})"
+            by_machine: dict = {}
+            for r in records:
+                by_machine.setdefault(machine_key(r), []).append(r)
+            where = path.parent.name   # the folder says whose file it is; the file name only where a
+            for own in by_machine.values():   # machine ran twice
+                who = f"{machine_label(own[0])} [{own[0].preset}]"   # the model: tiny is not small
+                label, again = f"{who} ({where})", 2
                 if label in out:
                     label = f"{who} ({where}/{path.stem})"
+                while label in out:   # two machines with one label in one file: never one over the other
+                    label, again = f"{who} ({where}/{path.stem}, {again})", again + 1
                 if records.partial:
                     label += " (partial)"
                     out.partial.append(label)
-                out[label] = list(records)
+                out[label] = own
                 out.folder[label] = where
     return out
 

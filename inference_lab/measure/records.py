@@ -392,7 +392,11 @@ def load_records(folder_or_file) -> LoadedRecords:
     """
     path = Path(folder_or_file)
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".json", ".csv") and not p.name.startswith("."))
+        try:
+            files = sorted(p for p in path.iterdir()
+                           if p.suffix.lower() in (".json", ".csv") and not p.name.startswith("."))
+        except OSError as err:   # a folder this user may not list
+            raise ValueError(f"{path} cannot be listed ({err.strerror or err}); check its permissions") from None
     elif path.exists() or path.is_symlink():   # a broken or looping link is said to be one, below
         files = [path]
     else:

@@ -194,7 +194,7 @@ def _bounded_int(text):
     return int(text)
 
 
-def _unique_keys(pairs):
+def unique_keys(pairs):
     """A JSON object whose keys are all different (two values for one key: which would count?)."""
     out = dict(pairs)
     if len(out) != len(pairs):
@@ -225,7 +225,7 @@ def read_json(path) -> object:
         raise ValueError(f"is not UTF-8 text (byte {err.start} is {raw[err.start]:#04x})") from None
     try:
         return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int,
-                          object_pairs_hook=_unique_keys)
+                          object_pairs_hook=unique_keys)
     except RecursionError:
         raise ValueError("is nested too deeply to be a probe or records file") from None
     except json.JSONDecodeError as err:

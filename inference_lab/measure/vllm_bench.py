@@ -34,8 +34,9 @@ colon); the current ``vllm/benchmarks/serve.py`` (``request_goodput``, ``failed`
 reports no latency (NaN), not the 0.0 ms placeholders vLLM writes for it.
 
 Every field is gated: a file that is not UTF-8, nested too deeply, holds NaN or infinity, a bool or
-a string where a number belongs, a negative or fractional count, or a per-request list of the
-wrong type is refused in one line naming the file and the field. In a folder such a file, a FIFO
+a string where a number belongs (an aggregate included), a negative time, rate or count, a
+fractional count, a key written twice in one object, or a per-request list of the wrong type is
+refused in one line naming the file and the field. In a folder such a file, a FIFO
 or a folder named ``*.json`` is listed in ``.skipped`` (:class:`BenchRuns`) and the rest still load.
 """
 
@@ -50,6 +51,7 @@ import numpy as np
 
 from inference_lab.analytic.serving_metrics import LATENCY_METRICS, SLO, ServingTrace
 from inference_lab.analytic.workload import Requests
+from inference_lab.measure.schema import unique_keys
 
 __all__ = ["BenchRun", "BenchRuns", "load_vllm_bench", "VLLM_METRIC_NAMES"]
 
@@ -118,33 +120,41 @@ class BenchRun:
 
 
 def _number(data, key, path, kind=float, default=None):
-    """A run-level number as ``kind`` (a finite float, or a non-negative integer), ``None`` where
-    absent; ``"inf"`` (vLLM's unlimited request rate) is infinity. A bool, a string, NaN, infinity
-    or a fraction where a count belongs is refused in one line naming the file and the field."""
-    v = data.get(key, default)
+    """A run-level number as ``kind`` (a finite float >= 0, or a whole number >= 0), ``default``
+    where absent or null; ``"inf"`` (vLLM's unlimited request rate) is infinity. A bool, a string,
+    NaN, infinity, a negative number or a fraction where a count belongs is refused in one line
+    naming the file and the field (every number vLLM writes here is a time, a rate or a count)."""
+    v = data.get(key)
     if v is None:
-        return None
+        return default
     if v == "inf" and key == "request_rate":
         return math.inf
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ValueError(f"{path}: field {key!r}={str(v)[:30]!r} is not a finite number")
+    if v < 0:
+        raise ValueError(f"{path}: field {key!r}={v!r} is negative; a time, rate or count is >= 0")
     if kind is int:
-        if v < 0 or v != int(v):
+        if v != int(v):
             raise ValueError(f"{path}: field {key!r}={v!r} must be a whole number >= 0")
         return int(v)
     return float(v)
 
 
-def _stats(data) -> dict:
+def _stats(data, path) -> dict:
+    """The aggregates (``mean_``, ``median_``, ``std_``, ``p<q>_<metric>_ms``): each a time in ms,
+    a finite number >= 0, or the file is refused naming the field (never dropped as NaN)."""
     out = {}
     for ours, theirs in VLLM_METRIC_NAMES.items():
         got = {}
         for key, value in data.items():
-            if not (key.endswith(f"_{theirs}_ms") and isinstance(value, (int, float)) and not isinstance(value, bool)
-                    and math.isfinite(value)):
+            if not key.endswith(f"_{theirs}_ms"):
                 continue
             head = key[: -len(f"_{theirs}_ms")]
             if head in ("mean", "median", "std") or (head.startswith("p") and head[1:].replace(".", "", 1).isdigit()):
+                if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                        or value < 0):
+                    raise ValueError(f"{path}: field {key!r}={str(value)[:30]!r} is not a time in ms (a finite "
+                                     "number >= 0)")
                 got[head] = float(value)
         if got:
             out[ours] = got
@@ -229,7 +239,7 @@ def _run(data: dict, path: str) -> BenchRun:
         # every request failed: vLLM writes 0.0 for every latency (a mean of nothing), which is no latency
         stats, trace = {}, None
     else:
-        stats = _stats(data)
+        stats = _stats(data, path)
         trace = _trace(data, label, duration, path)
     if trace is None and not stats and completed != 0:
         raise ValueError(f"{path}: neither per-request lists (--save-detailed) nor mean_/median_/p99_*_ms "
@@ -270,7 +280,8 @@ def _read(path: Path) -> str:
 
 def _objects(text: str, path: str) -> list:
     """One JSON object, or several one after the other (``--append-result``)."""
-    decoder, pos, out = json.JSONDecoder(parse_constant=_no_constant), 0, []
+    # a key twice in one object (which value would count?) is refused, as the probe's reader does
+    decoder, pos, out = json.JSONDecoder(parse_constant=_no_constant, object_pairs_hook=unique_keys), 0, []
     text = text.strip()
     while pos < len(text):
         try:
@@ -313,8 +324,11 @@ def load_vllm_bench(path) -> BenchRuns:
     raises a one-line ``ValueError``; in a folder it is listed in ``.skipped`` instead."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".json"
-                       and not p.name.lower().endswith(".pytorch.json") and not p.name.startswith("."))
+        try:
+            files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".json"
+                           and not p.name.lower().endswith(".pytorch.json") and not p.name.startswith("."))
+        except OSError as err:   # a folder this user may not list
+            raise ValueError(f"{path} cannot be listed ({err.strerror or err}); check its permissions") from None
     elif path.exists() or path.is_symlink():
         files = [path]
     else:

@@ -71,18 +71,19 @@ from inference_lab.model.weights import layer_params
 
 
 # ----------------------------------------------------------------------------- input checks
-def check_tokens(tokens, name: str, ndim: int, cfg: ModelConfig) -> np.ndarray:
+def check_tokens(tokens, name: str, ndim: int, cfg: ModelConfig, *, drawn_on_device: bool = False) -> np.ndarray:
     """``tokens`` as int32 after checking, on the host, everything a compiled program would
     get wrong silently: the rank, integer ids inside the vocabulary (``jnp.take`` gives NaN rows
     for ids >= V and wraps negative ones, without a word) and at most ``cfg.max_seq_len``
     positions per row.
 
-    One exception: a 1-D jax array already on the device (the token ``decode_step`` just
-    sampled, fed back) is checked for its shape and dtype only, because reading its values
-    would copy it to the host and wait for the device on every decode step. Prompts (2-D) are
-    always range-checked: one host copy per prefill is cheap next to the prefill.
+    One exception (``drawn_on_device``): the tokens the lab's own sampler just drew, fed back
+    to the next decode step, are checked for their shape and dtype only, because reading their
+    values would copy them to the host and wait for the device on every decode step (the
+    sampler draws only ids inside the vocabulary). Every other input, a jax array on the device
+    included, is range-checked: one host copy per call.
     """
-    on_device = isinstance(tokens, jax.Array) and ndim == 1
+    on_device = drawn_on_device and isinstance(tokens, jax.Array) and ndim == 1
     arr = tokens if on_device else np.asarray(tokens)
     if arr.ndim != ndim:
         want = "[B, T]" if ndim == 2 else "[B]"

@@ -40,7 +40,9 @@ asks :func:`pallas_kernels.mode.choose_tier` (once, at trace time) which kernels
 
 from __future__ import annotations
 
+import collections
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -179,8 +181,20 @@ def sample(logits, key, temperature: float = 0.0, top_k: int | None = None, top_
     returns them. The same program ``generate`` and ``streaming.stream`` draw with, so they draw
     the same tokens."""
     temperature = _temperature(temperature)
-    return _sample_jit(logits, key, temperature, top_k=top_k, top_p=_traced(top_p, temperature),
-                       min_p=_traced(min_p, temperature))
+    tokens = _sample_jit(logits, key, temperature, top_k=top_k, top_p=_traced(top_p, temperature),
+                         min_p=_traced(min_p, temperature))
+    _DRAWN.append(weakref.ref(tokens))
+    return tokens
+
+
+# The token arrays sample() drew lately, by identity (weakly: a dropped array is gone): fed back
+# to decode_step they are known to be in the vocabulary, so their values are not read back to
+# the host (a wait for the device on every step). Any other array on the device is range-checked.
+_DRAWN: collections.deque = collections.deque(maxlen=64)
+
+
+def _drawn_here(tokens) -> bool:
+    return any(ref() is tokens for ref in _DRAWN)
 
 
 def _traced(value, temperature):
@@ -239,7 +253,7 @@ def seed_key(seed: int):
 
 # ----------------------------------------------------------------------------- checks
 def _as_tokens(tokens, name: str, ndim: int, cfg) -> np.ndarray:
-    return check_tokens(tokens, name, ndim, cfg)
+    return check_tokens(tokens, name, ndim, cfg, drawn_on_device=_drawn_here(tokens))
 
 
 def _check_room(model, cache, steps: int, what: str) -> None:

@@ -192,9 +192,24 @@ def decode_attention(q, k_cache, v_cache, lengths, *, k_new=None, v_new=None, sm
     ``k_scales``/``v_scales`` float32 ``[B, S_max, Hkv]`` (one per cached vector), widened in
     registers; write this step's K/V into it first (there is no ``k_new`` for an int8 cache). It
     runs on the Triton tier (``"pallas"`` on a Hopper GPU too; the Mosaic modes refuse it).
+
+    Checked where: shapes and dtypes always (at trace time inside ``jit``); the values of
+    ``lengths`` on the host in an eager call (one-line errors). Inside ``jit`` they cannot be read:
+    a row whose length is outside 1..S_max comes out zeros (no keys to attend to, never NaN), and
+    its ``k_new`` lands inside its own cache row; no other row is touched.
     """
     q, k_cache, v_cache, lengths, sm_scale, k_new, v_new = check(q, k_cache, v_cache, lengths, sm_scale,
                                                                  k_new, v_new, k_scales, v_scales)
+    lengths, ok = checks.lengths_inside_jit(lengths, k_cache.shape[1])
+    result = _decode_attention(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale, mode, config, k_scales, v_scales)
+    if k_new is None:
+        return checks.zero_bad_rows(result, ok)
+    out, k_cache, v_cache = result
+    return checks.zero_bad_rows(out, ok), k_cache, v_cache
+
+
+def _decode_attention(q, k_cache, v_cache, lengths, k_new, v_new, sm_scale, mode, config, k_scales, v_scales):
+    """:func:`decode_attention` on checked operands: the tier the mode and the shapes choose."""
     int8_cache = k_scales is not None
 
     def mosaic_problem(mosaic, copies):
@@ -241,7 +256,7 @@ def check(q, k_cache, v_cache, lengths, sm_scale, k_new=None, v_new=None, k_scal
     if not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise ValueError(f"lengths has dtype {lengths.dtype}; use int32 (lengths.astype(jnp.int32))")
     if checks.is_concrete(lengths):
-        lo, hi = int(jnp.min(lengths)), int(jnp.max(lengths))
+        lo, hi = checks.value_range(lengths)
         if lo < 1 or hi > s_max:
             raise ValueError(f"lengths must lie in 1..S_max={s_max}; got values from {lo} to {hi} "
                              "(every row needs at least one cached key and at most the cache size)")

@@ -175,8 +175,8 @@ def check(q, k, v, sm_scale, q_offsets=None, causal=True):
     if q_offsets.shape != (q.shape[0],) or not jnp.issubdtype(q_offsets.dtype, jnp.integer):
         raise ValueError(f"q_offsets has shape {tuple(q_offsets.shape)} and dtype {q_offsets.dtype}; it must be "
                          f"[B] = ({q.shape[0]},) integers: the key position of each row's first query")
-    if checks.is_concrete(q_offsets) and int(jnp.min(q_offsets)) < 0:
-        raise ValueError(f"q_offsets must be >= 0 (every query sees key 0); got {int(jnp.min(q_offsets))}")
+    if checks.is_concrete(q_offsets) and checks.value_range(q_offsets)[0] < 0:
+        raise ValueError(f"q_offsets must be >= 0 (every query sees key 0); got {checks.value_range(q_offsets)[0]}")
     return q, k, v, sm_scale, q_offsets.astype(jnp.int32)
 
 

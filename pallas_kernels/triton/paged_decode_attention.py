@@ -108,8 +108,18 @@ def paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_sca
     -> ``[B, Hq, D]``. ``sm_scale`` defaults to ``D ** -0.5``. ``mode``: see :mod:`pallas_kernels.mode`
     (the Hopper tier: ``mosaic.paged_decode_attention``, bf16/f16, head dims 64 and 128). ``config``: a
     :class:`PagedDecodeAttentionConfig` (Triton tier) or ``MosaicPagedDecodeConfig`` (Hopper tier)
-    instead of the one the tier's plan picks."""
+    instead of the one the tier's plan picks.
+
+    Checked where: shapes and dtypes always; table entries and lengths on the host in an eager
+    call. Inside ``jit`` a row whose length is outside 1..P * block_size comes out zeros (never NaN)."""
     q, k_pages, v_pages, block_tables, lengths, sm_scale = check(q, k_pages, v_pages, block_tables, lengths, sm_scale)
+    lengths, ok = checks.lengths_inside_jit(lengths, block_tables.shape[1] * k_pages.shape[1])
+    return checks.zero_bad_rows(_paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, sm_scale, mode,
+                                                        config), ok)
+
+
+def _paged_decode_attention(q, k_pages, v_pages, block_tables, lengths, sm_scale, mode, config):
+    """:func:`paged_decode_attention` on checked operands: the tier the mode and the shapes choose."""
     tier = choose_tier(mode, config, triton_config=PagedDecodeAttentionConfig,
                        mosaic=("paged_decode_attention", "MosaicPagedDecodeConfig"),
                        mosaic_problem=lambda mosaic, copies: mosaic.unsupported(q, k_pages, allow_copies=copies))
@@ -151,11 +161,11 @@ def check(q, k_pages, v_pages, block_tables, lengths, sm_scale):
                          f"({b},) int32, one length per row")
     most = block_tables.shape[1] * block_size
     if checks.is_concrete(lengths):
-        lo, hi = int(jnp.min(lengths)), int(jnp.max(lengths))
+        lo, hi = checks.value_range(lengths)
         if lo < 1 or hi > most:
             raise ValueError(f"lengths must lie in 1..pages * block_size = {most}; got values from {lo} to {hi}")
     if checks.is_concrete(block_tables) and block_tables.size:
-        lo, hi = int(jnp.min(block_tables)), int(jnp.max(block_tables))
+        lo, hi = checks.value_range(block_tables)
         if lo < 0 or hi >= n_blocks:
             raise ValueError(f"block_tables holds block numbers from {lo} to {hi}; the pool has blocks 0..{n_blocks - 1}")
     return q, k_pages, v_pages, block_tables.astype(jnp.int32), lengths.astype(jnp.int32), sm_scale

@@ -195,7 +195,7 @@ def check(q, k_pages, v_pages, block_tables, query_start, context_lens, sm_scale
             raise ValueError(f"context_lens[{i}] = {lens[i]} must hold request {i}'s {n[i]} new tokens and fit its "
                              f"table ({most} positions)")
     if checks.is_concrete(block_tables) and block_tables.size:
-        lo, hi = int(jnp.min(block_tables)), int(jnp.max(block_tables))
+        lo, hi = checks.value_range(block_tables)
         if lo < 0 or hi >= n_blocks:
             raise ValueError(f"block_tables holds block numbers from {lo} to {hi}; the pool has blocks 0..{n_blocks - 1}")
     return (q, k_pages, v_pages, block_tables.astype(jnp.int32), query_start.astype(jnp.int32),
