@@ -36,8 +36,9 @@ PRINTED = {
 RECORD_LINE = re.compile(r"the course's record of this machine|^ceilings: |^N = ", re.M)
 LABELLED = re.compile(rf"^(?P<name>[\w ]+): (?:batch )?{NUMBER}\S* re-measured here, (?:batch )?{NUMBER}\S* in the "
                       "record", re.M)
-ELSEWHERE = re.compile(r"reference node|reading [AB]\b|H100|H200")   # on the line before the figure, or a
-                                                                       # table's title (its block's first line)
+# on the line before the figure, or a table's title (its block's first line); "your own model": notebook
+# 06's section 4 measures a learner's folder, another model than the record's
+ELSEWHERE = re.compile(r"reference node|reading [AB]\b|H100|H200|your own model")
 
 
 def _texts(nb: dict) -> list[tuple[int, str]]:
@@ -151,3 +152,7 @@ def test_two_records_or_a_second_ceiling_fail():
     assert any("read ceiling = 65.2" in p for p in contradictions({"a": _nb(record), "06": stale}))
     # the reference node's own figures are about that node, not this machine
     assert contradictions({"a": _nb(record), "r": _nb("reference node, reading A: writing is 30.4x slower per token")}) == []
+    # a learner's own model (notebook 06, section 4) has its own N: its block's title says so
+    own = "decode 255.2 tok/s: 19.8x (the roofline allows 8.7x)"
+    assert any("N = 19.8" in p for p in contradictions({"a": _nb(record), "06": _nb(own)}))
+    assert contradictions({"a": _nb(record), "06": _nb("your own model, SmolLM2-135M: its probe\n" + own)}) == []
