@@ -8,7 +8,7 @@
     ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
 
 It has the interface of the lab's byte-level tokenizer (:class:`~inference_lab.base.tokenizer.ByteTokenizer`),
-so the server and the probe take either: ``encode``/``decode``, ``eos_ids`` (every id that ends an
+so the server takes either: ``encode``/``decode``, ``eos_ids`` (every id that ends an
 answer: ``generation_config.json``'s, else ``config.json``'s), ``stream()`` (text as tokens come),
 ``token_text``/``token_bytes`` and ``apply_chat_template``. Where a folder keeps each:
 
