@@ -36,7 +36,7 @@ def decode(ids) -> str:
 
 class ByteTokenizer:
     """The byte-level tokenizer as an object, with the interface every tokenizer the server uses
-    has (a Hugging Face folder's too: ``model.huggingface.FolderTokenizer``): ``encode``/``decode``,
+    has (a Hugging Face folder's too: ``base.folder_tokenizer.FolderTokenizer``): ``encode``/``decode``,
     ``eos_ids`` (what ends an answer), ``stream()`` (text as tokens come), ``token_text``/
     ``token_bytes`` (a token's own text and bytes, as a log-probability entry names it) and
     ``apply_chat_template`` (the Shakespeare models' dialogue format)."""
@@ -54,13 +54,13 @@ class ByteTokenizer:
     def stream(self) -> "ByteStream":
         return ByteStream()
 
-    def token_text(self, token: int) -> str:
-        """Its byte decoded alone (a byte of a longer character shows as U+FFFD); "" for a special id."""
-        return bytes([token]).decode("utf-8", errors="replace") if 0 <= token < BYTES else ""
-
     def token_bytes(self, token: int) -> list[int]:
         """OpenAI's ``bytes`` field: the one byte, or none for a special id."""
         return [token] if 0 <= token < BYTES else []
+
+    def token_text(self, token: int) -> str:
+        """Its byte decoded alone (a byte of a longer character shows as U+FFFD); "" for a special id."""
+        return bytes(self.token_bytes(token)).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Messages (``{"role", "content"}`` dicts, checked by the caller) as the Shakespeare models

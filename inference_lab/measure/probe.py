@@ -129,7 +129,7 @@ def run(args, *, path=None) -> dict:
             "model": {"preset": cfg.name[:40], "params": cfg.num_params, "dtype": cfg.dtype,
                       "quantization": model.cfg.quantization, "group_size": model.cfg.group_size,
                       "kv_cache_dtype": model.cfg.kv_cache_dtype,
-                      "shape": {f: getattr(cfg, f) for f in (*SHAPE_FIELDS, "tie_embeddings", "qkv_bias")}},
+                      "shape": {f: getattr(cfg, f) for f in SHAPE_FIELDS}},
             "ceilings": {"matmul_flops_per_s": spec.peak_flops(cfg.dtype), "bandwidth_bytes_per_s": spec.bandwidth,
                          "method": f"matmul: {spec.sources.get('flops', '?')}; "
                                    f"bandwidth (read): {spec.sources.get('bandwidth', '?')}"[:500]},

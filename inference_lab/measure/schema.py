@@ -101,9 +101,10 @@ PROBE_V1 = {
 # (analytic.costs), so a file of a model no preset names (probe --model DIR) keeps its MFU and MBU
 # computable when a class loads it. Sizes are bounded as ModelConfig bounds nothing: 2**24.
 _SIZE = {"type": "integer", "minimum": 1, "maximum": 2**24}
-SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
-SHAPE = {"type": "object", "required": [*SHAPE_FIELDS, "tie_embeddings", "qkv_bias"], "additionalProperties": False,
-         "properties": {**{f: _SIZE for f in SHAPE_FIELDS}, "tie_embeddings": {"type": "boolean"},
+_SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len")
+SHAPE_FIELDS = (*_SIZES, "tie_embeddings", "qkv_bias")   # the ModelConfig fields a probe file keeps
+SHAPE = {"type": "object", "required": list(SHAPE_FIELDS), "additionalProperties": False,
+         "properties": {**{f: _SIZE for f in _SIZES}, "tie_embeddings": {"type": "boolean"},
                         "qkv_bias": {"type": "boolean"}}}
 
 

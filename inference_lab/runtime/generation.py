@@ -253,7 +253,8 @@ def seed_key(seed: int):
 
 # ----------------------------------------------------------------------------- checks
 def _as_tokens(tokens, name: str, ndim: int, cfg) -> np.ndarray:
-    return check_tokens(tokens, name, ndim, cfg, drawn_on_device=_drawn_here(tokens))
+    drawn = ndim == 1 and isinstance(tokens, jax.Array) and _drawn_here(tokens)   # (prompts: never looked up)
+    return check_tokens(tokens, name, ndim, cfg, drawn_on_device=drawn)
 
 
 def _check_room(model, cache, steps: int, what: str) -> None:

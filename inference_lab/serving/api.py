@@ -225,11 +225,12 @@ def _completion_logprobs(tokenizer, entries: list, offset: int) -> dict:
     """The legacy completions API's ``logprobs`` of these tokens (their text starting at ``offset``)."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for e in entries:
-        out["tokens"].append(tokenizer.token_text(e["token"]))
+        text = tokenizer.token_text(e["token"])
+        out["tokens"].append(text)
         out["token_logprobs"].append(e["logprob"])
         out["top_logprobs"].append({tokenizer.token_text(t): lp for t, lp in e["top"]})
         out["text_offset"].append(offset)
-        offset += len(tokenizer.token_text(e["token"]))
+        offset += len(text)
     return out
 
 

@@ -97,16 +97,12 @@ def check_request(request: Request, *, vocab_size: int, max_len: int) -> None:
         checks.probability_cuts(request.top_p, request.min_p)
         checks.seed("seed", request.seed)
         checks.flag("stop_at_eos", request.stop_at_eos)
-        stops = request.stop_token_ids
-        if not isinstance(stops, (list, tuple)) or len(stops) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
-        if stops:
-            checks.token_ids("stop_token_ids", stops, vocab_size)
-        eos = request.eos_ids
-        if not isinstance(eos, (list, tuple)) or len(eos) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(f"eos_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
-        if eos:
-            checks.token_ids("eos_ids", eos, vocab_size)
+        for name in ("stop_token_ids", "eos_ids"):
+            ids = getattr(request, name)
+            if not isinstance(ids, (list, tuple)) or len(ids) > MAX_STOP_TOKEN_IDS:
+                raise ValueError(f"{name} must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
+            if ids:
+                checks.token_ids(name, ids, vocab_size)
         if (isinstance(request.min_tokens, bool) or not isinstance(request.min_tokens, int)
                 or not 0 <= request.min_tokens <= request.max_tokens):
             raise ValueError(f"min_tokens={request.min_tokens!r} must be an integer in 0..max_tokens "

@@ -171,9 +171,7 @@ def _check_model(p: argparse.ArgumentParser, args) -> None:
         return
     if args.preset or args.weights:
         p.error("--model serves a Hugging Face folder: drop --preset/--weights (or drop --model)")
-    if args.max_model_len is not None and args.max_model_len < 1:
-        p.error(f"--max-model-len={args.max_model_len} must be a positive number of positions")
-    from inference_lab.model import huggingface
+    from inference_lab.model import huggingface   # (read_config refuses a --max-model-len past the checkpoint's)
 
     try:
         args.cfg = huggingface.read_config(args.model, max_model_len=args.max_model_len)

@@ -58,4 +58,3 @@ class TextStream:
                     best = n
                     break
         return best
-
